@@ -1,0 +1,458 @@
+"""Classify every tool call in a model answer into exactly one channel of a fixed vocabulary.
+
+A request's declared tools are compiled once (jsonschema-rs validators, bounded LRU keyed by a hash
+of their canonical JSON); each answer is then checked call by call in a few microseconds.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import hashlib
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema_rs
+import orjson
+
+from repairproxy.errors import InvalidToolsError
+
+__all__ = [
+    "CallVerdict",
+    "Channel",
+    "CompiledTools",
+    "MessageVerdict",
+    "ToolsCache",
+    "find_call_in_text",
+]
+
+# A schema violation lists at most this many failing paths: enough to repair, short enough to read.
+MAX_ERROR_PATHS = 8
+# Offending values are echoed in diagnoses; a huge value would flood the repair turn.
+MAX_MESSAGE_CHARS = 160
+# Scanning free text for JSON objects tries at most this many opening braces (bounds the cost).
+MAX_BRACE_SCANS = 64
+
+
+class Channel(enum.StrEnum):
+    """The fixed vocabulary of outcomes; metrics and headers use these values as labels."""
+
+    VALID = "valid"
+    UNKNOWN_TOOL = "unknown_tool"
+    INVALID_JSON = "invalid_json"
+    SCHEMA_VIOLATION = "schema_violation"
+    TOOL_CALL_IN_CONTENT = "tool_call_in_content"
+    EMPTY_OUTPUT = "empty_output"
+
+
+@dataclass(frozen=True, slots=True)
+class CallVerdict:
+    """The verdict on one tool call (or on a whole message, for the two silent failures).
+
+    ``name`` is the model's raw name, possibly undeclared: never use it as a metric label as is
+    (map it to a bounded set, e.g. declared names plus ``"undeclared"``).
+    """
+
+    index: int
+    call_id: str | None
+    name: str | None
+    channel: Channel
+    diagnosis: str
+    closest_tool: str | None = None
+    error_paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MessageVerdict:
+    """Verdicts for one assistant message: one per tool call, or one silent-failure verdict.
+
+    A plain text answer without any call has no verdicts and is ``ok``.
+    """
+
+    calls: tuple[CallVerdict, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(call.channel is Channel.VALID for call in self.calls)
+
+    @property
+    def error_channels(self) -> tuple[Channel, ...]:
+        return tuple(call.channel for call in self.calls if call.channel is not Channel.VALID)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
+
+
+def _json_path(parts: Iterable[str | int]) -> str:
+    path = "$"
+    for part in parts:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
+            path += f".{part}"
+        else:
+            path += f"[{json.dumps(part)}]"
+    return path
+
+
+def _normalized(name: str) -> str:
+    # Models swap case and separators (getOrder / get-order / get_order): compare without them.
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+class CompiledTools:
+    """The declared tools of one request, compiled once; checks calls and whole messages."""
+
+    __slots__ = ("_normalized_names", "_schemas", "_validators", "names")
+
+    def __init__(self, tools: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+        validators: dict[str, Any] = {}
+        schemas: dict[str, Mapping[str, Any]] = {}
+        for name, schema in tools:
+            try:
+                # offline: a remote $ref must never make the proxy fetch a URL.
+                validators[name] = jsonschema_rs.validator_for(dict(schema), offline=True)
+            except (
+                jsonschema_rs.ValidationError,
+                jsonschema_rs.ReferencingError,
+                ValueError,
+            ) as exc:
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+                raise InvalidToolsError(
+                    f"tool {name!r} does not declare a valid JSON Schema: {_short(first_line)}",
+                    tool_name=name,
+                ) from exc
+            schemas[name] = schema
+        self.names: tuple[str, ...] = tuple(validators)
+        self._validators = validators
+        self._schemas = schemas
+        self._normalized_names = {_normalized(name): name for name in self.names}
+
+    def schema_for(self, name: str) -> Mapping[str, Any] | None:
+        """The declared parameters schema of ``name`` (None when undeclared)."""
+        return self._schemas.get(name)
+
+    def closest_name(self, name: str) -> str | None:
+        """The declared tool the model most likely meant (None only when no tool is declared)."""
+        if not self.names:
+            return None
+        if name in self._validators:
+            return name
+        normalized = _normalized(name)
+        exact = self._normalized_names.get(normalized)
+        if exact is not None:
+            return exact
+        best = max(
+            self.names,
+            key=lambda candidate: difflib.SequenceMatcher(
+                None, normalized, _normalized(candidate)
+            ).ratio(),
+        )
+        return best
+
+    def check_call(
+        self,
+        name: str | None,
+        arguments: str | Mapping[str, Any] | None,
+        *,
+        index: int = 0,
+        call_id: str | None = None,
+    ) -> CallVerdict:
+        """Classify one call: unknown_tool, invalid_json, schema_violation or valid."""
+        validator = self._validators.get(name) if isinstance(name, str) else None
+        if validator is None:
+            closest = self.closest_name(name) if isinstance(name, str) else self.closest_name("")
+            shown = name if isinstance(name, str) and name else "(no name)"
+            declared = ", ".join(self.names) or "(none)"
+            hint = f" Did you mean {closest!r}?" if closest else ""
+            return CallVerdict(
+                index,
+                call_id,
+                name if isinstance(name, str) else None,
+                Channel.UNKNOWN_TOOL,
+                f"Tool {_short(shown)!r} does not exist.{hint} Declared tools: {declared}.",
+                closest_tool=closest,
+            )
+        if isinstance(arguments, Mapping):
+            parsed: Any = arguments
+        else:
+            try:
+                parsed = orjson.loads(arguments if arguments is not None else "")
+            except orjson.JSONDecodeError as exc:
+                return CallVerdict(
+                    index,
+                    call_id,
+                    name,
+                    Channel.INVALID_JSON,
+                    f"The arguments of {name!r} are not valid JSON ({exc}). "
+                    "Send the arguments as one JSON object, e.g. {} when there are none.",
+                )
+            if not isinstance(parsed, dict):
+                return CallVerdict(
+                    index,
+                    call_id,
+                    name,
+                    Channel.INVALID_JSON,
+                    f"The arguments of {name!r} must be a JSON object, "
+                    f"not {type(parsed).__name__}.",
+                )
+        if validator.is_valid(parsed):
+            return CallVerdict(index, call_id, name, Channel.VALID, "")
+        paths = tuple(
+            f"{_json_path(error.instance_path)}: {_short(error.message)}"
+            for _, error in zip(range(MAX_ERROR_PATHS), validator.iter_errors(parsed), strict=False)
+        )
+        return CallVerdict(
+            index,
+            call_id,
+            name,
+            Channel.SCHEMA_VIOLATION,
+            f"The arguments of {name!r} do not match its parameters schema: " + "; ".join(paths),
+            error_paths=paths,
+        )
+
+    def check_message(self, message: Mapping[str, Any]) -> MessageVerdict:
+        """Classify every call of an assistant message, or the message itself when it has none."""
+        tool_calls = message.get("tool_calls")
+        if tool_calls:
+            return MessageVerdict(
+                tuple(self._check_tool_call(i, c) for i, c in enumerate(tool_calls))
+            )
+        function_call = message.get("function_call")
+        if isinstance(function_call, Mapping):
+            return MessageVerdict(
+                (self.check_call(function_call.get("name"), function_call.get("arguments")),)
+            )
+        text = _message_text(message)
+        if not text.strip():
+            if message.get("refusal"):
+                return MessageVerdict(())
+            return MessageVerdict(
+                (
+                    CallVerdict(
+                        0,
+                        None,
+                        None,
+                        Channel.EMPTY_OUTPUT,
+                        "The answer was empty: it had neither text nor a tool call.",
+                    ),
+                )
+            )
+        found = find_call_in_text(text)
+        if found is None:
+            return MessageVerdict(())
+        (name,) = found
+        closest = self.closest_name(name or "")
+        hint = f" (closest declared tool: {closest!r})" if closest else ""
+        shown = f" to {_short(name)!r}" if name else ""
+        return MessageVerdict(
+            (
+                CallVerdict(
+                    0,
+                    None,
+                    name,
+                    Channel.TOOL_CALL_IN_CONTENT,
+                    f"The answer wrote a tool call{shown} as text{hint} instead of calling the "
+                    "tool; text is never executed.",
+                    closest_tool=closest,
+                ),
+            )
+        )
+
+    def _check_tool_call(self, index: int, call: Any) -> CallVerdict:
+        if not isinstance(call, Mapping):
+            return self.check_call(None, None, index=index)
+        function = call.get("function")
+        call_id = call.get("id") if isinstance(call.get("id"), str) else None
+        if not isinstance(function, Mapping):
+            return self.check_call(None, None, index=index, call_id=call_id)
+        return self.check_call(
+            function.get("name"), function.get("arguments"), index=index, call_id=call_id
+        )
+
+
+def _message_text(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+    return ""
+
+
+# --- tool calls written as text ------------------------------------------------------------------
+
+_TAGGED = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+_FUNCTION_TAG = re.compile(r"<function=([\w.\-]+)>")
+_FENCED = re.compile(r"```(?:json|tool_call|tool_code)?\s*\n?(.*?)```", re.DOTALL)
+_NAME_FIELD = re.compile(r'"name"\s*:\s*"([^"]*)"')
+
+
+def _call_name(value: Any) -> tuple[str | None] | None:
+    """``(name,)`` when ``value`` looks like a call object (or a list holding one), else None."""
+    if isinstance(value, list):
+        for item in value:
+            found = _call_name(item)
+            if found is not None:
+                return found
+        return None
+    if not isinstance(value, dict):
+        return None
+    function = value.get("function")
+    if isinstance(function, dict) and isinstance(function.get("name"), str):
+        return (function["name"],)
+    name = value.get("name")
+    if isinstance(name, str) and ("arguments" in value or "parameters" in value):
+        return (name,)
+    return None
+
+
+def _from_tags(text: str) -> tuple[str | None] | None:
+    if "<tool_call>" in text:
+        for body in _TAGGED.findall(text):
+            try:
+                found = _call_name(json.loads(body))
+            except ValueError:
+                found = None
+            if found is not None:
+                return found
+            match = _NAME_FIELD.search(body)
+            # A tag is a call even when its JSON is broken; keep the name when we can read it.
+            return (match.group(1) if match else None,)
+    match = _FUNCTION_TAG.search(text)
+    return (match.group(1),) if match else None
+
+
+def _from_fences(text: str) -> tuple[str | None] | None:
+    if "```" not in text:
+        return None
+    for body in _FENCED.findall(text):
+        try:
+            found = _call_name(json.loads(body))
+        except ValueError:
+            continue
+        if found is not None:
+            return found
+    return None
+
+
+def _from_bare_json(text: str) -> tuple[str | None] | None:
+    decoder = json.JSONDecoder()
+    start = text.find("{")
+    scans = 0
+    while start != -1 and scans < MAX_BRACE_SCANS:
+        scans += 1
+        try:
+            value, end = decoder.raw_decode(text, start)
+        except ValueError:
+            start = text.find("{", start + 1)
+            continue
+        found = _call_name(value)
+        if found is not None:
+            return found
+        start = text.find("{", end)
+    return None
+
+
+# Tried in order; the first that finds a call wins.
+TEXT_CALL_DETECTORS: tuple[Callable[[str], tuple[str | None] | None], ...] = (
+    _from_tags,
+    _from_fences,
+    _from_bare_json,
+)
+
+
+def find_call_in_text(text: str) -> tuple[str | None] | None:
+    """``(name,)`` when free text holds a tool call (name None when unreadable), else None."""
+    if "{" not in text and "<" not in text:
+        return None
+    for detector in TEXT_CALL_DETECTORS:
+        found = detector(text)
+        if found is not None:
+            return found
+    return None
+
+
+# --- compiling and caching -----------------------------------------------------------------------
+
+
+def _declared_tools(body: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]] | None:
+    """(name, parameters schema) per declared function, from ``tools`` or legacy ``functions``."""
+    tools = body.get("tools")
+    functions = body.get("functions")
+    if tools is None and functions is None:
+        return None
+    declared: list[tuple[str, Mapping[str, Any]]] = []
+    for position, tool in enumerate(tools or ()):
+        if not isinstance(tool, Mapping):
+            raise InvalidToolsError(f"tools[{position}] is not an object")
+        if tool.get("type", "function") != "function":
+            continue  # other tool kinds (built-in, custom) have no JSON Schema to enforce
+        function = tool.get("function")
+        if not isinstance(function, Mapping):
+            raise InvalidToolsError(f"tools[{position}] has no 'function' object")
+        declared.append(_declared_function(function, f"tools[{position}]"))
+    for position, function in enumerate(functions or ()):
+        if not isinstance(function, Mapping):
+            raise InvalidToolsError(f"functions[{position}] is not an object", param="functions")
+        declared.append(_declared_function(function, f"functions[{position}]"))
+    return declared
+
+
+def _declared_function(function: Mapping[str, Any], where: str) -> tuple[str, Mapping[str, Any]]:
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidToolsError(f"{where} has no function name")
+    parameters = function.get("parameters")
+    if parameters is None:
+        # OpenAI: omitting parameters declares a function that takes no (or any) arguments.
+        return name, {"type": "object"}
+    if not isinstance(parameters, Mapping):
+        raise InvalidToolsError(
+            f"tool {name!r}: 'parameters' must be a JSON Schema object", tool_name=name
+        )
+    return name, parameters
+
+
+class ToolsCache:
+    """Compiled tools per distinct ``tools``/``functions`` list, bounded LRU keyed by a hash."""
+
+    def __init__(self, max_entries: int = 256) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.max_entries = max_entries
+        self._entries: OrderedDict[bytes, CompiledTools] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def compile(self, body: Mapping[str, Any]) -> CompiledTools | None:
+        """The compiled tools of a request body; None when it declares no tools."""
+        if body.get("tools") is None and body.get("functions") is None:
+            return None
+        key = self._key(body)
+        compiled = self._entries.get(key)
+        if compiled is not None:
+            self._entries.move_to_end(key)
+            return compiled
+        declared = _declared_tools(body)
+        compiled = CompiledTools(declared or [])
+        self._entries[key] = compiled
+        if len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+        return compiled
+
+    @staticmethod
+    def _key(body: Mapping[str, Any]) -> bytes:
+        try:
+            canonical = orjson.dumps(
+                [body.get("tools"), body.get("functions")], option=orjson.OPT_SORT_KEYS
+            )
+        except TypeError as exc:
+            raise InvalidToolsError(f"tools are not JSON-serializable: {exc}") from exc
+        return hashlib.blake2b(canonical, digest_size=16).digest()
