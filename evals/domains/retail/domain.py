@@ -1,0 +1,73 @@
+"""The loaded Retail domain: policy, tasks, splits and the pristine store new environments share."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from evals.domains.base import domain_dir
+from evals.domains.retail.db import RetailDB
+from evals.domains.retail.environment import RetailEnvironment
+
+__all__ = ["DEFAULT_TASKS_FILE", "RetailDomain", "load"]
+
+DEFAULT_TASKS_FILE = "tasks.json"
+
+
+class RetailDomain:
+    """τ²-bench Retail, read once from a data folder; implements ``evals.domains.base.Domain``."""
+
+    name = "retail"
+
+    def __init__(
+        self,
+        policy: str,
+        pristine: RetailDB,
+        tasks: list[dict[str, Any]],
+        splits: dict[str, list[str]],
+    ) -> None:
+        self.policy = policy
+        self._pristine = pristine
+        self._tasks = tasks
+        self._splits = splits
+
+    def tasks(self, split: str | None = "base") -> list[dict[str, Any]]:
+        """Raw task dicts (copies), in file order, filtered by ``split`` unless it is None."""
+        if split is None:
+            chosen = self._tasks
+        elif split not in self._splits:
+            raise ValueError(
+                f"Invalid task split name: {split}. Valid splits are: {sorted(self._splits)}"
+            )
+        else:
+            wanted = set(self._splits[split])
+            chosen = [task for task in self._tasks if task["id"] in wanted]
+        return copy.deepcopy(chosen)
+
+    def new_environment(self) -> RetailEnvironment:
+        """A world in the database's initial state; it shares unchanged objects with the others."""
+        return RetailEnvironment(self._pristine)
+
+    def initial_db_hash(self) -> str:
+        """The hash every new environment starts from."""
+        return self.new_environment().db_hash()
+
+
+def _split_file(folder: Path, tasks_file: str) -> Path:
+    # τ²-bench names the split file after the task file; the v0.2.0 task file has none of its own
+    # and holds the same task ids, so it falls back to split_tasks.json.
+    own = folder / f"split_{Path(tasks_file).stem}.json"
+    return own if own.exists() else folder / f"split_{Path(DEFAULT_TASKS_FILE).stem}.json"
+
+
+def load(data_dir: Path, tasks_file: str = DEFAULT_TASKS_FILE) -> RetailDomain:
+    """Read ``tau2/domains/retail/`` under ``data_dir``; ``tasks_file`` may name v0.2.0's."""
+    folder = domain_dir(Path(data_dir), "retail")
+    pristine = RetailDB.model_validate_json((folder / "db.json").read_bytes())
+    policy = (folder / "policy.md").read_text(encoding="utf-8")
+    tasks = json.loads((folder / tasks_file).read_text(encoding="utf-8"))
+    split_path = _split_file(folder, tasks_file)
+    splits = json.loads(split_path.read_text(encoding="utf-8")) if split_path.exists() else {}
+    return RetailDomain(policy=policy, pristine=pristine, tasks=tasks, splits=splits)

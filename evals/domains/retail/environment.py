@@ -1,0 +1,129 @@
+"""One Retail episode's world: the agent tools over a copy-on-write view of the loaded store.
+
+``call_tool`` follows τ²-bench v1.0.1's ``Environment.get_response``: any exception becomes the tool
+message ``Error: <message>`` with ``error=True``; a successful result is sent as a string as-is, or
+as ``json.dumps(model.model_dump())``. Retail is single-control: the user has no tools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+from evals.domains.base import Requestor, ToolResult
+from evals.domains.retail.db import RetailDB
+from evals.domains.retail.schemas import AGENT_TOOL_NAMES, WRITE_TOOLS, agent_tool_schemas
+from evals.domains.retail.tools import RetailTools
+
+__all__ = ["RetailEnvironment", "canonical_hash", "serialize_result"]
+
+
+def serialize_result(result: Any) -> str:
+    """A tool's return value as τ²-bench's ``Environment.to_json_str`` writes it."""
+    if isinstance(result, str):
+        return result
+    if isinstance(result, BaseModel):
+        return json.dumps(result.model_dump(), default=str)
+    return json.dumps(result, default=str)
+
+
+def canonical_hash(data: Any) -> str:
+    """sha256 of canonical JSON (sorted keys), the same in every process."""
+    text = json.dumps(data, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _deep_merge(target: dict[str, Any], updates: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``updates`` into ``target`` recursively (τ²-bench merges with addict's ``update``)."""
+    for key, value in updates.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _deep_merge(target[key], value)
+        else:
+            target[key] = value
+    return target
+
+
+class RetailEnvironment:
+    """A fresh Retail world; implements ``evals.domains.base.DomainEnvironment``."""
+
+    def __init__(self, pristine: RetailDB) -> None:
+        self._tools = RetailTools.sharing(pristine)
+
+    @property
+    def db(self) -> RetailDB:
+        """The current database (read it; change it only through tools)."""
+        return self._tools.db
+
+    def agent_tools(self) -> list[dict[str, Any]]:
+        return agent_tool_schemas()
+
+    def user_tools(self) -> list[dict[str, Any]]:
+        return []
+
+    def call_tool(self, requestor: Requestor, name: str, arguments: dict[str, Any]) -> ToolResult:
+        try:
+            content = serialize_result(self._dispatch(requestor, name, arguments))
+        except Exception as exc:  # τ²-bench reports every failure to the caller, never raises
+            return ToolResult(content=f"Error: {exc}", error=True)
+        return ToolResult(content=content, error=False)
+
+    def _dispatch(self, requestor: str, name: str, arguments: Any) -> Any:
+        if requestor == "user":
+            raise ValueError("User tools not available")
+        if requestor != "assistant":
+            raise ValueError(f"Invalid requestor: {requestor}")
+        if name not in AGENT_TOOL_NAMES:
+            raise ValueError(f"Tool '{name}' not found.")
+        if not isinstance(arguments, dict):
+            raise TypeError(f"Tool arguments must be an object, not {type(arguments).__name__}")
+        return getattr(self._tools, name)(**arguments)
+
+    def apply_initial_state(self, initial_state: dict[str, Any] | None) -> None:
+        if not initial_state:
+            return
+        data = initial_state.get("initialization_data") or {}
+        if data.get("agent_data") is not None:
+            merged = _deep_merge(self._tools.db.model_dump(), data["agent_data"])
+            self._tools.replace_db(RetailDB.model_validate(merged))
+        if data.get("user_data") is not None:
+            raise ValueError("User tools not available")
+        for call in initial_state.get("initialization_actions") or []:
+            self._run_env_function_call(call)
+        self._replay_write_calls(initial_state.get("message_history") or [])
+
+    def _replay_write_calls(self, messages: list[dict[str, Any]]) -> None:
+        # τ²-bench re-executes only state-changing calls of a given history; reads change nothing.
+        for message in messages:
+            for tool_call in message.get("tool_calls") or []:
+                if tool_call.get("name") in WRITE_TOOLS:
+                    requestor = tool_call.get("requestor", "assistant")
+                    self.call_tool(requestor, tool_call["name"], tool_call.get("arguments") or {})
+
+    def _run_env_function_call(self, call: dict[str, Any]) -> Any:
+        env_type = call.get("env_type")
+        if env_type == "user":
+            raise ValueError("User tools not available")
+        if env_type != "assistant":
+            raise ValueError(f"Invalid environment type: {env_type}")
+        name = call["func_name"]
+        function: Callable[..., Any] | None = (
+            None if name.startswith("_") else getattr(self._tools, name, None)
+        )
+        if not callable(function):
+            raise ValueError(f"Function {name} not found in {env_type} tools")
+        return function(**(call.get("arguments") or {}))
+
+    def run_env_assertion(self, assertion: dict[str, Any]) -> bool:
+        result = self._run_env_function_call(assertion)
+        if not isinstance(result, bool):
+            raise ValueError(
+                f"Function {assertion['func_name']} returned {type(result)} instead of bool"
+            )
+        return bool(result == assertion.get("assert_value", True))
+
+    def db_hash(self) -> str:
+        return canonical_hash(self._tools.db.model_dump())
