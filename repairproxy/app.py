@@ -1,0 +1,131 @@
+"""``create_app(settings)``: the proxy as one ASGI application whose lifespan owns the upstream client.
+
+Everything a request needs (upstream pool, tools cache, episode store, repair policies, logger) is
+built here from the frozen Settings and handed to the routes; nothing lives in module globals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import IO, Any
+
+import httpx
+
+from repairproxy.logging import configure_logging
+from repairproxy.repair import (
+    DEFAULT_TEMPLATE,
+    OnExhausted,
+    RepairMode,
+    RepairPolicy,
+    RepairTemplate,
+)
+from repairproxy.routes import Proxy
+from repairproxy.sessions import ErrorBudget, MemoryEpisodeStore
+from repairproxy.settings import Settings
+from repairproxy.upstream import Upstream
+from repairproxy.validation import ToolsCache
+
+__all__ = ["RepairProxyApp", "create_app"]
+
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+def _load_template(settings: Settings) -> RepairTemplate:
+    if settings.repair_template is None:
+        return DEFAULT_TEMPLATE
+    return RepairTemplate.from_file(settings.repair_template)
+
+
+class RepairProxyApp:
+    """The ASGI callable: lifespan builds the Proxy, HTTP requests go to it."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        log_stream: IO[bytes] | None = None,
+    ) -> None:
+        if not settings.upstream:
+            raise ValueError(
+                "create_app needs settings.upstream (the CLI starts the embedded model)"
+            )
+        self.settings = settings
+        self._transport = transport
+        self._log_stream = log_stream
+        self.proxy: Proxy | None = None
+
+    def _build(self) -> Proxy:
+        settings = self.settings
+        assert settings.upstream is not None
+        upstream = Upstream(
+            settings.upstream,
+            api_key=settings.upstream_api_key,
+            drop_client_auth=bool(settings.api_keys),
+            timeout=settings.upstream_timeout,
+            max_connections=settings.max_connections,
+            transport=self._transport,
+        )
+        template = _load_template(settings)
+        policies = {
+            mode: RepairPolicy(
+                mode=mode,
+                max_repairs=settings.max_repairs,
+                on_exhausted=OnExhausted(settings.on_exhausted),
+                template=template,
+            )
+            for mode in RepairMode
+        }
+        budget = ErrorBudget(
+            MemoryEpisodeStore(settings.max_episodes, settings.episode_idle_ttl),
+            default_budget=settings.budget,
+            tool_error_pattern=settings.tool_error_pattern,
+        )
+        return Proxy(
+            settings,
+            upstream,
+            ToolsCache(settings.tools_cache_size),
+            budget,
+            policies,
+            configure_logging(settings.log_level, self._log_stream),
+        )
+
+    async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            if self.proxy is None:  # a server that skipped the lifespan protocol
+                self.proxy = self._build()
+            await self.proxy.handle(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+        else:  # websockets are not part of the OpenAI API
+            raise RuntimeError(f"unsupported ASGI scope type {kind!r}")
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    self.proxy = self._build()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self.proxy is not None:
+                    await self.proxy.upstream.aclose()
+                    self.proxy = None
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def create_app(
+    settings: Settings,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    log_stream: IO[bytes] | None = None,
+) -> RepairProxyApp:
+    """The proxy ASGI app; ``transport`` and ``log_stream`` are seams for tests."""
+    return RepairProxyApp(settings, transport=transport, log_stream=log_stream)

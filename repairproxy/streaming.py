@@ -1,0 +1,328 @@
+"""SSE streams of chat completions: parse, hold tool-call deltas until the call is whole, re-emit.
+
+Content deltas go to the client at once, except while the text so far could still be the start of a
+tool call written as text (``{``, ``[``, ``<tool_call>``, a code fence): that prefix is held, so a call
+in text can still be repaired. Tool-call deltas, the finish chunk and the usage chunk are held until the
+upstream stream ends; then the assembled message is validated and either released byte for byte or
+replaced by chunks rendered from the repaired answer (``completion_to_chunks``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+__all__ = [
+    "DONE_EVENT",
+    "SSEEvent",
+    "SSEParser",
+    "StreamAssembler",
+    "ToolCallGate",
+    "comment_event",
+    "completion_to_chunks",
+    "data_event",
+]
+
+DONE_EVENT = b"data: [DONE]\n\n"
+_SEPARATORS = (b"\r\n\r\n", b"\n\n", b"\r\r")
+# Text that may open a tool call written as text; while the content only matches these, hold it.
+_CALL_OPENERS = ("{", "[", "<tool_call", "<function", "```", "<|")
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    """One SSE event: its exact bytes (terminator included) and its joined ``data`` payload."""
+
+    raw: bytes
+    data: bytes | None
+
+    @property
+    def is_done(self) -> bool:
+        return self.data == b"[DONE]"
+
+
+def data_event(payload: Mapping[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def comment_event(text: str) -> bytes:
+    """An SSE comment line: SSE clients (the openai SDK included) ignore it."""
+    return b": " + text.replace("\n", " ").encode() + b"\n\n"
+
+
+class SSEParser:
+    """Incremental SSE splitter; ``feed`` returns the events completed by this chunk."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        self._buffer += chunk
+        events: list[SSEEvent] = []
+        while True:
+            cut = -1
+            sep_len = 0
+            for sep in _SEPARATORS:
+                pos = self._buffer.find(sep)
+                if pos != -1 and (cut == -1 or pos < cut):
+                    cut, sep_len = pos, len(sep)
+            if cut == -1:
+                return events
+            raw = self._buffer[: cut + sep_len]
+            self._buffer = self._buffer[cut + sep_len :]
+            events.append(SSEEvent(raw, _data_of(raw[:cut])))
+
+    def flush(self) -> list[SSEEvent]:
+        """Whatever the upstream left unterminated at the end of the stream."""
+        rest, self._buffer = self._buffer, b""
+        if not rest.strip():
+            return []
+        return [SSEEvent(rest, _data_of(rest))]
+
+
+def _data_of(block: bytes) -> bytes | None:
+    parts = []
+    for line in block.splitlines():
+        if line.startswith(b"data:"):
+            value = line[5:]
+            parts.append(value[1:] if value.startswith(b" ") else value)
+    return b"\n".join(parts) if parts else None
+
+
+@dataclass(slots=True)
+class _CallParts:
+    id: str | None = None
+    type: str = "function"
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(slots=True)
+class StreamAssembler:
+    """Folds chunk JSON into the equivalent non-streaming ``chat.completion`` (choice 0)."""
+
+    meta: dict[str, Any] = field(default_factory=dict)
+    content: str | None = None
+    calls: dict[int, _CallParts] = field(default_factory=dict)
+    function_call: _CallParts | None = None
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+
+    def add(self, chunk: Mapping[str, Any]) -> None:
+        if not self.meta:
+            self.meta = {
+                k: chunk[k] for k in ("id", "created", "model", "system_fingerprint") if k in chunk
+            }
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        choices = chunk.get("choices") or ()
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            text = delta.get("content")
+            if isinstance(text, str):
+                self.content = (self.content or "") + text
+            for part in delta.get("tool_calls") or ():
+                self._add_call_delta(part)
+            legacy = delta.get("function_call")
+            if isinstance(legacy, dict):
+                self.function_call = self.function_call or _CallParts()
+                self.function_call.name += legacy.get("name") or ""
+                self.function_call.arguments += legacy.get("arguments") or ""
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def _add_call_delta(self, part: Mapping[str, Any]) -> None:
+        index = part.get("index", len(self.calls))
+        call = self.calls.setdefault(index, _CallParts())
+        if part.get("id"):
+            call.id = part["id"]
+        if part.get("type"):
+            call.type = part["type"]
+        function = part.get("function") or {}
+        call.name += function.get("name") or ""
+        call.arguments += function.get("arguments") or ""
+
+    @property
+    def has_calls(self) -> bool:
+        return bool(self.calls) or self.function_call is not None
+
+    def message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": call.type,
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for _, call in sorted(self.calls.items())
+            ]
+        if self.function_call is not None:
+            message["function_call"] = {
+                "name": self.function_call.name,
+                "arguments": self.function_call.arguments,
+            }
+        return message
+
+    def completion(self) -> dict[str, Any]:
+        completion: dict[str, Any] = {
+            **self.meta,
+            "object": "chat.completion",
+            "choices": [
+                {"index": 0, "message": self.message(), "finish_reason": self.finish_reason}
+            ],
+        }
+        if self.usage is not None:
+            completion["usage"] = self.usage
+        return completion
+
+
+class ToolCallGate:
+    """Decides, event by event, what a stream with declared tools may release right now.
+
+    ``feed`` returns the raw events to send at once; everything else stays held until ``held``
+    is read at the end of the stream (in upstream order).
+    """
+
+    def __init__(self) -> None:
+        self.assembler = StreamAssembler()
+        self._held: list[bytes] = []
+        self._held_calls = False  # a tool-call/finish/usage event is among the held ones
+        self._prose = False  # the content is plain text: stream it straight through
+        self.released_content = False
+
+    def feed(self, event: SSEEvent) -> list[bytes]:
+        if event.data is None or event.is_done:
+            self._held.append(event.raw)
+            return []
+        try:
+            chunk = orjson.loads(event.data)
+        except orjson.JSONDecodeError:
+            self._held.append(event.raw)  # an upstream error payload or garbage: keep order
+            return []
+        if not isinstance(chunk, dict):
+            self._held.append(event.raw)
+            return []
+        self.assembler.add(chunk)
+        if not _is_content_only(chunk) or self._held_calls:
+            self._held_calls = True
+            self._held.append(event.raw)
+            return []
+        if self._prose:
+            self.released_content = True
+            return [event.raw]
+        self._held.append(event.raw)
+        if _could_open_call(self.assembler.content or ""):
+            return []
+        self._prose = True
+        self.released_content = True
+        out, self._held = self._held, []
+        return out
+
+    @property
+    def held(self) -> list[bytes]:
+        return self._held
+
+
+def _is_content_only(chunk: Mapping[str, Any]) -> bool:
+    if chunk.get("usage"):
+        return False
+    choices = chunk.get("choices")
+    if not choices:
+        return False
+    for choice in choices:
+        if not isinstance(choice, dict) or choice.get("finish_reason"):
+            return False
+        delta = choice.get("delta") or {}
+        if delta.get("tool_calls") or delta.get("function_call"):
+            return False
+    return True
+
+
+def _could_open_call(text: str) -> bool:
+    stripped = text.lstrip()
+    if not stripped:
+        return True
+    return any(
+        stripped.startswith(opener) or opener.startswith(stripped) for opener in _CALL_OPENERS
+    )
+
+
+def completion_to_chunks(
+    completion: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    *,
+    include_content: bool,
+    include_role: bool,
+    include_usage: bool,
+) -> list[bytes]:
+    """Render choice 0 of a ``chat.completion`` as SSE chunks a streaming client parses.
+
+    One chunk per tool call (whole arguments), then the finish chunk, the usage chunk when the client
+    asked for ``stream_options.include_usage``, and ``[DONE]``.
+    """
+    base = {
+        "id": meta.get("id") or completion.get("id"),
+        "object": "chat.completion.chunk",
+        "created": meta.get("created") or completion.get("created"),
+        "model": meta.get("model") or completion.get("model"),
+    }
+    if meta.get("system_fingerprint"):
+        base["system_fingerprint"] = meta["system_fingerprint"]
+    choice = (completion.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    deltas: list[dict[str, Any]] = []
+    if include_content and message.get("content"):
+        deltas.append({"content": message["content"]})
+    for index, call in enumerate(message.get("tool_calls") or ()):
+        function = call.get("function") or {}
+        deltas.append(
+            {
+                "tool_calls": [
+                    {
+                        "index": index,
+                        "id": call.get("id"),
+                        "type": call.get("type", "function"),
+                        "function": {
+                            "name": function.get("name", ""),
+                            "arguments": function.get("arguments", ""),
+                        },
+                    }
+                ]
+            }
+        )
+    if message.get("function_call"):
+        deltas.append({"function_call": message["function_call"]})
+    if include_role:
+        if deltas:
+            deltas[0] = {"role": "assistant", **deltas[0]}
+        else:
+            deltas.append({"role": "assistant", "content": ""})
+    events = [
+        data_event({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+        for delta in deltas
+    ]
+    events.append(
+        data_event(
+            {
+                **base,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {},
+                        "finish_reason": choice.get("finish_reason") or "stop",
+                    }
+                ],
+            }
+        )
+    )
+    if include_usage and completion.get("usage") is not None:
+        events.append(data_event({**base, "choices": [], "usage": completion["usage"]}))
+    events.append(DONE_EVENT)
+    return events

@@ -1,0 +1,1 @@
+"""Test support: a scripted OpenAI-compatible upstream and a proxy server on loopback."""

@@ -1,0 +1,93 @@
+"""Run the real proxy (uvicorn, uvloop, httptools) in a background thread on a free loopback port.
+
+with running_proxy(Settings(upstream=upstream.base_url)) as proxy:
+    openai.OpenAI(base_url=proxy.base_url, api_key="x")
+    proxy.log_lines()  # the JSON lines the proxy logged
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import uvicorn
+
+from repairproxy.app import create_app
+from repairproxy.settings import Settings
+
+__all__ = ["RunningProxy", "running_proxy"]
+
+
+class _LockedBytes(io.BytesIO):
+    """A log sink the server thread writes while the test thread reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+
+    def write(self, data: Any) -> int:
+        with self._lock:
+            return super().write(data)
+
+    def snapshot(self) -> bytes:
+        with self._lock:
+            return self.getvalue()
+
+
+@dataclass
+class RunningProxy:
+    port: int
+    settings: Settings
+    _log: _LockedBytes
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def root_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        return [orjson.loads(line) for line in self._log.snapshot().splitlines() if line.strip()]
+
+
+@contextmanager
+def running_proxy(settings: Settings) -> Iterator[RunningProxy]:
+    log = _LockedBytes()
+    app = create_app(settings, log_stream=log)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_level="warning",
+        server_header=False,
+        date_header=False,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the proxy did not start")
+        time.sleep(0.01)
+    try:
+        yield RunningProxy(port, settings, log)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
