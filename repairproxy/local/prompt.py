@@ -1,7 +1,7 @@
-"""Render OpenAI chat messages and tools into Qwen2.5's Hermes/ChatML prompt, as its chat template does.
+"""Render OpenAI chat messages and tools into Qwen2.5's Hermes/ChatML prompt, as its template does.
 
-This is the template Qwen2.5 ships in ``tokenizer_config.json`` (the one vLLM renders), written out by
-hand because the copy embedded in the GGUF has a ``{{"name"...}}`` typo the model then imitates.
+This is the template Qwen2.5 ships in ``tokenizer_config.json`` (the one vLLM renders), written out
+by hand because the copy embedded in the GGUF has a ``{{"name"...}}`` typo the model then imitates.
 Tools go in ``<tools></tools>`` in the system turn, assistant calls are ``<tool_call>`` blocks, and
 consecutive ``role: tool`` results share one user turn as ``<tool_response>`` blocks.
 """
@@ -33,20 +33,21 @@ def _tojson(value: Any) -> str:
 
 
 def text_of(content: Any) -> str:
-    """Message content as text: ``None`` is empty, a list of parts is the concatenation of its text."""
+    """Message content as text: ``None`` is empty, a list of parts is its texts joined."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence):
         return "".join(
-            str(part.get("text", "")) if isinstance(part, Mapping) else str(part) for part in content
+            str(part.get("text", "")) if isinstance(part, Mapping) else str(part)
+            for part in content
         )
     return str(content)
 
 
 def _arguments_json(arguments: Any) -> str:
-    """Arguments as the template writes them: a parsed object re-serialised, raw text if unparsable."""
+    """Arguments as the template writes them: parsed and re-serialised, raw text if unparsable."""
     if isinstance(arguments, str):
         try:
             return _tojson(json.loads(arguments))
@@ -91,7 +92,9 @@ def render_prompt(
         )
         if role == "assistant" and calls:
             content = text_of(message.get("content"))
-            body = ("\n" + content if content else "") + "".join(_render_tool_call(c) for c in calls)
+            body = ("\n" + content if content else "") + "".join(
+                _render_tool_call(c) for c in calls
+            )
             out.append(f"<|im_start|>assistant{body}<|im_end|>\n")
         elif role in ("tool", "function"):
             previous = messages[index - 1].get("role") if index > 0 else None

@@ -16,7 +16,8 @@ def test_plain_text_is_content() -> None:
 
 
 def test_one_call_with_leading_text() -> None:
-    text = 'Let me look.\n<tool_call>\n{"name": "get_order_details", "arguments": {"order_id": "#W1"}}\n</tool_call>'
+    call = '{"name": "get_order_details", "arguments": {"order_id": "#W1"}}'
+    text = f"Let me look.\n<tool_call>\n{call}\n</tool_call>"
     parsed = parse_hermes(text)
     assert parsed.content == "Let me look.\n"
     [call] = parsed.tool_calls
@@ -27,7 +28,8 @@ def test_one_call_with_leading_text() -> None:
 
 def test_parallel_calls_keep_order_and_distinct_ids() -> None:
     text = "".join(
-        f'<tool_call>\n{{"name": "t{i}", "arguments": {{"i": {i}}}}}\n</tool_call>\n' for i in range(3)
+        f'<tool_call>\n{{"name": "t{i}", "arguments": {{"i": {i}}}}}\n</tool_call>\n'
+        for i in range(3)
     )
     parsed = parse_hermes(text)
     assert parsed.content is None
@@ -36,7 +38,9 @@ def test_parallel_calls_keep_order_and_distinct_ids() -> None:
 
 
 def test_invented_name_passes_through() -> None:
-    parsed = parse_hermes('<tool_call>{"name": "transfer_to_human_agent", "arguments": {}}</tool_call>')
+    parsed = parse_hermes(
+        '<tool_call>{"name": "transfer_to_human_agent", "arguments": {}}</tool_call>'
+    )
     assert [c.name for c in parsed.tool_calls] == ["transfer_to_human_agent"]
     assert parsed.tool_calls[0].arguments == "{}"
 
@@ -57,7 +61,8 @@ def test_unclosed_block_cut_by_length_still_parses_if_json_complete() -> None:
     ],
 )
 def test_any_bad_block_turns_the_whole_answer_into_content(block: str) -> None:
-    text = f'ok <tool_call>{{"name": "good", "arguments": {{}}}}</tool_call><tool_call>{block}</tool_call>'
+    good = '<tool_call>{"name": "good", "arguments": {}}</tool_call>'
+    text = f"ok {good}<tool_call>{block}</tool_call>"
     parsed = parse_hermes(text)
     assert parsed.content == text
     assert not parsed.tools_called

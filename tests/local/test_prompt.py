@@ -29,7 +29,10 @@ def test_no_tools_default_system() -> None:
 
 
 def test_tools_are_listed_as_json_lines_in_the_system_turn() -> None:
-    messages = [{"role": "system", "content": "Be a retail agent."}, {"role": "user", "content": "x"}]
+    messages = [
+        {"role": "system", "content": "Be a retail agent."},
+        {"role": "user", "content": "x"},
+    ]
     prompt = render_prompt(messages, [TOOL, TOOL])
     system = prompt.split("<|im_end|>")[0]
     assert system.startswith("<|im_start|>system\nBe a retail agent.\n\n# Tools\n")
@@ -47,8 +50,16 @@ def test_assistant_call_with_null_content_then_grouped_tool_results() -> None:
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "get_order_details", "arguments": '{"order_id": "#W1"}'}},
-                {"id": "c2", "type": "function", "function": {"name": "get_order_details", "arguments": '{"order_id":"#W2"}'}},
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_order_details", "arguments": '{"order_id": "#W1"}'},
+                },
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "get_order_details", "arguments": '{"order_id":"#W2"}'},
+                },
             ],
         },
         {"role": "tool", "tool_call_id": "c1", "content": '{"status": "pending"}'},
@@ -79,12 +90,21 @@ def test_assistant_text_before_call_and_broken_arguments_are_replayed() -> None:
         {
             "role": "assistant",
             "content": "Checking.",
-            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "lookup", "arguments": '{"a": '}}],
+            "tool_calls": [
+                {
+                    "id": "c",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"a": '},
+                }
+            ],
         },
         {"role": "tool", "tool_call_id": "c", "content": "Error: bad"},
     ]
     prompt = render_prompt(messages, [TOOL], add_generation_prompt=False)
-    assert '<|im_start|>assistant\nChecking.\n<tool_call>\n{"name": "lookup", "arguments": {"a": }\n</tool_call>' in prompt
+    assert (
+        "<|im_start|>assistant\nChecking.\n<tool_call>\n"
+        '{"name": "lookup", "arguments": {"a": }\n</tool_call>' in prompt
+    )
     assert prompt.endswith("</tool_response><|im_end|>\n")
 
 

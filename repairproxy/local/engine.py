@@ -1,0 +1,253 @@
+"""One ``llama_cpp.Llama`` behind a lock: prompt text in, sampled text, logprobs and usage out.
+
+Generation is serialised (one model, few cores), and consecutive requests share the KV cache through
+llama.cpp's prefix matching, so each turn of an episode only prefills what the last turn added.
+Sampling never uses a grammar unless the caller passes one (forced tool choice).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "ContextOverflowError",
+    "Engine",
+    "EngineConfig",
+    "Generation",
+    "SamplingParams",
+    "TokenLogprob",
+]
+
+
+class ContextOverflowError(ValueError):
+    """The prompt does not leave room for a single generated token."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model_path: Path
+    n_ctx: int = 16384
+    n_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    n_batch: int = 512
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """What a request may set. Defaults are Qwen2.5's generation_config, which vLLM applies too."""
+
+    max_tokens: int | None = None
+    temperature: float = 0.7
+    top_p: float = 0.8
+    top_k: int = 20
+    min_p: float = 0.0
+    repeat_penalty: float = 1.05
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    grammar: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    bytes: list[int]
+    top: tuple[tuple[str, float, list[int]], ...] = ()
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "token": self.token,
+            "logprob": self.logprob,
+            "bytes": self.bytes,
+            "top_logprobs": [{"token": t, "logprob": lp, "bytes": b} for t, lp, b in self.top],
+        }
+
+
+@dataclass(slots=True)
+class Generation:
+    text: str = ""
+    finish_reason: str = "stop"
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+
+# on_delta(text_safe_to_emit, logprobs_of_tokens_since_last_call)
+DeltaCallback = Callable[[str, list[TokenLogprob]], None]
+
+
+def _decode_prefix(buffer: bytes) -> str:
+    """The text of ``buffer`` up to any incomplete UTF-8 sequence at its end."""
+    try:
+        return buffer.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return buffer[: exc.start].decode("utf-8", errors="replace")
+
+
+def _stop_holdback(text: str, stops: tuple[str, ...]) -> int:
+    """How many trailing characters could still be the start of a stop string."""
+    hold = 0
+    for stop in stops:
+        for keep in range(min(len(stop) - 1, len(text)), hold, -1):
+            if stop.startswith(text[len(text) - keep :]):
+                hold = keep
+                break
+    return hold
+
+
+class Engine:
+    """Loads the GGUF once; ``generate`` is thread-safe and serialised."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        import llama_cpp  # deferred: the proxy and the unit tests never need the runtime
+
+        self._llama_cpp = llama_cpp
+        self.config = config
+        self._lock = threading.Lock()
+        self.llm = llama_cpp.Llama(
+            model_path=str(config.model_path),
+            n_ctx=config.n_ctx,
+            n_threads=config.n_threads,
+            n_threads_batch=config.n_threads,
+            n_batch=config.n_batch,
+            logits_all=False,  # logprobs are read from the last row only; all rows would be GBs
+            verbose=False,
+        )
+        self._vocab = self.llm._model.vocab
+        self._n_vocab = self.llm.n_vocab()
+
+    def tokenize(self, text: str) -> list[int]:
+        tokens: list[int] = self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        return tokens
+
+    def _piece(self, token: int) -> bytes:
+        piece: bytes = self.llm.detokenize([token], special=False)
+        return piece
+
+    def _last_logprobs(self) -> np.ndarray[Any, np.dtype[np.float32]]:
+        ptr = self._llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
+        logits = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).astype(np.float32)
+        shifted = logits - logits.max()
+        result: np.ndarray[Any, np.dtype[np.float32]] = shifted - np.log(np.exp(shifted).sum())
+        return result
+
+    def _logprob_of(self, token: int, top_n: int) -> TokenLogprob:
+        logprobs = self._last_logprobs()
+        piece = self._piece(token)
+        top: list[tuple[str, float, list[int]]] = []
+        if top_n > 0:
+            best = np.argpartition(-logprobs, top_n)[:top_n]
+            for candidate in sorted(best.tolist(), key=lambda i: -float(logprobs[i])):
+                raw = self._piece(candidate)
+                top.append(
+                    (raw.decode("utf-8", errors="replace"), float(logprobs[candidate]), list(raw))
+                )
+        value = float(logprobs[token])
+        return TokenLogprob(
+            piece.decode("utf-8", errors="replace"), max(value, -9999.0), list(piece), tuple(top)
+        )
+
+    def _cached_prefix(self, tokens: list[int]) -> int:
+        cached = 0
+        for a, b in zip(self.llm._input_ids.tolist(), tokens, strict=False):
+            if a != b:
+                break
+            cached += 1
+        return cached
+
+    def generate(
+        self,
+        prompt: str,
+        params: SamplingParams,
+        *,
+        on_delta: DeltaCallback | None = None,
+        cancelled: threading.Event | None = None,
+    ) -> Generation:
+        """Sample a completion of ``prompt``; ``on_delta`` receives text as it becomes final."""
+        with self._lock:
+            return self._generate(prompt, params, on_delta, cancelled)
+
+    def _generate(
+        self,
+        prompt: str,
+        params: SamplingParams,
+        on_delta: DeltaCallback | None,
+        cancelled: threading.Event | None,
+    ) -> Generation:
+        llama_cpp = self._llama_cpp
+        tokens = self.tokenize(prompt)
+        room = self.config.n_ctx - len(tokens)
+        if room < 1:
+            raise ContextOverflowError(
+                f"the prompt has {len(tokens)} tokens; this model's context is {self.config.n_ctx}"
+            )
+        limit = room if params.max_tokens is None else min(params.max_tokens, room)
+        result = Generation(prompt_tokens=len(tokens), cached_tokens=self._cached_prefix(tokens))
+        self.llm.set_seed(params.seed if params.seed is not None else random.getrandbits(31))
+        grammar = (
+            llama_cpp.LlamaGrammar.from_string(params.grammar, verbose=False)
+            if params.grammar
+            else None
+        )
+        buffer = b""
+        emitted = 0
+        pending: list[TokenLogprob] = []
+        started = time.perf_counter()
+        first_token_at: float | None = None
+        result.finish_reason = "length"
+        if limit > 0:
+            for token in self.llm.generate(
+                tokens,
+                temp=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k,
+                min_p=params.min_p,
+                repeat_penalty=params.repeat_penalty,
+                grammar=grammar,
+            ):
+                if first_token_at is None:
+                    first_token_at = time.perf_counter()
+                if llama_cpp.llama_vocab_is_eog(self._vocab, token):
+                    result.finish_reason = "stop"
+                    break
+                result.completion_tokens += 1
+                if params.logprobs:
+                    logprob = self._logprob_of(token, params.top_logprobs)
+                    pending.append(logprob)
+                    result.logprobs.append(logprob)
+                buffer += self._piece(token)
+                text = _decode_prefix(buffer)
+                cut = min((i for s in params.stop if (i := text.find(s)) >= 0), default=-1)
+                if cut >= 0:
+                    text, result.finish_reason = text[:cut], "stop"
+                    buffer = text.encode("utf-8")
+                    break
+                safe = len(text) - _stop_holdback(text, params.stop)
+                if on_delta is not None and (safe > emitted or pending):
+                    on_delta(text[emitted:safe], pending)
+                    emitted, pending = safe, []
+                if result.completion_tokens >= limit:
+                    break
+                if cancelled is not None and cancelled.is_set():
+                    result.finish_reason = "cancelled"
+                    break
+        result.text = buffer.decode("utf-8", errors="replace")
+        if on_delta is not None and (len(result.text) > emitted or pending):
+            on_delta(result.text[emitted:], pending)
+        end = time.perf_counter()
+        result.prefill_seconds = (first_token_at or end) - started
+        result.decode_seconds = end - (first_token_at or end)
+        return result

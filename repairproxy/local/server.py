@@ -1,0 +1,153 @@
+"""The embedded model's OpenAI-compatible server: /v1/models, /v1/chat/completions, /health.
+
+Inference runs in a worker thread (the engine holds its own lock), so the event loop keeps answering
+health checks while a request decodes. Streaming relays text from that thread through a queue; a
+client that disconnects stops the decode at the next token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from repairproxy.local.chat import (
+    ChatPlan,
+    InvalidChatRequest,
+    chunk,
+    completion_body,
+    finish_reason,
+    plan_chat,
+    usage_body,
+)
+from repairproxy.local.engine import ContextOverflowError, Generation, SamplingParams, TokenLogprob
+from repairproxy.local.grammar import SchemaToGbnf
+from repairproxy.local.hermes import HermesStreamSplitter, ParsedOutput
+
+__all__ = ["GenerateFn", "create_app"]
+
+
+class GenerateFn(Protocol):
+    def __call__(
+        self,
+        prompt: str,
+        params: SamplingParams,
+        *,
+        on_delta: Any = None,
+        cancelled: threading.Event | None = None,
+    ) -> Generation: ...
+
+
+def _error(
+    status: int, message: str, *, param: str | None = None, code: str | None = None
+) -> Response:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+async def _stream(plan: ChatPlan, model: str, generate: GenerateFn) -> AsyncIterator[bytes]:
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[str, list[TokenLogprob]] | None] = asyncio.Queue()
+    cancelled = threading.Event()
+
+    def on_delta(text: str, logprobs: list[TokenLogprob]) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, (text, logprobs))
+
+    def run() -> Generation:
+        try:
+            return generate(plan.prompt, plan.params, on_delta=on_delta, cancelled=cancelled)
+        finally:
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    job = loop.run_in_executor(None, run)
+    splitter = HermesStreamSplitter() if plan.parse_tools else None
+    # Logprobs of unsent tokens ride on the next chunk; those of held tool-call text on the call.
+    held: list[TokenLogprob] = []
+    try:
+        yield _sse(chunk(plan, model, {"role": "assistant", "content": ""}))
+        while (item := await queue.get()) is not None:
+            text, logprobs = item
+            held.extend(logprobs)
+            out = splitter.feed(text) if splitter else text
+            if out:
+                yield _sse(chunk(plan, model, {"content": out}, logprobs=held))
+                held = []
+        try:
+            generation = await job
+        except ContextOverflowError as exc:
+            error = {"message": str(exc), "type": "invalid_request_error", "param": "messages"}
+            yield _sse({"error": {**error, "code": "context_length_exceeded"}})
+            return
+        rest, parsed = splitter.finish() if splitter else ("", ParsedOutput(generation.text))
+        if rest:
+            yield _sse(chunk(plan, model, {"content": rest}, logprobs=held))
+            held = []
+        for index, call in enumerate(parsed.tool_calls):
+            head = {"index": index, "id": call.id, "type": "function"}
+            named = {**head, "function": {"name": call.name, "arguments": ""}}
+            yield _sse(chunk(plan, model, {"tool_calls": [named]}, logprobs=held))
+            held = []
+            args = {"index": index, "function": {"arguments": call.arguments}}
+            yield _sse(chunk(plan, model, {"tool_calls": [args]}))
+        finish = finish_reason(plan, parsed, generation)
+        yield _sse(chunk(plan, model, {}, logprobs=held, finish=finish))
+        if plan.include_usage:
+            yield _sse(chunk(plan, model, None, usage=usage_body(generation)))
+        yield b"data: [DONE]\n\n"
+    finally:
+        cancelled.set()  # the client went away (or we are done): stop decoding at the next token
+
+
+def create_app(
+    generate: GenerateFn, model: str, schema_to_gbnf: SchemaToGbnf | None = None
+) -> Starlette:
+    """The ASGI app around one ``generate`` function (the engine's, or a fake in unit tests)."""
+
+    async def models(_: Request) -> Response:
+        card = {"id": model, "object": "model", "created": 0, "owned_by": "repairproxy-local"}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(_: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": model})
+
+    async def chat_completions(request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            return _error(400, "the request body is not valid JSON", code="invalid_json")
+        if not isinstance(body, dict):
+            return _error(400, "the request body must be a JSON object")
+        try:
+            plan = plan_chat(body, schema_to_gbnf)
+        except InvalidChatRequest as exc:
+            return _error(400, str(exc), param=exc.param)
+        if plan.stream:
+            return StreamingResponse(_stream(plan, model, generate), media_type="text/event-stream")
+        try:
+            generation = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: generate(plan.prompt, plan.params)
+            )
+        except ContextOverflowError as exc:
+            return _error(400, str(exc), param="messages", code="context_length_exceeded")
+        return Response(
+            orjson.dumps(completion_body(plan, model, generation)), media_type="application/json"
+        )
+
+    routes = [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    return Starlette(routes=routes)
