@@ -10,6 +10,7 @@ from typing import Any
 from evals.domains.base import domain_dir
 from evals.domains.retail.db import RetailDB
 from evals.domains.retail.environment import RetailEnvironment
+from evals.domains.retail.hashing import CanonicalCache
 
 __all__ = ["DEFAULT_TASKS_FILE", "RetailDomain", "load"]
 
@@ -30,6 +31,7 @@ class RetailDomain:
     ) -> None:
         self.policy = policy
         self._pristine = pristine
+        self._cache = CanonicalCache(pristine)
         self._tasks = tasks
         self._splits = splits
 
@@ -48,7 +50,7 @@ class RetailDomain:
 
     def new_environment(self) -> RetailEnvironment:
         """A world in the database's initial state; it shares unchanged objects with the others."""
-        return RetailEnvironment(self._pristine)
+        return RetailEnvironment(self._pristine, self._cache)
 
     def initial_db_hash(self) -> str:
         """The hash every new environment starts from."""

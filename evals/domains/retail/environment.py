@@ -7,7 +7,6 @@ as ``json.dumps(model.model_dump())``. Retail is single-control: the user has no
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -16,10 +15,11 @@ from pydantic import BaseModel
 
 from evals.domains.base import Requestor, ToolResult
 from evals.domains.retail.db import RetailDB
+from evals.domains.retail.hashing import CanonicalCache
 from evals.domains.retail.schemas import AGENT_TOOL_NAMES, WRITE_TOOLS, agent_tool_schemas
 from evals.domains.retail.tools import RetailTools
 
-__all__ = ["RetailEnvironment", "canonical_hash", "serialize_result"]
+__all__ = ["RetailEnvironment", "serialize_result"]
 
 
 def serialize_result(result: Any) -> str:
@@ -29,12 +29,6 @@ def serialize_result(result: Any) -> str:
     if isinstance(result, BaseModel):
         return json.dumps(result.model_dump(), default=str)
     return json.dumps(result, default=str)
-
-
-def canonical_hash(data: Any) -> str:
-    """sha256 of canonical JSON (sorted keys), the same in every process."""
-    text = json.dumps(data, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _deep_merge(target: dict[str, Any], updates: dict[str, Any]) -> dict[str, Any]:
@@ -50,8 +44,9 @@ def _deep_merge(target: dict[str, Any], updates: dict[str, Any]) -> dict[str, An
 class RetailEnvironment:
     """A fresh Retail world; implements ``evals.domains.base.DomainEnvironment``."""
 
-    def __init__(self, pristine: RetailDB) -> None:
+    def __init__(self, pristine: RetailDB, cache: CanonicalCache | None = None) -> None:
         self._tools = RetailTools.sharing(pristine)
+        self._cache = cache if cache is not None else CanonicalCache(pristine)
 
     @property
     def db(self) -> RetailDB:
@@ -126,4 +121,4 @@ class RetailEnvironment:
         return bool(result == assertion.get("assert_value", True))
 
     def db_hash(self) -> str:
-        return canonical_hash(self._tools.db.model_dump())
+        return self._cache.hash(self._tools.db)
