@@ -1,0 +1,126 @@
+"""The embedded real model (Qwen2.5-Coder-1.5B Q4_K_M, CPU) behind its server and the openai client.
+
+Skipped unless the model is fetched and llama-cpp-python is installed. Each generation costs seconds
+on two cores, so there are few tests, with greedy decoding, a seed and small ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tests.local.model_fixtures import embedded_upstream, requires_model
+from tests.local.retail_tools import RETAIL_SYSTEM, RETAIL_TOOLS
+
+pytestmark = [pytest.mark.model, requires_model]
+
+__all__ = ["embedded_upstream"]  # the fixture, re-exported so pytest finds it here
+
+DECLARED = {t["function"]["name"] for t in RETAIL_TOOLS}
+ASK_EMAIL = "Hi, I want to cancel an order. My email is noah.brown7922@example.com."
+
+
+@pytest.fixture(scope="module")
+def client(embedded_upstream: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=embedded_upstream, api_key="unused", max_retries=0) as c:
+        yield c
+
+
+def _messages(user: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": RETAIL_SYSTEM}, {"role": "user", "content": user}]
+
+
+def test_models_lists_the_arm(client: openai.OpenAI) -> None:
+    [model] = client.models.list().data
+    assert model.id.endswith("q4_k_m")
+
+
+def test_a_retail_request_gets_a_tool_call_with_usage_and_logprobs(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model="local",
+        messages=_messages(ASK_EMAIL),
+        tools=RETAIL_TOOLS,
+        temperature=0,
+        seed=1,
+        max_tokens=80,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls or []
+    assert call.function.name == "find_user_id_by_email"
+    assert json.loads(call.function.arguments) == {"email": "noah.brown7922@example.com"}
+    assert reply.usage is not None and reply.usage.prompt_tokens > 300
+    assert 0 < reply.usage.completion_tokens <= 80
+    tokens = choice.logprobs.content if choice.logprobs else None
+    assert tokens is not None and len(tokens) == reply.usage.completion_tokens
+    assert "<tool_call>" in "".join(t.token for t in tokens)  # tool-call tokens carry logprobs
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in tokens)
+
+
+def test_streaming_delivers_the_same_call(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="local",
+        messages=_messages(ASK_EMAIL),
+        tools=RETAIL_TOOLS,
+        temperature=0,
+        seed=1,
+        max_tokens=80,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    names, arguments, finish, usage = [], "", None, None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            finish = choice.finish_reason or finish
+            for delta in choice.delta.tool_calls or []:
+                if delta.function and delta.function.name:
+                    names.append(delta.function.name)
+                arguments += (delta.function.arguments or "") if delta.function else ""
+    assert names == ["find_user_id_by_email"]
+    assert json.loads(arguments) == {"email": "noah.brown7922@example.com"}
+    assert finish == "tool_calls"
+    assert usage is not None and usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens > 300  # the KV cache was reused
+
+
+def test_named_tool_choice_forces_a_valid_call(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model="local",
+        messages=_messages("Hello there, how are you today?"),
+        tools=RETAIL_TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_order_details"}},
+        temperature=0,
+        seed=1,
+        max_tokens=60,
+    )
+    [call] = reply.choices[0].message.tool_calls or []
+    assert call.function.name == "get_order_details"
+    arguments = json.loads(call.function.arguments)
+    assert set(arguments) == {"order_id"} and isinstance(arguments["order_id"], str)
+
+
+def test_max_tokens_and_stop_are_honoured(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model="local",
+        messages=[{"role": "user", "content": "Count from 1 to 50, separated by commas."}],
+        temperature=0,
+        max_tokens=6,
+    )
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage is not None and reply.usage.completion_tokens == 6
+    stopped = client.chat.completions.create(
+        model="local",
+        messages=[{"role": "user", "content": "Count from 1 to 50, separated by commas."}],
+        temperature=0,
+        max_tokens=40,
+        stop=["5"],
+    )
+    text = stopped.choices[0].message.content or ""
+    assert stopped.choices[0].finish_reason == "stop"
+    assert "5" not in text and "4" in text
