@@ -149,6 +149,9 @@ class RepairOutcome:
     caught: tuple[Channel, ...]
     first_verdict: MessageVerdict
     exhausted: bool
+    # Ids of invalid calls in the returned answer (they reach the client): pass them to
+    # ErrorBudget.observe_answer(delivered_call_ids=...) so their error results are not recounted.
+    delivered_invalid_call_ids: tuple[str, ...] = ()
 
 
 # --- the system instruction ----------------------------------------------------------------------
@@ -460,7 +463,14 @@ async def repair_completion(
     verdict = first_verdict = _verdict_of(tools, first_response)
     caught = list(first_verdict.error_channels)
     if not policy.re_asks or first_verdict.ok:
-        return RepairOutcome(dict(first_response), 0, tuple(caught), first_verdict, False)
+        return RepairOutcome(
+            dict(first_response),
+            0,
+            tuple(caught),
+            first_verdict,
+            False,
+            first_verdict.error_call_ids,
+        )
 
     last: Mapping[str, Any] = first_response
     usages: list[Any] = [first_response.get("usage")]
@@ -500,4 +510,5 @@ async def repair_completion(
         )
     strip = policy.on_exhausted is OnExhausted.STRIP
     response = _final_response(last, kept, verdict, strip, usage)
-    return RepairOutcome(response, attempts, tuple(caught), first_verdict, True)
+    delivered = () if strip else verdict.error_call_ids
+    return RepairOutcome(response, attempts, tuple(caught), first_verdict, True, delivered)

@@ -1,0 +1,363 @@
+"""Tests of episode identity, the bounded store and τ²-bench-faithful error counting."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from repairproxy.sessions import (
+    BudgetSnapshot,
+    ErrorBudget,
+    MemoryEpisodeStore,
+    episode_id_for,
+)
+from repairproxy.validation import Channel
+
+# --- episode identity ----------------------------------------------------------------------------
+
+OPENING = {
+    "model": "qwen",
+    "messages": [
+        {"role": "system", "content": "policy"},
+        {"role": "assistant", "content": "Hi! How can I help you today?"},
+        {"role": "user", "content": "I want to return an item."},
+    ],
+}
+
+
+def test_header_wins_and_is_case_insensitive() -> None:
+    assert episode_id_for({"x-episode-id": "ep-1"}, OPENING) == "ep-1"
+    assert episode_id_for({"X-Episode-ID": "ep-2"}, OPENING) == "ep-2"
+    assert episode_id_for({"x-run": "r"}, OPENING, header_name="X-Run") == "r"
+
+
+def test_long_header_is_hashed_to_a_bounded_id() -> None:
+    long_id = episode_id_for({"x-episode-id": "e" * 5000}, OPENING)
+    assert len(long_id) < 64
+    assert long_id == episode_id_for({"x-episode-id": "e" * 5000}, {})
+
+
+def test_fingerprint_is_stable_across_turns_and_distinguishes_openings() -> None:
+    first = episode_id_for({}, OPENING)
+    later = dict(OPENING, messages=[*OPENING["messages"], {"role": "assistant", "content": "ok"}])
+    assert episode_id_for({}, later) == first
+    other_user = json.loads(json.dumps(OPENING))
+    other_user["messages"][2]["content"] = "Cancel my order."
+    other_model = dict(OPENING, model="llama")
+    other_system = json.loads(json.dumps(OPENING))
+    other_system["messages"][0]["content"] = "another policy"
+    ids = {episode_id_for({}, body) for body in (OPENING, other_user, other_model, other_system)}
+    assert len(ids) == 4
+    assert episode_id_for({"x-episode-id": ""}, OPENING) == first
+
+
+# --- the store -----------------------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.anyio
+async def test_store_is_a_bounded_lru() -> None:
+    store = MemoryEpisodeStore(max_episodes=3)
+    for name in "abc":
+        await store.update(name, lambda state: state.count("x"))
+    await store.update("a", lambda state: None)  # touch: b is now least recently used
+    await store.update("d", lambda state: None)
+    assert len(store) == 3
+    assert await store.get("b") is None
+    state = await store.get("a")
+    assert state is not None and state.errors == 1
+
+
+@pytest.mark.anyio
+async def test_store_drops_idle_episodes() -> None:
+    clock = FakeClock()
+    store = MemoryEpisodeStore(max_episodes=10, idle_ttl_seconds=60, clock=clock)
+    await store.update("old", lambda state: state.count("x"))
+    clock.now += 30
+    await store.update("young", lambda state: state.count("x"))
+    clock.now += 31
+    assert await store.get("old") is None
+    assert await store.get("young") is not None
+    assert len(store) == 1
+    clock.now += 60
+    await store.update("new", lambda state: None)
+    assert len(store) == 1
+
+
+@pytest.mark.anyio
+async def test_store_stays_bounded_under_many_episodes() -> None:
+    store = MemoryEpisodeStore(max_episodes=1000)
+    budget = ErrorBudget(store)
+    for index in range(5000):
+        await budget.observe_answer(f"ep-{index}", [Channel.UNKNOWN_TOOL])
+    assert len(store) == 1000
+    assert await store.get("ep-3999") is None
+    assert (await budget.snapshot("ep-4999")).errors == 1
+
+
+def test_store_rejects_zero_capacity() -> None:
+    with pytest.raises(ValueError):
+        MemoryEpisodeStore(max_episodes=0)
+
+
+# --- budget snapshots ----------------------------------------------------------------------------
+
+
+def test_snapshot_arithmetic() -> None:
+    assert BudgetSnapshot("e", 3, 10, {}).remaining == 7
+    assert not BudgetSnapshot("e", 9, 10, {}).exhausted
+    assert BudgetSnapshot("e", 10, 10, {}).exhausted
+    assert BudgetSnapshot("e", 12, 10, {}).remaining == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "label"),
+    [
+        ("Error: Tool 'get_order_status' not found.", "env_unknown_tool"),
+        (
+            "Error: RetailTools.get_user_details() got an unexpected keyword argument 'email'",
+            "env_argument_error",
+        ),
+        (
+            "Error: get_order_details() missing 1 required positional argument: 'order_id'",
+            "env_argument_error",
+        ),
+        ("Error: Order not found", "env_entity_not_found"),
+        ("Error: User not found", "env_entity_not_found"),
+        ("Error: Non-pending order cannot be cancelled", "env_other_error"),
+    ],
+)
+def test_default_classification(content: str, label: str) -> None:
+    assert ErrorBudget(MemoryEpisodeStore()).classify(content) == label
+
+
+def test_classification_table_is_configurable() -> None:
+    budget = ErrorBudget(
+        MemoryEpisodeStore(), classifier=[("env_payment", r"payment"), ("env_any", r".")]
+    )
+    assert budget.classify("Error: payment declined") == "env_payment"
+    assert budget.classify("Error: whatever") == "env_any"
+
+
+@pytest.mark.anyio
+async def test_error_pattern_is_configurable() -> None:
+    budget = ErrorBudget(MemoryEpisodeStore(), tool_error_pattern=r'"status":\s*"failed"')
+    body = {
+        "messages": [
+            {"role": "tool", "tool_call_id": "a", "content": "Error: ignored by this pattern"},
+            {"role": "tool", "tool_call_id": "b", "content": '{"status": "failed", "why": "x"}'},
+        ]
+    }
+    snapshot = await budget.observe_request("e", body)
+    assert snapshot.errors == 1
+    assert snapshot.by_channel == {"env_other_error": 1}
+
+
+@pytest.mark.anyio
+async def test_each_tool_result_counts_once() -> None:
+    budget = ErrorBudget(MemoryEpisodeStore(), default_budget=3)
+    history: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    history.append({"role": "tool", "tool_call_id": "c1", "content": "Error: Order not found"})
+    assert (await budget.observe_request("e", {"messages": history})).errors == 1
+    assert (await budget.observe_request("e", {"messages": history})).errors == 1
+    # An upstream that reuses ids: a new error under the same id is still a new error.
+    history.append({"role": "tool", "tool_call_id": "c1", "content": "Error: User not found"})
+    snapshot = await budget.observe_request("e", {"messages": history}, budget=5)
+    assert snapshot.errors == 2 and snapshot.budget == 5 and snapshot.remaining == 3
+    # Results without ids are told apart by their position in the growing history.
+    history.append({"role": "function", "name": "f", "content": "Error: Order not found"})
+    history.append({"role": "function", "name": "f", "content": "Error: Order not found"})
+    snapshot = await budget.observe_request("e", {"messages": history})
+    assert snapshot.errors == 4 and snapshot.exhausted and snapshot.remaining == 0
+
+
+@pytest.mark.anyio
+async def test_non_error_and_content_parts() -> None:
+    budget = ErrorBudget(MemoryEpisodeStore())
+    body = {
+        "messages": [
+            {"role": "tool", "tool_call_id": "a", "content": '{"order_id": "#W1"}'},
+            {"role": "tool", "tool_call_id": "b", "content": "The word Error: mid-text"},
+            {
+                "role": "tool",
+                "tool_call_id": "c",
+                "content": [{"type": "text", "text": "Error: x"}],
+            },
+            {"role": "user", "content": "Error: users are not tools"},
+        ]
+    }
+    snapshot = await budget.observe_request("e", body)
+    assert snapshot.by_channel == {"env_other_error": 1}
+
+
+@pytest.mark.anyio
+async def test_observe_answer_counts_every_invalid_channel() -> None:
+    budget = ErrorBudget(MemoryEpisodeStore())
+    snapshot = await budget.observe_answer(
+        "e", [Channel.UNKNOWN_TOOL, Channel.VALID, Channel.SCHEMA_VIOLATION, Channel.UNKNOWN_TOOL]
+    )
+    assert snapshot.errors == 3
+    assert snapshot.by_channel == {"unknown_tool": 2, "schema_violation": 1}
+
+
+@pytest.mark.anyio
+async def test_a_delivered_invalid_call_is_not_counted_twice() -> None:
+    budget = ErrorBudget(MemoryEpisodeStore())
+    # Repair off: the proxy counts the hallucinated call and lets it through ...
+    await budget.observe_answer("e", [Channel.UNKNOWN_TOOL], delivered_call_ids=["h1", None])
+    # ... the agent executes it, and its error comes back in every later request.
+    history = [{"role": "tool", "tool_call_id": "h1", "content": "Error: Tool 'x' not found."}]
+    for _ in range(3):
+        snapshot = await budget.observe_request("e", {"messages": history})
+        assert snapshot.errors == 1
+    assert snapshot.by_channel == {"unknown_tool": 1}
+    # A later, different error under the same (reused) id is counted.
+    history.append({"role": "tool", "tool_call_id": "h1", "content": "Error: Order not found"})
+    assert (await budget.observe_request("e", {"messages": history})).errors == 2
+
+
+@pytest.mark.anyio
+async def test_two_interleaved_episodes_keep_separate_budgets() -> None:
+    budget = ErrorBudget(MemoryEpisodeStore(), default_budget=2)
+    a_history: list[dict[str, Any]] = []
+    b_history: list[dict[str, Any]] = []
+    for turn in range(3):
+        a_history.append(
+            {"role": "tool", "tool_call_id": f"a{turn}", "content": "Error: Order not found"}
+        )
+        b_history.append({"role": "tool", "tool_call_id": f"b{turn}", "content": "{}"})
+        a = await budget.observe_request("A", {"messages": a_history})
+        b = await budget.observe_request("B", {"messages": b_history})
+        assert a.errors == turn + 1 and a.episode_id == "A"
+        assert b.errors == 0 and not b.exhausted
+    b = await budget.observe_answer("B", [Channel.INVALID_JSON])
+    assert a.exhausted and a.remaining == 0
+    assert b.errors == 1 and b.remaining == 1
+    assert (await budget.snapshot("A")).errors == 3
+
+
+# --- a 12-turn τ²-bench-style replay -------------------------------------------------------------
+
+DECLARED = {
+    "get_user_details": {"user_id"},
+    "get_order_details": {"order_id"},
+    "cancel_pending_order": {"order_id", "reason"},
+}
+ORDERS = {"#W1": "pending", "#W2": "delivered"}
+
+
+@dataclass
+class TauStyleEnvironment:
+    """Answers tool calls the way τ²-bench's environment does: f"Error: {exception}" on failure,
+    and counts errors the way its orchestrator does (one per tool message with error=True)."""
+
+    num_errors: int = 0
+    trajectory: list[dict[str, Any]] = field(default_factory=list)
+
+    def respond(self, call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        error = True
+        if name not in DECLARED:
+            content = f"Error: Tool '{name}' not found."
+        elif extra := set(arguments) - DECLARED[name]:
+            content = (
+                f"Error: RetailTools.{name}() got an unexpected keyword argument '{extra.pop()}'"
+            )
+        elif missing := DECLARED[name] - set(arguments):
+            content = (
+                f"Error: RetailTools.{name}() missing 1 required positional argument: "
+                f"'{missing.pop()}'"
+            )
+        elif "order_id" in arguments and arguments["order_id"] not in ORDERS:
+            content = "Error: Order not found"
+        elif name == "cancel_pending_order" and ORDERS[arguments["order_id"]] != "pending":
+            content = "Error: Non-pending order cannot be cancelled"
+        else:
+            content, error = json.dumps({"ok": name}), False
+        self.num_errors += error
+        return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+# Agent tool calls per turn (name, arguments); an empty turn is a text reply to the user.
+SCRIPT: list[list[tuple[str, dict[str, Any]]]] = [
+    [("get_user_details", {"user_id": "u1"})],
+    [("get_order_status", {"order_id": "#W1"})],  # hallucinated name
+    [("get_order_details", {"order_id": "#W9"})],  # entity not found
+    [],
+    [
+        ("get_order_details", {"order_id": "#W1", "verbose": True}),  # unexpected argument
+        ("get_order_details", {"order_id": "#W2"}),
+    ],
+    [("cancel_pending_order", {"order_id": "#W2", "reason": "no longer needed"})],  # other
+    [("cancel_pending_order", {"order_id": "#W1"})],  # missing argument
+    [],
+    [("lookup_user", {"user_id": "u1"}), ("get_order_status", {"order_id": "#W2"})],  # 2 unknown
+    [("cancel_pending_order", {"order_id": "#W1", "reason": "no longer needed"})],
+    [("get_order_details", {"order_id": "#W3"})],  # entity not found
+    [],
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("proxy_counts_answers", [False, True], ids=["results-only", "answers-too"])
+async def test_twelve_turn_replay_matches_tau2_bench(proxy_counts_answers: bool) -> None:
+    """Whether or not the proxy also counted the invalid calls it let through (repair off), the
+    episode ends with exactly the count τ²-bench's orchestrator reaches on the same trajectory."""
+    assert len(SCRIPT) == 12
+    env = TauStyleEnvironment()
+    budget = ErrorBudget(MemoryEpisodeStore(), default_budget=10)
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "policy"},
+        {"role": "user", "content": "help"},
+    ]
+    ids = itertools.count()
+    snapshot = None
+    for calls in SCRIPT:
+        # The agent resends the whole history on every turn.
+        snapshot = await budget.observe_request("ep", {"messages": history})
+        if not calls:
+            history.append({"role": "assistant", "content": "Anything else?"})
+            history.append({"role": "user", "content": "yes"})
+            continue
+        tool_calls = [
+            {
+                "id": f"call_{next(ids)}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)},
+            }
+            for name, arguments in calls
+        ]
+        if proxy_counts_answers:
+            hallucinated = [c for c in tool_calls if c["function"]["name"] not in DECLARED]
+            await budget.observe_answer(
+                "ep",
+                [Channel.UNKNOWN_TOOL] * len(hallucinated),
+                delivered_call_ids=[c["id"] for c in hallucinated],
+            )
+        history.append({"role": "assistant", "content": None, "tool_calls": tool_calls})
+        for tool_call, (name, arguments) in zip(tool_calls, calls, strict=True):
+            history.append(env.respond(tool_call["id"], name, arguments))
+    snapshot = await budget.observe_request("ep", {"messages": history})
+    assert snapshot is not None
+    assert env.num_errors == sum(
+        1 for m in history if m["role"] == "tool" and m["content"].startswith("Error")
+    )
+    assert snapshot.errors == env.num_errors
+    assert snapshot.exhausted == (env.num_errors >= 10)
+    unknown = snapshot.by_channel.get(
+        "unknown_tool" if proxy_counts_answers else "env_unknown_tool"
+    )
+    assert unknown == 3
+    assert snapshot.by_channel["env_argument_error"] == 2
+    assert snapshot.by_channel["env_entity_not_found"] == 2
+    assert snapshot.by_channel["env_other_error"] == 1
