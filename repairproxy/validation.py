@@ -1,14 +1,13 @@
 """Classify every tool call in a model answer into exactly one channel of a fixed vocabulary.
 
-A request's declared tools are compiled once (jsonschema-rs validators, bounded LRU keyed by a hash
-of their canonical JSON); each answer is then checked call by call in a few microseconds.
+A request's declared tools are compiled once (jsonschema-rs validators, in a bounded LRU keyed by
+their serialised JSON); each answer is then checked call by call in a few microseconds.
 """
 
 from __future__ import annotations
 
 import difflib
 import enum
-import hashlib
 import json
 import re
 from collections import OrderedDict
@@ -429,7 +428,7 @@ def _declared_function(function: Mapping[str, Any], where: str) -> tuple[str, Ma
 
 
 class ToolsCache:
-    """Compiled tools per distinct ``tools``/``functions`` list, bounded LRU keyed by a hash."""
+    """Compiled tools per distinct ``tools``/``functions`` list: bounded LRU keyed by their JSON."""
 
     def __init__(self, max_entries: int = 256) -> None:
         if max_entries < 1:
@@ -458,10 +457,10 @@ class ToolsCache:
 
     @staticmethod
     def _key(body: Mapping[str, Any]) -> bytes:
+        # The serialised tools are the key itself: the dict hashes them, and equality is exact, so
+        # no digest collision can hand a request another request's validators. Keys are not sorted
+        # (that doubles the cost per request); a client that reorders keys only costs a recompile.
         try:
-            canonical = orjson.dumps(
-                [body.get("tools"), body.get("functions")], option=orjson.OPT_SORT_KEYS
-            )
+            return orjson.dumps([body.get("tools"), body.get("functions")])
         except TypeError as exc:
             raise InvalidToolsError(f"tools are not JSON-serializable: {exc}") from exc
-        return hashlib.blake2b(canonical, digest_size=16).digest()
