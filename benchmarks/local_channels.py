@@ -1,0 +1,337 @@
+"""Per-channel error rates of the embedded model on 50 fixed agent prompts, for each precision arm.
+
+``python -m benchmarks.local_channels [--arms q4_k_m q3_k_m-requant] [--proxy]``
+
+The 50 agent prompts (35 Retail, 15 Telecom) are built deterministically at run time from
+τ²-bench's data: user emails, names, zips and order ids from the Retail db, phone numbers and ids
+from the Telecom db, the domain policies as system prompts, and the domains' agent tools. Each
+answer is classified with ``repairproxy.validation`` into the proxy's channels. With ``--proxy``,
+the q4_k_m arm is also run through the proxy with repair off and reflexive (header
+``X-Repairproxy-Repair``), counting the invalid calls that reach the client.
+Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from repairproxy.local import start_embedded_upstream
+from repairproxy.validation import ToolsCache
+
+DEFAULT_DATA_DIR = Path(os.environ.get("TAU2_DATA_DIR", "/work/shared/tau2-data"))
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    id: str
+    domain: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    expected_tool: str | None
+
+
+def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)},
+            }
+        ],
+    }
+
+
+def _retail(data_dir: Path) -> list[Prompt]:
+    from evals.domains.retail.schemas import agent_tool_schemas
+
+    root = data_dir / "tau2" / "domains" / "retail"
+    db = json.loads((root / "db.json").read_text())
+    system = {"role": "system", "content": (root / "policy.md").read_text()}
+    tools = agent_tool_schemas()
+    with_orders = [db["users"][k] for k in sorted(db["users"]) if db["users"][k]["orders"]]
+    users = with_orders[::20][:20]  # 20 spread-out users who have orders
+    out: list[Prompt] = []
+
+    def add(kind: str, i: int, turns: list[dict[str, Any]], expected: str | None) -> None:
+        out.append(Prompt(f"retail-{kind}-{i}", "retail", [system, *turns], tools, expected))
+
+    for i, user in enumerate(users[:8]):
+        order = user["orders"][0]
+        text = f"Hi! My email is {user['email']}. What's the status of my order {order}?"
+        add("status-email", i, [{"role": "user", "content": text}], "find_user_id_by_email")
+    for i, user in enumerate(users[8:14]):
+        name, zip_code = user["name"], user["address"]["zip"]
+        text = (
+            f"I'm {name['first_name']} {name['last_name']}, zip code {zip_code}. I'd like to "
+            "return something I bought."
+        )
+        add("return-name-zip", i, [{"role": "user", "content": text}], "find_user_id_by_name_zip")
+    for i, user in enumerate(users[14:18]):
+        text = (
+            f"Please change the shipping address of my order {user['orders'][0]} to 12 Elm "
+            f"Street, Springfield, IL 62704. My email is {user['email']}."
+        )
+        add("address-email", i, [{"role": "user", "content": text}], "find_user_id_by_email")
+    for i, user in enumerate(users[:12]):  # second turn: the user is already authenticated
+        order = user["orders"][-1]
+        asks = [
+            (f"Can you cancel order {order}? I ordered it by mistake.", "get_order_details"),
+            (f"Where is my order {order}? Has it shipped?", "get_order_details"),
+            ("Which payment methods do I have on file?", "get_user_details"),
+        ]
+        ask, expected = asks[i % 3]
+        turns = [
+            {"role": "user", "content": f"Hello, my email is {user['email']}. {ask}"},
+            _call(f"call_{i}", "find_user_id_by_email", {"email": user["email"]}),
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": user["user_id"]},
+        ]
+        add("authenticated", i, turns, expected)
+    extra = [
+        ("I want to talk to a real person, transfer me now.", "transfer_to_human_agents"),
+        ("What is 15% of 488.81 dollars? Use your calculator.", "calculate"),
+        ("What's the status of order #W2611340?", None),  # not authenticated: ask who they are
+        ("Do you sell office chairs? What options are there?", "list_all_product_types"),
+        ("Can you track my package for order #W7678072? It's late.", None),
+    ]
+    for i, (text, expected) in enumerate(extra):
+        add("misc", i, [{"role": "user", "content": text}], expected)
+    return out
+
+
+def _telecom(data_dir: Path) -> list[Prompt]:
+    from evals.domains.telecom.agent_tools import TelecomTools
+
+    root = data_dir / "tau2" / "domains" / "telecom"
+    with (root / "db.toml").open("rb") as fh:
+        db = tomllib.load(fh)
+    system = {"role": "system", "content": (root / "main_policy.md").read_text()}
+    tools = TelecomTools.openai_tools()
+    out: list[Prompt] = []
+    customers = db["customers"]
+    lines = db["lines"]
+    texts: list[tuple[str, str | None]] = []
+    for customer in customers:
+        phone = customer["phone_number"]
+        texts.append(
+            (f"Hi, my number is {phone}. My mobile data stopped working.", "get_customer_by_phone")
+        )
+        texts.append(
+            (
+                f"I'm {customer['full_name']}, born {customer['date_of_birth']}. "
+                "I want to pay my bill.",
+                "get_customer_by_name",
+            )
+        )
+    for line in lines[:4]:
+        texts.append(
+            (
+                "I'm travelling abroad next week, please turn on roaming for "
+                f"{line['phone_number']}.",
+                "get_customer_by_phone",
+            )
+        )
+    texts.append(("Can I speak to a human agent please?", "transfer_to_human_agents"))
+    texts.append(("How much data have I used this month?", None))
+    texts.append(("My customer id is C1001. Show me my bills.", "get_customer_by_id"))
+    for i, (text, expected) in enumerate(texts[:15]):
+        out.append(
+            Prompt(
+                f"telecom-{i}",
+                "telecom",
+                [system, {"role": "user", "content": text}],
+                tools,
+                expected,
+            )
+        )
+    return out
+
+
+def build_prompts(data_dir: Path = DEFAULT_DATA_DIR) -> list[Prompt]:
+    """35 Retail + 15 Telecom prompts, the same on every run."""
+    prompts = _retail(data_dir) + _telecom(data_dir)
+    if len(prompts) != 50:
+        raise RuntimeError(f"expected 50 prompts, built {len(prompts)}")
+    return prompts
+
+
+CHANNELS = (
+    "valid",
+    "unknown_tool",
+    "invalid_json",
+    "schema_violation",
+    "tool_call_in_content",
+    "empty_output",
+)
+
+
+@dataclass(slots=True)
+class Outcome:
+    prompt: Prompt
+    channels: list[str]  # one per call, or one silent-failure channel, or [] for plain text
+    first_call: str | None
+    seconds: float
+    completion_tokens: int
+    header_channels: str | None = None
+    repairs: str | None = None
+
+
+def classify(prompt: Prompt, message: dict[str, Any], cache: ToolsCache) -> list[str]:
+    compiled = cache.compile({"tools": prompt.tools})
+    assert compiled is not None
+    return [str(v.channel) for v in compiled.check_message(message).calls]
+
+
+def run_prompts(
+    client: openai.OpenAI,
+    prompts: Sequence[Prompt],
+    *,
+    temperature: float,
+    max_tokens: int,
+    headers: dict[str, str] | None = None,
+) -> list[Outcome]:
+    cache = ToolsCache()
+    outcomes = []
+    for i, prompt in enumerate(prompts):
+        start = time.perf_counter()
+        raw = client.chat.completions.with_raw_response.create(
+            model="local",
+            messages=prompt.messages,
+            tools=prompt.tools,
+            temperature=temperature,
+            seed=i,
+            max_tokens=max_tokens,
+            extra_headers=headers,
+        )
+        reply = raw.parse()
+        message = reply.choices[0].message.model_dump(exclude_none=True)
+        calls = message.get("tool_calls") or []
+        outcomes.append(
+            Outcome(
+                prompt,
+                classify(prompt, message, cache),
+                calls[0]["function"]["name"] if calls else None,
+                time.perf_counter() - start,
+                reply.usage.completion_tokens if reply.usage else 0,
+                raw.headers.get("x-repairproxy-tool-errors"),
+                raw.headers.get("x-repairproxy-repairs"),
+            )
+        )
+        print(
+            f"  {prompt.id:28} {','.join(outcomes[-1].channels) or 'text':24} "
+            f"{outcomes[-1].first_call or '-':28} {outcomes[-1].seconds:5.1f}s",
+            flush=True,
+        )
+    return outcomes
+
+
+def summarize(label: str, outcomes: Sequence[Outcome]) -> None:
+    calls = Counter(c for o in outcomes for c in o.channels)
+    answers = Counter(
+        "text" if not o.channels else ("valid" if set(o.channels) == {"valid"} else "invalid")
+        for o in outcomes
+    )
+    with_expected = [o for o in outcomes if o.prompt.expected_tool]
+    right = sum(o.first_call == o.prompt.expected_tool for o in with_expected)
+    n = len(outcomes)
+    print(f"\n== {label}: {n} prompts, {sum(calls.values())} classified calls/answers")
+    for channel in CHANNELS:
+        print(f"  {channel:22} {calls[channel]:3d}  ({calls[channel] / n:6.1%} of prompts)")
+    print(
+        f"  answers: {answers['valid']} all-valid calls, {answers['invalid']} with an invalid "
+        f"call, {answers['text']} plain text"
+    )
+    print(f"  right first tool: {right}/{len(with_expected)}")
+    seconds = [o.seconds for o in outcomes]
+    print(f"  latency per prompt: mean {sum(seconds) / n:.1f}s, max {max(seconds):.1f}s")
+
+
+@contextmanager
+def proxy(upstream: str) -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "repairproxy", "serve", "--upstream", upstream]
+    command += ["--port", str(port), "--log-level", "warning"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arms", nargs="+", default=["q4_k_m", "q3_k_m-requant"])
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    parser.add_argument("--proxy", action="store_true", help="also: repair off vs reflexive")
+    parser.add_argument("--skip-arms", action="store_true", help="only the --proxy comparison")
+    args = parser.parse_args(argv)
+    prompts = build_prompts(args.data_dir)[: args.limit]
+    print(f"{len(prompts)} prompts; temperature {args.temperature}; max_tokens {args.max_tokens}")
+    settings: dict[str, Any] = {"temperature": args.temperature, "max_tokens": args.max_tokens}
+    results: dict[str, list[Outcome]] = {}
+    for arm in [] if args.skip_arms else args.arms:
+        print(f"\n-- arm {arm}")
+        with (
+            start_embedded_upstream(arm, n_ctx=8192) as upstream,
+            openai.OpenAI(base_url=upstream.base_url, api_key="x", timeout=600) as client,
+        ):
+            results[arm] = run_prompts(client, prompts, **settings)
+    if args.proxy:
+        with (
+            start_embedded_upstream(args.arms[0], n_ctx=8192) as upstream,
+            proxy(upstream.base_url) as url,
+            openai.OpenAI(base_url=url, api_key="x", timeout=600) as client,
+        ):
+            for mode in ("off", "reflexive"):
+                print(f"\n-- proxy repair={mode} on {args.arms[0]}")
+                headers = {"X-Repairproxy-Repair": mode}
+                results[f"proxy repair={mode}"] = run_prompts(
+                    client, prompts, headers=headers, **settings
+                )
+    for label, outcomes in results.items():
+        summarize(label, outcomes)
+    for mode in ("off", "reflexive"):
+        outcomes = results.get(f"proxy repair={mode}")
+        if outcomes:
+            reached = sum(c not in ("valid",) for o in outcomes for c in o.channels)
+            caught = sum(bool(o.header_channels) for o in outcomes)
+            repairs = sum(int(o.repairs or 0) for o in outcomes)
+            print(
+                f"proxy repair={mode}: invalid calls/answers reaching the client {reached}; "
+                f"answers where the proxy caught an error {caught}; repair attempts {repairs}"
+            )
+
+
+if __name__ == "__main__":
+    main()
