@@ -193,14 +193,21 @@ def _check_resumable(previous: Info, current: Info) -> None:
         )
 
 
-async def run(config: RunConfig, *, domain: Domain | None = None) -> Results:
+async def run(
+    config: RunConfig,
+    *,
+    domain: Domain | None = None,
+    make_agent: AgentFactory | None = None,
+) -> Results:
     """Run (or resume) every pending episode and return the complete results.
 
-    ``domain`` replaces the one named in ``config`` (tests use a small fake domain).
+    ``domain`` and ``make_agent`` replace what ``config`` names (tests use a small fake domain).
     """
     domain = domain or load_domain(config.domain, config.data_dir)
     tasks = _select_tasks(domain, config)
     participants = _participants(config)
+    if make_agent is not None:
+        participants.make_agent = make_agent
     info = _info(config, domain, participants)
     if config.results_path.exists():
         results = load_results(config.results_path)

@@ -1,0 +1,119 @@
+"""The runner: results layout, resume after SIGKILL (nothing lost, nothing twice), the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from evals.logs import load_results
+from evals.run import RESULTS_FILE, run, summarize
+from tests.evals import run_fake
+from tests.evals.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.anyio
+
+TAU2_SIMULATION_KEYS = {
+    "id",
+    "task_id",
+    "timestamp",
+    "start_time",
+    "end_time",
+    "duration",
+    "termination_reason",
+    "agent_cost",
+    "user_cost",
+    "reward_info",
+    "messages",
+    "trial",
+    "seed",
+}
+
+
+async def test_results_file_layout(tmp_path: Path) -> None:
+    results = await run(run_fake.config(tmp_path), domain=run_fake.domain())
+    raw = json.loads((tmp_path / RESULTS_FILE).read_text())
+    assert set(raw) == {"timestamp", "info", "tasks", "simulations"}
+    assert {"num_trials", "max_steps", "max_errors", "user_info", "agent_info", "environment_info"} <= set(raw["info"])
+    assert raw["info"]["max_errors"] == 10 and raw["info"]["max_steps"] == 200
+    assert [t["id"] for t in raw["tasks"]] == [f"task-{i}" for i in range(run_fake.NUM_TASKS)]
+    sim = raw["simulations"][0]
+    assert TAU2_SIMULATION_KEYS <= set(sim)
+    assert sim["termination_reason"] == "user_stop"
+    tool = next(m for m in sim["messages"] if m["role"] == "tool")
+    assert {"id", "content", "requestor", "error"} <= set(tool)
+    call = next(m for m in sim["messages"] if m["role"] == "assistant" and m["tool_calls"])
+    assert {"id", "name", "arguments", "requestor"} <= set(call["tool_calls"][0])
+    summary = summarize(results)
+    assert summary["episodes"] == run_fake.NUM_TASKS * run_fake.NUM_TRIALS
+    assert summary["successes"] == summary["episodes"]
+    assert summary["pass_hat_k"] == {1: 1.0, 2: 1.0}
+    # Each trial has its own seed, shared by all tasks of that trial.
+    seeds = {(s.trial, s.seed) for s in results.simulations}
+    assert len(seeds) == run_fake.NUM_TRIALS
+
+
+async def test_resume_refuses_a_different_run(tmp_path: Path) -> None:
+    await run(replace(run_fake.config(tmp_path), num_trials=1), domain=run_fake.domain())
+    with pytest.raises(ValueError, match="different run"):
+        await run(replace(run_fake.config(tmp_path), max_errors=3), domain=run_fake.domain())
+
+
+@pytest.mark.slow
+async def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    results_path = tmp_path / RESULTS_FILE
+    total = run_fake.NUM_TASKS * run_fake.NUM_TRIALS
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.evals.run_fake", str(tmp_path)], cwd=REPO_ROOT
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if results_path.exists() and len(load_results(results_path).simulations) >= 3:
+                break
+            time.sleep(0.02)
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        process.wait(timeout=10)
+    assert process.returncode == -signal.SIGKILL
+    before = load_results(results_path)
+    assert 3 <= len(before.simulations) < total, "the run must be killed mid-way"
+
+    after = await run(
+        run_fake.config(tmp_path), domain=run_fake.domain(), make_agent=run_fake.SlowGoldAgent
+    )
+    keys = [(s.task_id, s.trial) for s in after.simulations]
+    assert len(keys) == total and len(set(keys)) == total
+    assert [s.id for s in after.simulations[: len(before.simulations)]] == [
+        s.id for s in before.simulations
+    ]
+    assert load_results(results_path).model_dump() == after.model_dump()
+    assert all(s.reward_info is not None and s.reward_info.reward == 1.0 for s in after.simulations)
+
+
+@pytest.mark.slow
+def test_cli_gold_run_on_retail(tau2_data_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("evals.domains.retail")
+    command = [
+        sys.executable, "-m", "evals.run", "--domain", "retail", "--agent", "gold", "--user", "gold",
+        "--num-trials", "2", "--task-ids", "0", "2", "--tau2-data", str(tau2_data_dir),
+        "--save-to", str(tmp_path), "--no-progress",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "successes: 4" in done.stdout
+    results = load_results(tmp_path / RESULTS_FILE)
+    assert results.info.nl_assertions_scored is False
+    assert sorted((s.task_id, s.trial) for s in results.simulations) == [
+        ("0", 0), ("0", 1), ("2", 0), ("2", 1)
+    ]
+    # Task 2 has NL assertions (not scored without a judge); task 0 has none (trivially met).
+    scored = {s.task_id: s.reward_info.nl_assertions_scored for s in results.simulations if s.reward_info}
+    assert scored == {"0": True, "2": False}
