@@ -85,25 +85,25 @@ class APNSettings(StrictModel):
     """Represents the configuration for a single Access Point Name (APN)."""
 
     apn_name: APNNames = Field(
-        APNNames.INTERNET, description="The name identifier for the APN connection."
+        default=APNNames.INTERNET, description="The name identifier for the APN connection."
     )
     reset_at_reboot: bool = Field(
-        False, description="Whether the APN settings will be reset at the next reboot."
+        default=False, description="Whether the APN settings will be reset at the next reboot."
     )
     mms_apn: str | None = Field(
-        "mms",
+        default="mms",
         description="Specific APN name used for MMS traffic, if different from general data.",
     )
     mmsc_url: str | None = Field(
-        "http://mms.carrier.com/mms/wapenc",
+        default="http://mms.carrier.com/mms/wapenc",
         description="The URL of the Multimedia Messaging Service Center (MMSC). Crucial for MMS.",
     )
     mms_proxy: str | None = Field(
-        None,
+        default=None,
         description="The proxy server address required for MMS traffic on some networks.",
     )
     mms_port: int | None = Field(
-        None,
+        default=None,
         description="The proxy server port required for MMS traffic on some networks.",
     )
 
@@ -111,9 +111,11 @@ class APNSettings(StrictModel):
 class VpnDetails(StrictModel):
     """Holds details about the VPN connection if active."""
 
-    server_address: str | None = Field(None, description="Address of the connected VPN server.")
+    server_address: str | None = Field(
+        default=None, description="Address of the connected VPN server."
+    )
     protocol: str | None = Field(
-        None, description="VPN protocol being used (e.g., WireGuard, OpenVPN)."
+        default=None, description="VPN protocol being used (e.g., WireGuard, OpenVPN)."
     )
     server_performance: PerformanceLevel = Field(
         default=PerformanceLevel.UNKNOWN,
@@ -124,10 +126,10 @@ class VpnDetails(StrictModel):
 class AppPermissions(StrictModel):
     """Represents the permissions relevant to an application."""
 
-    sms: bool = Field(False, description="Permission to send/read SMS/MMS.")
-    storage: bool = Field(False, description="Permission to access device storage.")
-    phone: bool = Field(False, description="Permission to make/manage phone calls.")
-    network: bool = Field(False, description="Permission to access network state/internet.")
+    sms: bool = Field(default=False, description="Permission to send/read SMS/MMS.")
+    storage: bool = Field(default=False, description="Permission to access device storage.")
+    phone: bool = Field(default=False, description="Permission to make/manage phone calls.")
+    network: bool = Field(default=False, description="Permission to access network state/internet.")
 
 
 class AppStatus(StrictModel):
@@ -135,7 +137,7 @@ class AppStatus(StrictModel):
 
     app_name: str
     permissions: AppPermissions = Field(
-        default_factory=AppPermissions,
+        default_factory=lambda: AppPermissions(),
         description="Structured permissions relevant to the application.",
     )
 
@@ -158,9 +160,9 @@ class MockPhoneAttributes(StrictModel):
     sim_card_status: SimStatus = Field(
         default=SimStatus.ACTIVE, description="Current status of the physical or eSIM card."
     )
-    sim_card_missing: bool = Field(False, description="Whether the SIM card is missing.")
+    sim_card_missing: bool = Field(default=False, description="Whether the SIM card is missing.")
     airplane_mode: bool = Field(
-        False,
+        default=False,
         description="Whether Airplane Mode, which disables all radios, is currently enabled.",
     )
     network_signal_strength: SignalStrength = Field(
@@ -175,54 +177,58 @@ class MockPhoneAttributes(StrictModel):
         description="High-level network status description "
         "(e.g., 'Connected', 'Searching', 'Emergency Calls Only', 'No Service').",
     )
-    battery_level: int = Field(80, description="The current battery level, from 0 to 100 percent.")
+    battery_level: int = Field(
+        default=80, description="The current battery level, from 0 to 100 percent."
+    )
     data_enabled: bool = Field(
-        True, description="Whether the master switch for Mobile/Cellular Data usage is enabled."
+        default=True,
+        description="Whether the master switch for Mobile/Cellular Data usage is enabled.",
     )
     roaming_enabled: bool = Field(
-        False, description="Whether the user setting to allow data usage while roaming is enabled."
+        default=False,
+        description="Whether the user setting to allow data usage while roaming is enabled.",
     )
     network_mode_preference: NetworkModePreference = Field(
         default=NetworkModePreference.FOUR_G_5G_PREFERRED,
         description="User's preferred network type (e.g., prefer 4G/5G, use 3G only).",
     )
     active_apn_settings: APNSettings = Field(
-        default_factory=APNSettings,
+        default_factory=lambda: APNSettings(),
         description="The currently active Access Point Name configuration.",
     )
-    wifi_enabled: bool = Field(False, description="Whether the Wi-Fi radio is enabled.")
+    wifi_enabled: bool = Field(default=False, description="Whether the Wi-Fi radio is enabled.")
     wifi_connected: bool = Field(
-        False, description="Whether the device is currently connected to a Wi-Fi network."
+        default=False, description="Whether the device is currently connected to a Wi-Fi network."
     )
     wifi_ssid: str | None = Field(
-        None, description="The name (SSID) of the connected Wi-Fi network, if any."
+        default=None, description="The name (SSID) of the connected Wi-Fi network, if any."
     )
     wifi_signal_strength: SignalStrength = Field(
         default=SignalStrength.NONE, description="Strength of the connected Wi-Fi signal."
     )
     wifi_calling_enabled: bool = Field(
-        False, description="Whether the Wi-Fi Calling feature is enabled."
+        default=False, description="Whether the Wi-Fi Calling feature is enabled."
     )
     wifi_calling_mms_over_wifi: bool = Field(
-        False,
+        default=False,
         description="Preference/capability to send/receive MMS over Wi-Fi "
         "(depends on carrier and device support).",
     )
     data_saver_mode: bool = Field(
-        False,
+        default=False,
         description="Whether the system-wide Data Saver mode is enabled to reduce data "
         "consumption.",
     )
     vpn_enabled_setting: bool = Field(
-        False,
+        default=False,
         description="Whether a VPN profile is configured and potentially set to be 'always on' "
         "or manually enabled in settings.",
     )
     vpn_connected: bool = Field(
-        False, description="Whether there currently is an active VPN connection tunnel."
+        default=False, description="Whether there currently is an active VPN connection tunnel."
     )
     vpn_details: VpnDetails | None = Field(
-        None, description="Details about the active VPN connection, if connected."
+        default=None, description="Details about the active VPN connection, if connected."
     )
     app_statuses: dict[str, AppStatus] = Field(
         default_factory=_default_apps,
@@ -236,7 +242,7 @@ class PaymentRequest(StrictModel):
 
     bill_id: str = Field(description="The ID of the bill.")
     amount_due: float = Field(description="The amount of the payment in USD.")
-    paid: bool = Field(False, description="Whether the payment has been made.")
+    paid: bool = Field(default=False, description="Whether the payment has been made.")
 
 
 def _default_signal() -> dict[NetworkTechnology, SignalStrength]:
@@ -251,20 +257,20 @@ def _default_signal() -> dict[NetworkTechnology, SignalStrength]:
 class UserSurroundings(StrictModel):
     """Represents the physical surroundings of the user."""
 
-    name: str | None = Field(None, description="The name of the user.")
-    phone_number: str | None = Field(None, description="The phone number of the user.")
-    is_abroad: bool = Field(False, description="Whether the user is currently abroad.")
-    roaming_allowed: bool = Field(False, description="Whether the user is allowed to roam.")
+    name: str | None = Field(default=None, description="The name of the user.")
+    phone_number: str | None = Field(default=None, description="The phone number of the user.")
+    is_abroad: bool = Field(default=False, description="Whether the user is currently abroad.")
+    roaming_allowed: bool = Field(default=False, description="Whether the user is allowed to roam.")
     signal_strength: dict[NetworkTechnology, SignalStrength] = Field(
         default_factory=_default_signal,
         description="Signal strength for each network technology where the user is located.",
     )
     mobile_data_usage_exceeded: bool = Field(
-        False, description="Whether the user has exceeded their data usage limit."
+        default=False, description="Whether the user has exceeded their data usage limit."
     )
-    line_active: bool = Field(True, description="Whether the user has an active line.")
+    line_active: bool = Field(default=True, description="Whether the user has an active line.")
     payment_request: PaymentRequest | None = Field(
-        None, description="The payment that the agent has requested."
+        default=None, description="The payment that the agent has requested."
     )
 
 
@@ -272,8 +278,8 @@ class TelecomUserDB(StrictModel):
     """Everything the user's device tools read and write."""
 
     device: MockPhoneAttributes = Field(
-        default_factory=MockPhoneAttributes, description="Mock phone device"
+        default_factory=lambda: MockPhoneAttributes(), description="Mock phone device"
     )
     surroundings: UserSurroundings = Field(
-        default_factory=UserSurroundings, description="User's physical surroundings"
+        default_factory=lambda: UserSurroundings(), description="User's physical surroundings"
     )

@@ -66,18 +66,20 @@ class Device(StrictModel):
     device_id: str = Field(description="Unique identifier for the device")
     device_type: DeviceType = Field(description="Type/category of the device")
     model: str = Field(description="Model name/number of the device")
-    imei: str | None = Field(None, description="International Mobile Equipment Identity number")
+    imei: str | None = Field(
+        default=None, description="International Mobile Equipment Identity number"
+    )
     is_esim_capable: bool = Field(description="Whether the device supports eSIM technology")
     activated: bool = Field(
-        False, description="Whether the device has been activated on the network"
+        default=False, description="Whether the device has been activated on the network"
     )
     activation_date: datetime.datetime | None = Field(
-        None,
+        default=None,
         description="Date and time when the device was activated "
         "(format: YYYY-MM-DDTHH:MM:SS, timezone: EST)",
     )
     last_esim_transfer_date: datetime.datetime | None = Field(
-        None,
+        default=None,
         description="Last date an eSIM profile was transferred to this device "
         "(format: YYYY-MM-DDTHH:MM:SS, timezone: EST)",
     )
@@ -94,35 +96,35 @@ class Line(StrictModel):
     line_id: str = Field(description="Unique identifier for the line")
     phone_number: str = Field(description="Phone number associated with the line")
     status: LineStatus = Field(
-        LineStatus.PENDING_ACTIVATION, description="Current status of the line"
+        default=LineStatus.PENDING_ACTIVATION, description="Current status of the line"
     )
     plan_id: str = Field(description="Plan associated with this line")
-    device_id: str | None = Field(None, description="Device associated with this line")
+    device_id: str | None = Field(default=None, description="Device associated with this line")
     data_used_gb: float = Field(
-        0.0, description="Data used in the current billing cycle in gigabytes (GB)"
+        default=0.0, description="Data used in the current billing cycle in gigabytes (GB)"
     )
     data_refueling_gb: float = Field(
-        0.0, description="Data refueled in the current billing cycle in gigabytes (GB)"
+        default=0.0, description="Data refueled in the current billing cycle in gigabytes (GB)"
     )
     roaming_enabled: bool = Field(
-        False, description="Whether international roaming is enabled for this line"
+        default=False, description="Whether international roaming is enabled for this line"
     )
     contract_end_date: datetime.date | None = Field(
-        None,
+        default=None,
         description="End date of the current contract, if applicable "
         "(format: YYYY-MM-DD, timezone: EST)",
     )
     last_plan_change_date: datetime.date | None = Field(
-        None,
+        default=None,
         description="Date of the most recent plan change (format: YYYY-MM-DD, timezone: EST)",
     )
     last_sim_replacement_date: datetime.date | None = Field(
-        None,
+        default=None,
         description="Date of the most recent SIM card replacement "
         "(format: YYYY-MM-DD, timezone: EST)",
     )
     suspension_start_date: datetime.date | None = Field(
-        None,
+        default=None,
         description="Start date of the current suspension period, if applicable "
         "(format: YYYY-MM-DD, timezone: EST)",
     )
@@ -170,7 +172,7 @@ class Bill(StrictModel):
         default_factory=list,
         description="Individual charges, credits, and payments on this bill",
     )
-    status: BillStatus = Field(BillStatus.DRAFT, description="Current status of the bill")
+    status: BillStatus = Field(default=BillStatus.DRAFT, description="Current status of the bill")
 
 
 class AccountStatus(str, Enum):  # noqa: UP042 (the enum kind τ²-bench uses; StrEnum formats differently)
@@ -204,7 +206,7 @@ class Customer(StrictModel):
     phone_number: str = Field(description="Customer's primary contact phone number")
     address: Address = Field(description="Customer's billing address")
     account_status: AccountStatus = Field(
-        AccountStatus.PENDING_VERIFICATION,
+        default=AccountStatus.PENDING_VERIFICATION,
         description="Current status of the customer account",
     )
     payment_methods: list[PaymentMethod] = Field(
@@ -217,17 +219,17 @@ class Customer(StrictModel):
         default_factory=list, description="Bills associated with this customer"
     )
     created_at: datetime.datetime = Field(
-        datetime.datetime.combine(DEFAULT_START_DATE, datetime.time()),
+        default=datetime.datetime.combine(DEFAULT_START_DATE, datetime.time()),
         description="Date and time when the customer account was created "
         "(format: YYYY-MM-DDTHH:MM:SS, timezone: EST)",
     )
     last_extension_date: datetime.date | None = Field(
-        None,
+        default=None,
         description="Date of the most recent payment extension (used for quarterly limit check) "
         "(format: YYYY-MM-DD, timezone: EST)",
     )
     goodwill_credit_used_this_year: float = Field(
-        0.0, description="Amount of goodwill credit used in the current calendar year"
+        default=0.0, description="Amount of goodwill credit used in the current calendar year"
     )
 
 
