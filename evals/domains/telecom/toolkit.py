@@ -90,8 +90,9 @@ class ToolKit:
             for name, spec in cls.tool_specs().items()
         ]
 
-    def has_tool(self, name: str) -> bool:
-        return name in self.tool_specs()
+    @classmethod
+    def has_tool(cls, name: str) -> bool:
+        return name in cls.tool_specs()
 
     def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
         """Call a tool with the caller's arguments as they are (τ²-bench validates nothing)."""
@@ -99,9 +100,10 @@ class ToolKit:
             raise ValueError(f"Tool '{name}' not found.")
         return getattr(self, name)(**arguments)
 
-    def has_env_function(self, name: str) -> bool:
+    @classmethod
+    def has_env_function(cls, name: str) -> bool:
         """Whether task data may call ``name`` (every tool, and every ``@env_function``)."""
-        return name in self._marked(_ENV_ATTR) or self.has_tool(name)
+        return name in cls._marked(_ENV_ATTR) or cls.has_tool(name)
 
     def call_env_function(self, name: str, arguments: dict[str, Any]) -> Any:
         """Call a tool or a setup/assertion helper on behalf of task data."""
