@@ -33,6 +33,8 @@ __all__ = [
 MAX_ERROR_PATHS = 8
 # Offending values are echoed in diagnoses; a huge value would flood the repair turn.
 MAX_MESSAGE_CHARS = 160
+# Remembered closest-name answers per compiled tools list (cleared when full).
+MAX_REMEMBERED_NAMES = 256
 # Scanning free text for JSON objects tries at most this many opening braces (bounds the cost).
 MAX_BRACE_SCANS = 64
 
@@ -116,7 +118,7 @@ def _normalized(name: str) -> str:
 class CompiledTools:
     """The declared tools of one request, compiled once; checks calls and whole messages."""
 
-    __slots__ = ("_normalized_names", "_schemas", "_validators", "names")
+    __slots__ = ("_closest", "_normalized_names", "_schemas", "_validators", "names")
 
     def __init__(self, tools: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
         validators: dict[str, Any] = {}
@@ -140,6 +142,8 @@ class CompiledTools:
         self._validators = validators
         self._schemas = schemas
         self._normalized_names = {_normalized(name): name for name in self.names}
+        # Hallucinated names recur within a conversation: remember their closest match.
+        self._closest: dict[str, str] = {}
 
     def schema_for(self, name: str) -> Mapping[str, Any] | None:
         """The declared parameters schema of ``name`` (None when undeclared)."""
@@ -155,12 +159,32 @@ class CompiledTools:
         exact = self._normalized_names.get(normalized)
         if exact is not None:
             return exact
-        best = max(
-            self.names,
-            key=lambda candidate: difflib.SequenceMatcher(
-                None, normalized, _normalized(candidate)
-            ).ratio(),
-        )
+        remembered = self._closest.get(normalized)
+        if remembered is not None:
+            return remembered
+        closest = self._most_similar(normalized)
+        if len(self._closest) >= MAX_REMEMBERED_NAMES:
+            self._closest.clear()
+        self._closest[normalized] = closest
+        return closest
+
+    def _most_similar(self, normalized: str) -> str:
+        # SequenceMatcher.ratio() is slow (~50 us a pair); quick_ratio() bounds it from above, so
+        # the exact ratio is computed only for candidates that could still win.
+        matcher = difflib.SequenceMatcher(None, b=normalized)
+        bounds = []
+        for position, (candidate, original) in enumerate(self._normalized_names.items()):
+            matcher.set_seq1(candidate)
+            bounds.append((-matcher.quick_ratio(), position, candidate, original))
+        bounds.sort()
+        best, best_ratio = self.names[0], -1.0
+        for negative_bound, _, candidate, original in bounds:
+            if -negative_bound <= best_ratio:
+                break
+            matcher.set_seq1(candidate)
+            ratio = matcher.ratio()
+            if ratio > best_ratio:
+                best, best_ratio = original, ratio
         return best
 
     def check_call(
