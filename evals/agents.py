@@ -29,7 +29,8 @@ __all__ = [
 
 EPISODE_HEADER = "X-Episode-ID"
 
-AGENT_INSTRUCTION = """You are a customer service agent that helps the user according to the <policy> provided below.
+AGENT_INSTRUCTION = """\
+You are a customer service agent that helps the user according to the <policy> provided below.
 In each turn you can either:
 - Send a message to the user.
 - Make a tool call.

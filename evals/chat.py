@@ -18,7 +18,11 @@ __all__ = ["parse_completion", "to_openai_messages"]
 
 def _tool_call_payload(call: ToolCall) -> dict[str, Any]:
     arguments = call.raw_arguments if call.malformed else json.dumps(call.arguments)
-    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": arguments},
+    }
 
 
 def to_openai_messages(
@@ -53,7 +57,9 @@ def _parse_call(raw: Any) -> ToolCall:
     except json.JSONDecodeError:
         arguments = None
     if not isinstance(arguments, dict):
-        return ToolCall(id=raw.id or "", name=raw.function.name or "", arguments={}, raw_arguments=text)
+        return ToolCall(
+            id=raw.id or "", name=raw.function.name or "", arguments={}, raw_arguments=text
+        )
     return ToolCall(id=raw.id or "", name=raw.function.name or "", arguments=arguments)
 
 

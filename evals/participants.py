@@ -14,9 +14,9 @@ from typing import Any, Protocol
 from evals.logs import AssistantMessage, Message, UserMessage
 
 __all__ = [
+    "OUT_OF_SCOPE",
     "STOP",
     "TRANSFER",
-    "OUT_OF_SCOPE",
     "USER_STOP_TOKENS",
     "Agent",
     "AgentError",

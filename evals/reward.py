@@ -57,7 +57,10 @@ def pass_hat_k(num_trials: int, success_count: int, k: int) -> float:
 
 
 def pass_hat_ks(rewards_by_task: dict[str, list[float]], num_trials: int) -> dict[int, float]:
-    """pass^k for k = 1..max_k averaged over tasks, max_k = min(num_trials, fewest trials of a task)."""
+    """pass^k for k = 1..max_k, averaged over tasks.
+
+    max_k = min(num_trials, the fewest trials any task has), as τ²-bench's ``get_metrics_df``.
+    """
     if not rewards_by_task:
         return {}
     max_k = min(num_trials, *(len(r) for r in rewards_by_task.values()))
@@ -202,7 +205,9 @@ def _action_checks(task: dict[str, Any], messages: Sequence[Message]) -> list[Ac
     return checks
 
 
-def _communicate_checks(task: dict[str, Any], messages: Sequence[Message]) -> list[CommunicateCheck]:
+def _communicate_checks(
+    task: dict[str, Any], messages: Sequence[Message]
+) -> list[CommunicateCheck]:
     spoken = [
         m.content.lower().replace(",", "")
         for m in messages

@@ -35,7 +35,12 @@ from evals.logs import (
     load_results,
     save_results,
 )
-from evals.orchestrator import DEFAULT_MAX_ERRORS, DEFAULT_MAX_STEPS, OrchestratorConfig, run_episode
+from evals.orchestrator import (
+    DEFAULT_MAX_ERRORS,
+    DEFAULT_MAX_STEPS,
+    OrchestratorConfig,
+    run_episode,
+)
 from evals.participants import Agent, AgentFactory, EpisodeContext, User, UserFactory
 from evals.reward import Judge, OpenAIJudge, evaluate_episode, is_successful, pass_hat_ks
 from evals.users import GoldUser, LLMUserSimulator, load_guidelines
@@ -123,7 +128,9 @@ def _participants(config: RunConfig) -> _Participants:
             raise ValueError("--user llm needs --user-model and --user-base-url")
         user_model, user_client = config.user_model, _client(config.user_model)
         clients.append(user_client)
-        texts = {tools: load_guidelines(config.data_dir, with_tools=tools) for tools in (False, True)}
+        texts = {
+            tools: load_guidelines(config.data_dir, with_tools=tools) for tools in (False, True)
+        }
         guidelines = texts[config.domain == "telecom"]
 
         def make_user(context: EpisodeContext) -> User:
@@ -297,9 +304,7 @@ def summarize(results: Results) -> dict[str, Any]:
     }
 
 
-def _model(
-    args: argparse.Namespace, prefix: str, environ: Mapping[str, str]
-) -> ModelConfig | None:
+def _model(args: argparse.Namespace, prefix: str, environ: Mapping[str, str]) -> ModelConfig | None:
     model = getattr(args, f"{prefix}_model")
     if model is None:
         return None

@@ -25,7 +25,11 @@ def _tool(name: str, properties: dict[str, Any]) -> dict[str, Any]:
         "function": {
             "name": name,
             "description": name,
-            "parameters": {"type": "object", "properties": properties, "required": list(properties)},
+            "parameters": {
+                "type": "object",
+                "properties": properties,
+                "required": list(properties),
+            },
         },
     }
 

@@ -83,7 +83,9 @@ def archive_server() -> Iterator[ArchiveServer]:
         thread.join()
 
 
-def release(server: ArchiveServer, sha256: str | None, path: str = "/v1.0.1.tar.gz") -> ReleaseArchive:
+def release(
+    server: ArchiveServer, sha256: str | None, path: str = "/v1.0.1.tar.gz"
+) -> ReleaseArchive:
     return ReleaseArchive(
         version="v1.0.1", url=server.url + path, sha256=sha256, data_prefix="tau2-bench-1.0.1/data/"
     )
@@ -111,7 +113,9 @@ def test_checksum_mismatch_leaves_no_cache(archive_server: ArchiveServer, tmp_pa
     assert not (tmp_path / "v1.0.1").exists()
 
 
-def test_unpinned_checksum_needs_explicit_opt_in(archive_server: ArchiveServer, tmp_path: Path) -> None:
+def test_unpinned_checksum_needs_explicit_opt_in(
+    archive_server: ArchiveServer, tmp_path: Path
+) -> None:
     with pytest.raises(ChecksumError, match="no sha256 is pinned"):
         ensure_cached(release(archive_server, None), tmp_path)
     assert archive_server.hits == []

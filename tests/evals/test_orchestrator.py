@@ -41,7 +41,11 @@ def tool_messages(episode: Episode) -> list[ToolMessage]:
 async def test_greeting_opens_and_tool_results_return_to_their_caller() -> None:
     agent = ScriptedAgent([says(None, call("add", amount=2)), says("Done, anything else?")])
     user = ScriptedUser(
-        [user_says("Add 2 please."), user_says(None, call("press", button="ok")), user_says("###STOP###")]
+        [
+            user_says("Add 2 please."),
+            user_says(None, call("press", button="ok")),
+            user_says("###STOP###"),
+        ]
     )
     episode = await play(agent, user)
     first = episode.run.messages[0]
@@ -154,7 +158,11 @@ async def test_participant_failures_and_empty_turns(
 ) -> None:
     episode = await play(ScriptedAgent(agent_turns), ScriptedUser(user_turns))
     assert episode.run.termination_reason == reason
-    empties = [m for m in episode.run.messages if isinstance(m, AssistantMessage | UserMessage) and m.empty_turn]
+    empties = [
+        m
+        for m in episode.run.messages
+        if isinstance(m, AssistantMessage | UserMessage) and m.empty_turn
+    ]
     if "empty" in (episode.run.error_detail or ""):
         assert len(empties) == 1
         side = "assistant" if reason == "agent_error" else "user"

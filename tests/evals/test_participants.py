@@ -1,4 +1,4 @@
-"""LLM agent, LLM user and judge against a real OpenAI-compatible server on loopback; gold players."""
+"""LLM agent, LLM user and judge against a real OpenAI-compatible server on loopback; gold play."""
 
 from __future__ import annotations
 
@@ -33,7 +33,9 @@ async def client(upstream: ScriptedUpstream) -> AsyncIterator[openai.AsyncOpenAI
         yield c
 
 
-async def test_llm_agent_and_user_over_http(upstream: ScriptedUpstream, client: openai.AsyncOpenAI) -> None:
+async def test_llm_agent_and_user_over_http(
+    upstream: ScriptedUpstream, client: openai.AsyncOpenAI
+) -> None:
     agent_model = ModelConfig(model="agent-m", base_url=upstream.base_url, temperature=0.3)
     user_model = ModelConfig(model="user-m", base_url=upstream.base_url, temperature=0.7)
     # Half duplex: the order of requests is fixed, so one server can play both sides.
@@ -45,7 +47,9 @@ async def test_llm_agent_and_user_over_http(upstream: ScriptedUpstream, client: 
         completion(tool_calls=[tool_call("press", {"button": "ok"}, "u1")]),  # user
         completion(content="Pressed. ###STOP###"),  # user
     )
-    task = make_task(reward_basis=["DB"], actions=[{"action_id": "a", "name": "add", "arguments": {"amount": 2}}])
+    task = make_task(
+        reward_basis=["DB"], actions=[{"action_id": "a", "name": "add", "arguments": {"amount": 2}}]
+    )
     episode = await run_episode(
         domain=CounterDomain(),
         task=task,
@@ -61,7 +65,9 @@ async def test_llm_agent_and_user_over_http(upstream: ScriptedUpstream, client: 
 
     requests = upstream.requests
     bodies = upstream.chat_requests
-    agent_requests = [(r, b) for r, b in zip(requests, bodies, strict=True) if b["model"] == "agent-m"]
+    agent_requests = [
+        (r, b) for r, b in zip(requests, bodies, strict=True) if b["model"] == "agent-m"
+    ]
     user_requests = [b for b in bodies if b["model"] == "user-m"]
     assert len(agent_requests) == 3 and len(user_requests) == 3
     for request, body in agent_requests:
@@ -88,7 +94,9 @@ async def test_llm_agent_and_user_over_http(upstream: ScriptedUpstream, client: 
     assert all(m.get("tool_calls") is None for m in last_user if m["role"] == "user")
 
 
-async def test_agent_http_failure_is_agent_error(upstream: ScriptedUpstream, client: openai.AsyncOpenAI) -> None:
+async def test_agent_http_failure_is_agent_error(
+    upstream: ScriptedUpstream, client: openai.AsyncOpenAI
+) -> None:
     upstream.push(completion(content="hello"), error_reply(500, "boom"))
     model = ModelConfig(model="m", base_url=upstream.base_url)
     episode = await run_episode(
@@ -105,8 +113,9 @@ async def test_agent_http_failure_is_agent_error(upstream: ScriptedUpstream, cli
 async def test_openai_judge(upstream: ScriptedUpstream, client: openai.AsyncOpenAI) -> None:
     upstream.push(
         completion(
-            content='{"results": [{"expectedOutcome": "polite", "reasoning": "yes", "metExpectation": true},'
-            ' {"expectedOutcome": "brief", "reasoning": "no", "metExpectation": false}]}'
+            content='{"results": ['
+            '{"expectedOutcome": "polite", "reasoning": "yes", "metExpectation": true},'
+            '{"expectedOutcome": "brief", "reasoning": "no", "metExpectation": false}]}'
         )
     )
     judge = OpenAIJudge(client, "judge-m")
@@ -151,11 +160,20 @@ async def test_gold_agent_and_gold_user_interleave_the_gold_actions() -> None:
     ]
     task = make_task(actions=actions, reward_basis=["DB", "ACTION"])
     episode = await run_episode(
-        domain=CounterDomain(), task=task, make_agent=GoldAgent, make_user=GoldUser, config=OrchestratorConfig()
+        domain=CounterDomain(),
+        task=task,
+        make_agent=GoldAgent,
+        make_user=GoldUser,
+        config=OrchestratorConfig(),
     )
     assert episode.run.termination_reason == "user_stop"
     assert episode.environment.presses == ["x", "y", "z"] and episode.environment.total == 3
-    calls = [c.name for m in episode.run.messages if not isinstance(m, ToolMessage) for c in m.tool_calls or []]
+    calls = [
+        c.name
+        for m in episode.run.messages
+        if not isinstance(m, ToolMessage)
+        for c in m.tool_calls or []
+    ]
     assert calls == ["add", "press", "press", "add", "press"]
     info = await evaluate_episode(
         domain=CounterDomain(),

@@ -41,11 +41,18 @@ async def test_results_file_layout(tmp_path: Path) -> None:
     results = await run(run_fake.config(tmp_path), domain=run_fake.domain())
     raw = json.loads((tmp_path / RESULTS_FILE).read_text())
     assert set(raw) == {"timestamp", "info", "tasks", "simulations"}
-    assert {"num_trials", "max_steps", "max_errors", "user_info", "agent_info", "environment_info"} <= set(raw["info"])
+    assert {
+        "num_trials",
+        "max_steps",
+        "max_errors",
+        "user_info",
+        "agent_info",
+        "environment_info",
+    } <= set(raw["info"])
     assert raw["info"]["max_errors"] == 10 and raw["info"]["max_steps"] == 200
     assert [t["id"] for t in raw["tasks"]] == [f"task-{i}" for i in range(run_fake.NUM_TASKS)]
     sim = raw["simulations"][0]
-    assert TAU2_SIMULATION_KEYS <= set(sim)
+    assert set(sim) >= TAU2_SIMULATION_KEYS
     assert sim["termination_reason"] == "user_stop"
     tool = next(m for m in sim["messages"] if m["role"] == "tool")
     assert {"id", "content", "requestor", "error"} <= set(tool)
@@ -102,7 +109,8 @@ async def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path: Path) ->
 def test_cli_gold_run_on_retail(tau2_data_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("evals.domains.retail")
     command = [
-        sys.executable, "-m", "evals.run", "--domain", "retail", "--agent", "gold", "--user", "gold",
+        sys.executable, "-m", "evals.run", "--domain", "retail",
+        "--agent", "gold", "--user", "gold",
         "--num-trials", "2", "--task-ids", "0", "2", "--tau2-data", str(tau2_data_dir),
         "--save-to", str(tmp_path), "--no-progress",
     ]  # fmt: skip
@@ -112,8 +120,13 @@ def test_cli_gold_run_on_retail(tau2_data_dir: Path, tmp_path: Path) -> None:
     results = load_results(tmp_path / RESULTS_FILE)
     assert results.info.nl_assertions_scored is False
     assert sorted((s.task_id, s.trial) for s in results.simulations) == [
-        ("0", 0), ("0", 1), ("2", 0), ("2", 1)
+        ("0", 0),
+        ("0", 1),
+        ("2", 0),
+        ("2", 1),
     ]
     # Task 2 has NL assertions (not scored without a judge); task 0 has none (trivially met).
-    scored = {s.task_id: s.reward_info.nl_assertions_scored for s in results.simulations if s.reward_info}
+    scored = {
+        s.task_id: s.reward_info.nl_assertions_scored for s in results.simulations if s.reward_info
+    }
     assert scored == {"0": True, "2": False}
