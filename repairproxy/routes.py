@@ -45,7 +45,7 @@ from repairproxy.upstream import (
     response_headers,
     timed,
 )
-from repairproxy.validation import CompiledTools, MessageVerdict, ToolsCache
+from repairproxy.validation import Channel, CompiledTools, MessageVerdict, ToolsCache
 
 __all__ = ["Proxy"]
 
@@ -438,7 +438,7 @@ class _ChatCall:
     async def _judge(
         self, completion: dict[str, Any], body: Mapping[str, Any]
     ) -> tuple[dict[str, Any], bool]:
-        """Validate (and maybe repair) one answer; returns the answer to send and whether it changed."""
+        """Validate (and maybe repair) one answer: the answer to send, and whether it changed."""
         assert self.tools is not None
         message = _first_message(completion)
         if message is None:
@@ -446,31 +446,38 @@ class _ChatCall:
         verdict: MessageVerdict = self.tools.check_message(message)
         if verdict.ok or self.mode not in _REASKING:
             self.ex.channels = tuple(c.value for c in verdict.error_channels)
-            await self._observe(verdict)
+            await self._observe(verdict, delivered=verdict)
             return completion, False
+        policy = self.proxy.policies[self.mode]
         try:
-            outcome = await repair_completion(
-                body, completion, self.tools, self.proxy.policies[self.mode], self._reask
-            )
+            outcome = await repair_completion(body, completion, self.tools, policy, self._reask)
         except RepairExhaustedError as exc:
-            self.ex.channels = tuple(str(c) for c in exc.channels) or tuple(
-                c.value for c in verdict.error_channels
-            )
+            self.ex.channels = tuple(str(c) for c in exc.channels)
             self.ex.repairs = exc.attempts
-            await self._observe(verdict)
+            await self._observe(verdict, delivered=None)
             raise
         self.ex.channels = tuple(c.value for c in outcome.caught)
         self.ex.repairs = outcome.attempts
-        await self._observe(outcome.first_verdict)
         changed = outcome.attempts > 0 or outcome.response != completion
+        delivered = verdict
+        if changed:
+            final = _first_message(outcome.response)
+            delivered = self.tools.check_message(final) if final is not None else None
+        await self._observe(outcome.first_verdict, delivered=delivered)
         return outcome.response, changed
 
-    async def _observe(self, verdict: MessageVerdict) -> None:
+    async def _observe(self, first: MessageVerdict, *, delivered: MessageVerdict | None) -> None:
+        """Charge the first answer's errors; remember invalid calls the client will still see."""
         ex = self.ex
-        if ex.episode_id is not None:
-            ex.snapshot = await self.proxy.budget.observe_answer(
-                ex.episode_id, verdict.error_channels, self.budget
-            )
+        if ex.episode_id is None:
+            return
+        passed_on = () if delivered is None else delivered.calls
+        ex.snapshot = await self.proxy.budget.observe_answer(
+            ex.episode_id,
+            first.error_channels,
+            self.budget,
+            delivered_call_ids=[c.call_id for c in passed_on if c.channel is not Channel.VALID],
+        )
 
     async def buffered(self, responder: _Responder) -> None:
         ex = self.ex

@@ -1,0 +1,272 @@
+"""Proxy overhead: direct vs through-proxy against a fast local upstream, interleaved in one run.
+
+Starts ``benchmarks.fast_upstream`` and ``python -m repairproxy serve`` as subprocesses, then drives
+both with a minimal keep-alive HTTP/1.1 client (uvloop + httptools) at concurrency 1, 16 and 64,
+alternating direct and proxied rounds so drift hits both alike. Prints added p50/p99 latency,
+requests/s, the proxy's RSS, and the validation cost per tool call.
+
+    python -m benchmarks.overhead [--rounds 6] [--requests 500] [--repair reflexive]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httptools
+import orjson
+import uvloop
+
+from benchmarks.fast_upstream import CANNED_COMPLETION
+
+__all__ = ["main"]
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_order_details",
+            "description": "Get the status and details of an order.",
+            "parameters": {
+                "type": "object",
+                "properties": {"order_id": {"type": "string", "description": "e.g. #W0000000"}},
+                "required": ["order_id"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "find_user_id_by_email",
+            "description": "Find a user id by email.",
+            "parameters": {
+                "type": "object",
+                "properties": {"email": {"type": "string"}},
+                "required": ["email"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "exchange_delivered_order_items",
+            "description": "Exchange items of a delivered order.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "order_id": {"type": "string"},
+                    "item_ids": {"type": "array", "items": {"type": "string"}},
+                    "new_item_ids": {"type": "array", "items": {"type": "string"}},
+                    "payment_method_id": {"type": "string"},
+                },
+                "required": ["order_id", "item_ids", "new_item_ids", "payment_method_id"],
+            },
+        },
+    },
+]
+REQUEST_BODY = {
+    "model": "bench-model",
+    "messages": [
+        {"role": "system", "content": "You are a retail customer service agent. " * 20},
+        {"role": "user", "content": "Where is my order #W2378156?"},
+    ],
+    "tools": TOOLS,
+    "temperature": 0.0,
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on port {port}")
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; ``request`` sends prebuilt bytes and awaits the whole answer."""
+
+    def __init__(self) -> None:
+        self._parser = httptools.HttpResponseParser(self)
+        self._done: asyncio.Future[None] | None = None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self._parser.feed_data(data)
+
+    def on_message_complete(self) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_exception(exc or ConnectionError("closed"))
+
+    async def request(self, data: bytes) -> float:
+        assert self.transport is not None
+        self._done = asyncio.get_running_loop().create_future()
+        started = time.perf_counter()
+        self.transport.write(data)
+        await self._done
+        return time.perf_counter() - started
+
+
+@dataclass
+class _Target:
+    name: str
+    port: int
+    payload: bytes
+    pools: dict[int, list[_Connection]] = field(default_factory=dict)
+    latencies: dict[int, list[float]] = field(default_factory=dict)
+    elapsed: dict[int, float] = field(default_factory=dict)
+    count: dict[int, int] = field(default_factory=dict)
+
+    async def pool(self, size: int) -> list[_Connection]:
+        if size not in self.pools:
+            loop = asyncio.get_running_loop()
+            conns = []
+            for _ in range(size):
+                _, proto = await loop.create_connection(_Connection, "127.0.0.1", self.port)
+                sock = proto.transport.get_extra_info("socket") if proto.transport else None
+                if sock is not None:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conns.append(proto)
+            self.pools[size] = conns
+        return self.pools[size]
+
+    async def round(self, concurrency: int, requests: int, record: bool = True) -> None:
+        conns = await self.pool(concurrency)
+        per_conn = max(1, requests // concurrency)
+        samples: list[float] = []
+
+        async def worker(conn: _Connection) -> None:
+            for _ in range(per_conn):
+                samples.append(await conn.request(self.payload))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(c) for c in conns))
+        elapsed = time.perf_counter() - started
+        if record:
+            self.latencies.setdefault(concurrency, []).extend(samples)
+            self.elapsed[concurrency] = self.elapsed.get(concurrency, 0.0) + elapsed
+            self.count[concurrency] = self.count.get(concurrency, 0) + len(samples)
+
+
+def _http_request(port: int, body: bytes) -> bytes:
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n"
+        b"content-type: application/json\r\nauthorization: Bearer bench\r\n"
+        b"content-length: %d\r\n\r\n" % (port, len(body))
+    ) + body
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _validation_us(iterations: int = 20_000) -> float:
+    from repairproxy.validation import ToolsCache
+
+    tools = ToolsCache().compile(REQUEST_BODY)
+    assert tools is not None
+    message = CANNED_COMPLETION["choices"][0]["message"]
+    calls = len(message["tool_calls"])
+    verdict = tools.check_message(message)
+    assert verdict.ok, verdict
+    started = time.perf_counter()
+    for _ in range(iterations):
+        tools.check_message(message)
+    return (time.perf_counter() - started) / iterations / calls * 1e6
+
+
+async def _measure(args: argparse.Namespace, direct: _Target, proxy: _Target, pid: int) -> None:
+    print(f"{'conc':>4} {'direct p50':>10} {'proxy p50':>10} {'added p50':>10} {'added p99':>10} "
+          f"{'direct rps':>10} {'proxy rps':>10} {'proxy RSS':>10}")
+    for concurrency in args.concurrency:
+        requests = args.requests if concurrency == 1 else args.requests * 4
+        for target in (direct, proxy):  # warm-up: connections, caches, JIT-free but lazy imports
+            await target.round(concurrency, min(requests, 200), record=False)
+        for index in range(args.rounds):
+            order = (direct, proxy) if index % 2 == 0 else (proxy, direct)
+            for target in order:
+                await target.round(concurrency, requests)
+        d, p = direct.latencies[concurrency], proxy.latencies[concurrency]
+        print(
+            f"{concurrency:>4} {_pct(d, .5) * 1e3:>8.3f}ms {_pct(p, .5) * 1e3:>8.3f}ms "
+            f"{(_pct(p, .5) - _pct(d, .5)) * 1e3:>8.3f}ms {(_pct(p, .99) - _pct(d, .99)) * 1e3:>8.3f}ms "
+            f"{direct.count[concurrency] / direct.elapsed[concurrency]:>10.0f} "
+            f"{proxy.count[concurrency] / proxy.elapsed[concurrency]:>10.0f} "
+            f"{_rss_mib(pid):>7.1f}MiB",
+            flush=True,
+        )
+    seq_d, seq_p = direct.latencies.get(1), proxy.latencies.get(1)
+    if seq_d and seq_p:
+        print(f"sequential mean added: {(statistics.mean(seq_p) - statistics.mean(seq_d)) * 1e3:.3f} ms")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--requests", type=int, default=500, help="per round at concurrency 1 (x4 above)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--repair", default="reflexive")
+    args = parser.parse_args(argv)
+
+    upstream_port, proxy_port = _free_port(), _free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    upstream = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.fast_upstream", "--port", str(upstream_port)], env=env
+    )
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "repairproxy", "serve", "--upstream", f"http://127.0.0.1:{upstream_port}/v1",
+         "--port", str(proxy_port), "--repair", args.repair],
+        env=env, stdout=subprocess.DEVNULL,
+    )
+    try:
+        _wait_port(upstream_port)
+        _wait_port(proxy_port)
+        body = orjson.dumps(REQUEST_BODY)
+        direct = _Target("direct", upstream_port, _http_request(upstream_port, body))
+        proxied = _Target("proxy", proxy_port, _http_request(proxy_port, body))
+        print(f"request {len(body)} B, answer with 1 tool call, repair={args.repair}, "
+              f"{args.rounds} interleaved rounds; cpus={os.cpu_count()}")
+        uvloop.run(_measure(args, direct, proxied, proxy.pid))
+        print(f"validation: {_validation_us():.2f} us per tool call (check_message, warm cache)")
+    finally:
+        for process in (proxy, upstream):
+            process.terminate()
+            process.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()
