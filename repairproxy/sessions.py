@@ -42,6 +42,8 @@ T = TypeVar("T")
 MAX_EPISODE_ID_CHARS = 128
 # Per-episode memory of observed error results; the oldest keys go first beyond this.
 MAX_SEEN_RESULTS = 1024
+# Error texts whose label is remembered (cleared when full).
+MAX_REMEMBERED_LABELS = 4096
 
 # (label, pattern) in order, first match wins; content that matches none is env_other_error.
 # Messages as τ²-bench's environment writes them: f"Error: {exception}".
@@ -225,22 +227,37 @@ class ErrorBudget:
         self.default_budget = default_budget
         self._is_error = re.compile(tool_error_pattern)
         self._classes = tuple((label, re.compile(pattern)) for label, pattern in classifier)
+        # The same error texts come back on every turn (histories are resent): remember labels.
+        self._labels: dict[str, str] = {}
 
     def classify(self, content: str) -> str:
         """The env_* label of an error tool result."""
-        for label, pattern in self._classes:
-            if pattern.search(content):
-                return label
-        return ENV_OTHER_ERROR
+        label = self._labels.get(content)
+        if label is None:
+            label = next(
+                (label for label, pattern in self._classes if pattern.search(content)),
+                ENV_OTHER_ERROR,
+            )
+            if len(self._labels) >= MAX_REMEMBERED_LABELS:
+                self._labels.clear()
+            self._labels[content] = label
+        return label
 
     def tool_errors(self, body: Mapping[str, Any]) -> list[tuple[str, str | None, str]]:
         """(dedupe key, tool_call_id, label) per tool result in ``body`` that reports an error."""
+        # Runs on every request over the whole resent history: keep the per-message path short.
         found = []
+        is_error = self._is_error.search
         for position, message in enumerate(body.get("messages") or ()):
-            if not isinstance(message, Mapping) or message.get("role") not in ("tool", "function"):
+            if type(message) is not dict and not isinstance(message, Mapping):
                 continue
-            content = _text(message.get("content"))
-            if not self._is_error.search(content):
+            role = message.get("role")
+            if role != "tool" and role != "function":
+                continue
+            content = message.get("content")
+            if type(content) is not str:
+                content = _text(content)
+            if not is_error(content):
                 continue
             call_id = message.get("tool_call_id")
             call_id = call_id if isinstance(call_id, str) and call_id else None
