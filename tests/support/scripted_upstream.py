@@ -166,6 +166,7 @@ class _State:
     requests: list[RecordedRequest] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     connections: set[socket.socket] = field(default_factory=set)
+    aborted_streams: int = 0
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -275,8 +276,10 @@ class _Handler(BaseHTTPRequestHandler):
                 if event_delay:
                     time.sleep(event_delay)
             self.wfile.write(b"0\r\n\r\n")
-        except OSError:
+        except OSError:  # the proxy closed the upstream request (client disconnect tests)
             self.close_connection = True
+            with self.server.state.lock:
+                self.server.state.aborted_streams += 1
 
 
 class _Server(ThreadingHTTPServer):
@@ -308,6 +311,11 @@ class ScriptedUpstream:
     @property
     def pending(self) -> int:
         return len(self._server.state.script)
+
+    @property
+    def aborted_streams(self) -> int:
+        """Streams the reader hung up on before their end."""
+        return self._server.state.aborted_streams
 
     @property
     def requests(self) -> list[RecordedRequest]:
