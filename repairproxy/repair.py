@@ -3,7 +3,8 @@
 The client never sees a repair turn. Valid calls that came in the same turn as a broken one are
 *kept by the proxy*: the model is told they are kept and asked to re-issue only the failed calls;
 the final answer carries the kept calls (original ids, original order) followed by the repaired
-ones, dropping any re-issued duplicate of a kept call (same name, same arguments).
+ones, dropping any re-issued duplicate of a kept call (same name, same arguments). If the model
+answers the repair with text only, the kept calls are returned without that text.
 """
 
 from __future__ import annotations
@@ -420,6 +421,10 @@ def _final_response(
         if isinstance(message.get("function_call"), Mapping) and not verdict.ok:
             del message["function_call"]
     if kept:
+        if not calls:
+            # Text written in reply to a repair turn the client never sees would not make sense to
+            # it, and τ²-bench rejects a message holding both text and tool calls.
+            message["content"] = None
         seen = {_call_key(call) for call in kept}
         calls = [*copy.deepcopy(list(kept)), *(c for c in calls if _call_key(c) not in seen)]
     choice = response["choices"][0]

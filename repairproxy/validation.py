@@ -115,18 +115,39 @@ def _normalized(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
+def _closed(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` with top-level ``additionalProperties: false`` unless it says otherwise.
+
+    Tools implemented as functions (τ²-bench's) reject unexpected keyword arguments although
+    their generated schemas do not forbid extra properties; this makes the proxy catch them too.
+    """
+    closed = dict(schema)
+    open_keywords = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+    if isinstance(closed.get("properties"), Mapping) and not any(
+        k in closed for k in open_keywords
+    ):
+        closed["additionalProperties"] = False
+    return closed
+
+
 class CompiledTools:
     """The declared tools of one request, compiled once; checks calls and whole messages."""
 
     __slots__ = ("_closest", "_normalized_names", "_schemas", "_validators", "names")
 
-    def __init__(self, tools: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+    def __init__(
+        self,
+        tools: Sequence[tuple[str, Mapping[str, Any]]],
+        *,
+        forbid_extra_arguments: bool = False,
+    ) -> None:
         validators: dict[str, Any] = {}
         schemas: dict[str, Mapping[str, Any]] = {}
         for name, schema in tools:
+            enforced = _closed(schema) if forbid_extra_arguments else dict(schema)
             try:
                 # offline: a remote $ref must never make the proxy fetch a URL.
-                validators[name] = jsonschema_rs.validator_for(dict(schema), offline=True)
+                validators[name] = jsonschema_rs.validator_for(enforced, offline=True)
             except (
                 jsonschema_rs.ValidationError,
                 jsonschema_rs.ReferencingError,
@@ -454,10 +475,12 @@ def _declared_function(function: Mapping[str, Any], where: str) -> tuple[str, Ma
 class ToolsCache:
     """Compiled tools per distinct ``tools``/``functions`` list: bounded LRU keyed by their JSON."""
 
-    def __init__(self, max_entries: int = 256) -> None:
+    def __init__(self, max_entries: int = 256, *, forbid_extra_arguments: bool = False) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
         self.max_entries = max_entries
+        # Also treat arguments the schema does not name as violations (see ``_closed``).
+        self.forbid_extra_arguments = forbid_extra_arguments
         self._entries: OrderedDict[bytes, CompiledTools] = OrderedDict()
 
     def __len__(self) -> int:
@@ -473,7 +496,7 @@ class ToolsCache:
             self._entries.move_to_end(key)
             return compiled
         declared = _declared_tools(body)
-        compiled = CompiledTools(declared or [])
+        compiled = CompiledTools(declared or [], forbid_extra_arguments=self.forbid_extra_arguments)
         self._entries[key] = compiled
         if len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Any
 
@@ -489,3 +490,57 @@ def test_cache_is_bounded_lru() -> None:
     assert cache.compile(bodies[1]) is not None  # recompiled after eviction
     with pytest.raises(ValueError):
         ToolsCache(max_entries=0)
+
+
+def test_forbid_extra_arguments_closes_open_schemas() -> None:
+    body = {"tools": RETAIL_TOOLS}
+    extra = {"order_id": "#W1", "verbose": True}
+    lenient = ToolsCache().compile(body)
+    strict = ToolsCache(forbid_extra_arguments=True).compile(body)
+    assert lenient is not None and strict is not None
+    assert lenient.check_call("get_order_details", extra).channel is Channel.VALID
+    verdict = strict.check_call("get_order_details", extra)
+    assert verdict.channel is Channel.SCHEMA_VIOLATION
+    assert "verbose" in verdict.diagnosis
+    # Schemas that say something about extra properties, or have none, are left as declared.
+    assert strict.check_call("get_order_details", {"order_id": "#W1"}).channel is Channel.VALID
+    assert strict.check_call("list_all_product_types", {"anything": 1}).channel is Channel.VALID
+    open_tool = _tool("open", {"type": "object", "properties": {}, "additionalProperties": True})
+    opened = ToolsCache(forbid_extra_arguments=True).compile({"tools": [open_tool]})
+    assert opened is not None
+    assert opened.check_call("open", {"x": 1}).channel is Channel.VALID
+    assert "additionalProperties" not in RETAIL_TOOLS[0]["function"]["parameters"]
+
+
+def test_closest_name_matches_an_exhaustive_search() -> None:
+    names = [tool["function"]["name"] for tool in RETAIL_TOOLS] + [
+        "find_user_id_by_email",
+        "find_user_id_by_name_zip",
+        "get_product_details",
+        "return_delivered_order_items",
+        "transfer_to_human_agents",
+    ]
+    compiled = CompiledTools([(name, {"type": "object"}) for name in names])
+
+    def exhaustive(query: str) -> str:
+        def norm(text: str) -> str:
+            return "".join(ch for ch in text.lower() if ch.isalnum())
+
+        return max(names, key=lambda n: difflib.SequenceMatcher(None, norm(n), norm(query)).ratio())
+
+    queries = [
+        "get_order",
+        "find_user",
+        "return_items",
+        "transfer",
+        "lookup_email",
+        "get_prod",
+        "cancel",
+        "exchange",
+        "modify_address",
+        "zzz",
+        "get_user_info",
+    ]
+    for query in queries:
+        assert compiled.closest_name(query) == exhaustive(query), query
+        assert compiled.closest_name(query) == exhaustive(query), query  # remembered answer
