@@ -117,7 +117,7 @@ def ensure_cached(
     if release.sha256 is None and not allow_unverified:
         raise ChecksumError(
             f"no sha256 is pinned for τ²-bench {release.version}; pass --tau2-data DIR, set "
-            f"{DATA_DIR_ENV}, or allow an unverified download explicitly"
+            f"{DATA_DIR_ENV}, or allow an unverified download (--tau2-allow-unverified)"
         )
     cache_root.mkdir(parents=True, exist_ok=True)
     owned = client is None

@@ -8,6 +8,7 @@ empty turn markers) are extra optional fields, which τ²-bench's pydantic model
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from datetime import datetime
@@ -28,6 +29,7 @@ __all__ = [
     "Message",
     "NLAssertionCheck",
     "Results",
+    "ResultsWriter",
     "RewardInfo",
     "SimulationRun",
     "SystemMessage",
@@ -228,16 +230,49 @@ def load_results(path: Path) -> Results:
     return Results.model_validate_json(path.read_bytes())
 
 
-def save_results(path: Path, results: Results) -> None:
-    """Write atomically: a crash leaves either the old file or the new one, never half of one."""
+def _atomic_write(path: Path, text: str) -> None:
+    """A crash leaves either the old file or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(results.model_dump_json(indent=2))
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp_name, 0o644)  # mkstemp makes it owner-only; results are meant to be shared
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+
+
+def save_results(path: Path, results: Results) -> None:
+    """Write a whole results file atomically."""
+    _atomic_write(path, results.model_dump_json())
+
+
+class ResultsWriter:
+    """Keeps a results file current as episodes finish, rewriting it atomically after each one.
+
+    Each episode is serialised once; a rewrite only concatenates, so a long run's cost stays in
+    the disk write rather than growing with re-serialising every earlier episode.
+    """
+
+    def __init__(self, path: Path, results: Results) -> None:
+        self.path = path
+        self.results = results
+        self._head = {
+            "timestamp": json.dumps(results.timestamp),
+            "info": results.info.model_dump_json(),
+            "tasks": json.dumps(results.tasks),
+        }
+        self._simulations = [s.model_dump_json() for s in results.simulations]
+
+    def append(self, simulation: SimulationRun) -> None:
+        self.results.simulations.append(simulation)
+        self._simulations.append(simulation.model_dump_json())
+        self.flush()
+
+    def flush(self) -> None:
+        head = ", ".join(f'"{key}": {value}' for key, value in self._head.items())
+        _atomic_write(self.path, f'{{{head}, "simulations": [{", ".join(self._simulations)}]}}')

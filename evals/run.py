@@ -21,7 +21,7 @@ from typing import Any, Literal
 from tqdm import tqdm
 
 from evals.agents import GoldAgent, LLMAgent, ModelConfig
-from evals.data import resolve_data_dir
+from evals.data import ChecksumError, DataNotFoundError, resolve_data_dir
 from evals.domains import DOMAINS, load_domain
 from evals.domains.base import Domain
 from evals.logs import (
@@ -29,11 +29,11 @@ from evals.logs import (
     EnvironmentInfo,
     Info,
     Results,
+    ResultsWriter,
     RewardInfo,
     SimulationRun,
     UserInfo,
     load_results,
-    save_results,
 )
 from evals.orchestrator import (
     DEFAULT_MAX_ERRORS,
@@ -223,7 +223,8 @@ async def run(
         results.tasks += [t for t in tasks if str(t["id"]) not in known]
     else:
         results = Results(info=info, tasks=tasks, simulations=[])
-        save_results(config.results_path, results)
+    writer = ResultsWriter(config.results_path, results)
+    writer.flush()
     done = {(s.task_id, s.trial) for s in results.simulations}
     if len(done) != len(results.simulations):
         raise ValueError(f"{config.results_path} holds duplicate episodes")
@@ -259,8 +260,7 @@ async def run(
             )
             episode.run.reward_info = await _score(domain, task, episode.run, episode, participants)
         async with write_lock:
-            results.simulations.append(episode.run)
-            save_results(config.results_path, results)
+            writer.append(episode.run)
             bar.update(1)
 
     try:
@@ -346,9 +346,12 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> RunConfig:
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    data_dir = resolve_data_dir(
-        args.tau2_data, environ, allow_unverified=args.tau2_allow_unverified
-    )
+    try:
+        data_dir = resolve_data_dir(
+            args.tau2_data, environ, allow_unverified=args.tau2_allow_unverified
+        )
+    except (ChecksumError, DataNotFoundError) as exc:
+        parser.error(str(exc))
     return RunConfig(
         domain=args.domain,
         data_dir=data_dir,
