@@ -101,7 +101,7 @@ def _model_args(model: ModelConfig) -> dict[str, Any]:
     return {"temperature": model.temperature, "seed": model.seed, "base_url": model.base_url}
 
 
-def _participants(config: RunConfig) -> _Participants:
+def _participants(config: RunConfig, domain: Domain) -> _Participants:
     clients: list[Any] = []
     make_agent: Callable[[EpisodeContext], Agent]
     make_user: Callable[[EpisodeContext], User]
@@ -131,7 +131,7 @@ def _participants(config: RunConfig) -> _Participants:
         texts = {
             tools: load_guidelines(config.data_dir, with_tools=tools) for tools in (False, True)
         }
-        guidelines = texts[config.domain == "telecom"]
+        guidelines = texts[bool(domain.new_environment().user_tools())]
 
         def make_user(context: EpisodeContext) -> User:
             text = texts[bool(context.user_tools)]
@@ -212,7 +212,7 @@ async def run(
     """
     domain = domain or load_domain(config.domain, config.data_dir)
     tasks = _select_tasks(domain, config)
-    participants = _participants(config)
+    participants = _participants(config, domain)
     if make_agent is not None:
         participants.make_agent = make_agent
     info = _info(config, domain, participants)

@@ -130,3 +130,54 @@ def test_cli_gold_run_on_retail(tau2_data_dir: Path, tmp_path: Path) -> None:
         s.task_id: s.reward_info.nl_assertions_scored for s in results.simulations if s.reward_info
     }
     assert scored == {"0": True, "2": False}
+
+
+async def test_llm_run_sends_one_episode_id_per_episode_and_uses_the_judge(tmp_path: Path) -> None:
+    from evals.agents import ModelConfig
+    from evals.run import RunConfig
+    from tests.evals.fakes import CounterDomain, make_task
+    from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
+
+    guidelines = tmp_path / "data" / "tau2" / "user_simulator"
+    guidelines.mkdir(parents=True)
+    (guidelines / "simulation_guidelines.md").write_text("# plain guidelines")
+    (guidelines / "simulation_guidelines_tools.md").write_text("# guidelines with tools")
+    task = make_task(reward_basis=["DB", "NL_ASSERTION"], nl_assertions=["polite"])
+    task["evaluation_criteria"]["actions"] = [
+        {"action_id": "a", "name": "add", "arguments": {"amount": 2}}
+    ]
+    verdict = (
+        '{"results": [{"expectedOutcome": "polite", "reasoning": "ok", "metExpectation": true}]}'
+    )
+    with ScriptedUpstream() as upstream:
+        for _ in range(2):  # two trials, played one after the other
+            upstream.push(
+                completion(content="Add 2."),  # user
+                completion(tool_calls=[tool_call("add", {"amount": 2})]),  # agent
+                completion(content="Done."),  # agent
+                completion(content="Thanks ###STOP###"),  # user
+                completion(content=verdict),  # judge
+            )
+        model = ModelConfig(model="agent-m", base_url=upstream.base_url, max_retries=0)
+        config = RunConfig(
+            domain="counter",
+            data_dir=tmp_path / "data",
+            save_to=tmp_path / "out",
+            agent_model=model,
+            user_model=replace(model, model="user-m"),
+            judge_model=replace(model, model="judge-m"),
+            num_trials=2,
+            progress=False,
+        )
+        results = await run(config, domain=CounterDomain([task]))
+        requests = upstream.requests
+    assert [s.reward_info.reward for s in results.simulations if s.reward_info] == [1.0, 1.0]
+    assert results.info.nl_assertions_scored is True
+    assert results.info.agent_info.llm == "agent-m"
+    assert results.info.user_info.global_simulation_guidelines == "# guidelines with tools"
+    agent_ids = [r.headers["x-episode-id"] for r in requests if r.json()["model"] == "agent-m"]
+    sims = results.simulations
+    assert agent_ids == [sims[0].id, sims[0].id, sims[1].id, sims[1].id]
+    assert sims[0].id != sims[1].id
+    judge_requests = [r for r in requests if r.json()["model"] == "judge-m"]
+    assert len(judge_requests) == 2 and "x-episode-id" not in judge_requests[0].headers
