@@ -11,9 +11,10 @@ import argparse
 import asyncio
 import os
 import random
+import subprocess
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -162,10 +163,27 @@ def _select_tasks(domain: Domain, config: RunConfig) -> list[dict[str, Any]]:
     return tasks
 
 
+def _git_commit() -> str:
+    """The commit of the code that ran (τ²-bench records it too); empty outside a checkout."""
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip()
+
+
 def _info(config: RunConfig, domain: Domain, participants: _Participants) -> Info:
     agent_info, user_info = participants.info
     judge = config.judge_model
     return Info(
+        git_commit=_git_commit(),
         num_trials=config.num_trials,
         max_steps=config.max_steps,
         max_errors=config.max_errors,
@@ -288,6 +306,13 @@ async def _score(
         return RewardInfo(reward=0.0, info={"error": f"{type(exc).__name__}: {exc}"})
 
 
+def _totals(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    total: Counter[str] = Counter()
+    for count in counts:
+        total.update(count)
+    return dict(total)
+
+
 def summarize(results: Results) -> dict[str, Any]:
     """Average reward, pass^k, success count and termination reasons of a results file."""
     rewards: dict[str, list[float]] = defaultdict(list)
@@ -300,6 +325,9 @@ def summarize(results: Results) -> dict[str, Any]:
         "avg_reward": sum(flat) / len(flat) if flat else 0.0,
         "pass_hat_k": pass_hat_ks(rewards, results.info.num_trials),
         "termination": dict(Counter(s.termination_reason for s in results.simulations)),
+        "tool_errors": _totals(s.errors_by_requestor for s in results.simulations),
+        "malformed_tool_calls": _totals(s.malformed_tool_calls for s in results.simulations),
+        "empty_turns": _totals(s.empty_turns for s in results.simulations),
         "nl_assertions_scored": results.info.nl_assertions_scored,
     }
 

@@ -62,6 +62,8 @@ async def test_results_file_layout(tmp_path: Path) -> None:
     assert summary["episodes"] == run_fake.NUM_TASKS * run_fake.NUM_TRIALS
     assert summary["successes"] == summary["episodes"]
     assert summary["pass_hat_k"] == {1: 1.0, 2: 1.0}
+    assert summary["tool_errors"] == {} and summary["empty_turns"] == {}
+    assert len(results.info.git_commit) == 40
     # Each trial has its own seed, shared by all tasks of that trial.
     seeds = {(s.trial, s.seed) for s in results.simulations}
     assert len(seeds) == run_fake.NUM_TRIALS
