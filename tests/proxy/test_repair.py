@@ -468,3 +468,30 @@ def test_bad_templates_are_rejected(text: str) -> None:
 def test_policy_rejects_negative_repairs() -> None:
     with pytest.raises(ValueError):
         RepairPolicy(max_repairs=-1)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("policy", "delivered"),
+    [
+        ({"mode": RepairMode.OFF}, ("call_bad",)),
+        ({"on_exhausted": OnExhausted.PASS, "max_repairs": 1}, ("again",)),
+        ({"on_exhausted": OnExhausted.STRIP, "max_repairs": 1}, ()),
+        ({"max_repairs": 1, "mode": RepairMode.CONSTRAINED}, ("again",)),
+    ],
+)
+async def test_outcome_names_the_invalid_calls_the_client_receives(
+    tools: CompiledTools, policy: dict[str, Any], delivered: tuple[str, ...]
+) -> None:
+    send = ScriptedSend(completion(call("get_order_info", "{}", "again")))
+    outcome = await _repair(tools, completion(VALID, HALLUCINATED), send, **policy)
+    assert outcome.delivered_invalid_call_ids == delivered
+    assert outcome.first_verdict.error_call_ids == ("call_bad",)
+    ids = {c["id"] for c in outcome.response["choices"][0]["message"].get("tool_calls", [])}
+    assert set(delivered) <= ids
+
+
+@pytest.mark.anyio
+async def test_repaired_outcome_delivers_no_invalid_call(tools: CompiledTools) -> None:
+    outcome = await _repair(tools, completion(HALLUCINATED), ScriptedSend(completion(REPAIRED)))
+    assert outcome.delivered_invalid_call_ids == ()

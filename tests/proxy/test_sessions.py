@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import pytest
 
 from repairproxy.sessions import (
@@ -361,3 +362,20 @@ async def test_twelve_turn_replay_matches_tau2_bench(proxy_counts_answers: bool)
     assert snapshot.by_channel["env_argument_error"] == 2
     assert snapshot.by_channel["env_entity_not_found"] == 2
     assert snapshot.by_channel["env_other_error"] == 1
+
+
+@pytest.mark.anyio
+async def test_concurrent_updates_of_one_episode_are_not_lost() -> None:
+    budget = ErrorBudget(MemoryEpisodeStore(), default_budget=1000)
+
+    async def answer(index: int) -> None:
+        await anyio.sleep(0)
+        await budget.observe_answer("shared", [Channel.UNKNOWN_TOOL])
+        body = {"messages": [{"role": "tool", "tool_call_id": f"t{index}", "content": "Error: x"}]}
+        await budget.observe_request("shared", body)
+
+    async with anyio.create_task_group() as group:
+        for index in range(200):
+            group.start_soon(answer, index)
+    snapshot = await budget.snapshot("shared")
+    assert snapshot.by_channel == {"unknown_tool": 200, "env_other_error": 200}
