@@ -32,13 +32,13 @@ from evals.logs import (
     Results,
     ResultsWriter,
     RewardInfo,
-    SimulationRun,
     UserInfo,
     load_results,
 )
 from evals.orchestrator import (
     DEFAULT_MAX_ERRORS,
     DEFAULT_MAX_STEPS,
+    Episode,
     OrchestratorConfig,
     run_episode,
 )
@@ -276,7 +276,7 @@ async def run(
                 trial=trial,
                 seed=trial_seeds[trial],
             )
-            episode.run.reward_info = await _score(domain, task, episode.run, episode, participants)
+            episode.run.reward_info = await _score(domain, task, episode, participants.judge)
         async with write_lock:
             writer.append(episode.run)
             bar.update(1)
@@ -291,16 +291,16 @@ async def run(
 
 
 async def _score(
-    domain: Domain, task: dict[str, Any], run_log: SimulationRun, episode: Any, p: _Participants
+    domain: Domain, task: dict[str, Any], episode: Episode, judge: Judge | None
 ) -> RewardInfo:
     try:
         return await evaluate_episode(
             domain=domain,
             task=task,
-            termination_reason=run_log.termination_reason,
-            messages=run_log.messages,
+            termination_reason=episode.run.termination_reason,
+            messages=episode.run.messages,
             final_env=episode.environment,
-            judge=p.judge,
+            judge=judge,
         )
     except Exception as exc:  # one bad evaluation must not abort the run (τ²-bench does the same)
         return RewardInfo(reward=0.0, info={"error": f"{type(exc).__name__}: {exc}"})
