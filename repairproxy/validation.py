@@ -233,6 +233,9 @@ class CompiledTools:
             )
         if isinstance(arguments, Mapping):
             parsed: Any = arguments
+        elif not isinstance(arguments, str | None):
+            # Some upstreams hand over decoded arguments; anything but an object is wrong.
+            parsed = arguments
         else:
             try:
                 parsed = orjson.loads(arguments if arguments is not None else "")
@@ -245,16 +248,21 @@ class CompiledTools:
                     f"The arguments of {name!r} are not valid JSON ({exc}). "
                     "Send the arguments as one JSON object, e.g. {} when there are none.",
                 )
-            if not isinstance(parsed, dict):
-                return CallVerdict(
-                    index,
-                    call_id,
-                    name,
-                    Channel.INVALID_JSON,
-                    f"The arguments of {name!r} must be a JSON object, "
-                    f"not {type(parsed).__name__}.",
-                )
-        if validator.is_valid(parsed):
+        if type(parsed) is not dict and not isinstance(parsed, Mapping):
+            return CallVerdict(
+                index,
+                call_id,
+                name,
+                Channel.INVALID_JSON,
+                f"The arguments of {name!r} must be a JSON object, not {type(parsed).__name__}.",
+            )
+        try:
+            valid = validator.is_valid(parsed)
+        except (ValueError, TypeError):
+            return CallVerdict(
+                index, call_id, name, Channel.INVALID_JSON, "The arguments hold non-JSON values."
+            )
+        if valid:
             return CallVerdict(index, call_id, name, Channel.VALID, "")
         paths = tuple(
             f"{_json_path(error.instance_path)}: {_short(error.message)}"

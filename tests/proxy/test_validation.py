@@ -138,6 +138,15 @@ CALL_CASES: list[tuple[str, str, Any, Channel, str]] = [
     ("single quotes", "get_order_details", "{'order_id': '#W1'}", Channel.INVALID_JSON, "JSON"),
     ("json array", "get_order_details", '["#W1"]', Channel.INVALID_JSON, "JSON object"),
     ("json string", "get_order_details", '"#W1"', Channel.INVALID_JSON, "JSON object"),
+    ("decoded list arguments", "get_order_details", ["#W1"], Channel.INVALID_JSON, "JSON object"),
+    ("decoded number arguments", "get_order_details", 7, Channel.INVALID_JSON, "JSON object"),
+    (
+        "non-json values",
+        "get_order_details",
+        {"order_id": {1, 2}},
+        Channel.INVALID_JSON,
+        "non-JSON",
+    ),
     (
         "missing required",
         "get_order_details",
