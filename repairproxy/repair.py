@@ -167,8 +167,10 @@ def with_repair_instruction(body: Mapping[str, Any], template: RepairTemplate) -
     result = dict(body)
     if body.get("tools") is None and body.get("functions") is None:
         return result
+    if not isinstance(body.get("messages"), list):
+        return result  # malformed: let the upstream answer it as it would without the proxy
     instruction = template.instruction
-    messages = list(body.get("messages") or ())
+    messages = list(body["messages"])
     first = messages[0] if messages and isinstance(messages[0], Mapping) else None
     if first is not None and first.get("role") in ("system", "developer"):
         content = first.get("content")
@@ -234,6 +236,15 @@ def _render_call_diagnosis(
     )
 
 
+def _as_text(arguments: Any) -> str:
+    if arguments is None:
+        return ""
+    try:
+        return orjson.dumps(arguments).decode()
+    except TypeError:
+        return str(arguments)
+
+
 def _assistant_turn(message: Mapping[str, Any], attempt: int) -> dict[str, Any]:
     """The model's answer as a history entry: role, content, calls (ids filled in when missing)."""
     turn: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
@@ -251,9 +262,7 @@ def _assistant_turn(message: Mapping[str, Any], attempt: int) -> dict[str, Any]:
             arguments = function.get("arguments")
             if not isinstance(arguments, str):
                 # Upstreams and chat templates expect a string; re-encode what the model sent.
-                function["arguments"] = (
-                    "" if arguments is None else orjson.dumps(arguments).decode()
-                )
+                function["arguments"] = _as_text(arguments)
             call["function"] = function
             calls.append(call)
         turn["tool_calls"] = calls

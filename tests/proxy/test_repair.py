@@ -153,6 +153,11 @@ def test_no_instruction_without_tools() -> None:
     assert with_repair_instruction(body, DEFAULT_TEMPLATE) == body
 
 
+def test_malformed_messages_are_left_alone() -> None:
+    body = {"tools": TOOLS, "messages": "not a list"}
+    assert with_repair_instruction(body, DEFAULT_TEMPLATE) == body
+
+
 # --- the repair turn -----------------------------------------------------------------------------
 
 
