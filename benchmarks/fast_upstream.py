@@ -1,4 +1,4 @@
-"""A deliberately fast fake OpenAI upstream for overhead measurements (uvloop + httptools, no framework).
+"""A deliberately fast fake OpenAI upstream for overhead measurements (uvloop + httptools).
 
 Every ``POST .../chat/completions`` gets the same canned answer holding one valid tool call, so the
 time measured through the proxy minus the time measured directly is the proxy's own cost.

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import httptools
 import orjson
@@ -210,8 +209,10 @@ def _validation_us(iterations: int = 20_000) -> float:
 
 
 async def _measure(args: argparse.Namespace, direct: _Target, proxy: _Target, pid: int) -> None:
-    print(f"{'conc':>4} {'direct p50':>10} {'proxy p50':>10} {'added p50':>10} {'added p99':>10} "
-          f"{'direct rps':>10} {'proxy rps':>10} {'proxy RSS':>10}")
+    print(
+        f"{'conc':>4} {'direct p50':>10} {'proxy p50':>10} {'added p50':>10} {'added p99':>10} "
+        f"{'direct rps':>10} {'proxy rps':>10} {'proxy RSS':>10}"
+    )
     for concurrency in args.concurrency:
         requests = args.requests if concurrency == 1 else args.requests * 4
         for target in (direct, proxy):  # warm-up: connections, caches, JIT-free but lazy imports
@@ -222,8 +223,9 @@ async def _measure(args: argparse.Namespace, direct: _Target, proxy: _Target, pi
                 await target.round(concurrency, requests)
         d, p = direct.latencies[concurrency], proxy.latencies[concurrency]
         print(
-            f"{concurrency:>4} {_pct(d, .5) * 1e3:>8.3f}ms {_pct(p, .5) * 1e3:>8.3f}ms "
-            f"{(_pct(p, .5) - _pct(d, .5)) * 1e3:>8.3f}ms {(_pct(p, .99) - _pct(d, .99)) * 1e3:>8.3f}ms "
+            f"{concurrency:>4} {_pct(d, 0.5) * 1e3:>8.3f}ms {_pct(p, 0.5) * 1e3:>8.3f}ms "
+            f"{(_pct(p, 0.5) - _pct(d, 0.5)) * 1e3:>8.3f}ms "
+            f"{(_pct(p, 0.99) - _pct(d, 0.99)) * 1e3:>8.3f}ms "
             f"{direct.count[concurrency] / direct.elapsed[concurrency]:>10.0f} "
             f"{proxy.count[concurrency] / proxy.elapsed[concurrency]:>10.0f} "
             f"{_rss_mib(pid):>7.1f}MiB",
@@ -231,13 +233,20 @@ async def _measure(args: argparse.Namespace, direct: _Target, proxy: _Target, pi
         )
     seq_d, seq_p = direct.latencies.get(1), proxy.latencies.get(1)
     if seq_d and seq_p:
-        print(f"sequential mean added: {(statistics.mean(seq_p) - statistics.mean(seq_d)) * 1e3:.3f} ms")
+        print(
+            "sequential mean added: "
+            f"{(statistics.mean(seq_p) - statistics.mean(seq_d)) * 1e3:.3f} ms"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--requests", type=int, default=500, help="per round at concurrency 1 (x4 above)")
+    parser.add_argument(
+        "--requests", type=int, default=500, help="per round at concurrency 1 (x4 above)"
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--repair", default="reflexive")
     args = parser.parse_args(argv)
@@ -248,9 +257,20 @@ def main(argv: list[str] | None = None) -> None:
         [sys.executable, "-m", "benchmarks.fast_upstream", "--port", str(upstream_port)], env=env
     )
     proxy = subprocess.Popen(
-        [sys.executable, "-m", "repairproxy", "serve", "--upstream", f"http://127.0.0.1:{upstream_port}/v1",
-         "--port", str(proxy_port), "--repair", args.repair],
-        env=env, stdout=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "repairproxy",
+            "serve",
+            "--upstream",
+            f"http://127.0.0.1:{upstream_port}/v1",
+            "--port",
+            str(proxy_port),
+            "--repair",
+            args.repair,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
     )
     try:
         _wait_port(upstream_port)
@@ -258,8 +278,10 @@ def main(argv: list[str] | None = None) -> None:
         body = orjson.dumps(REQUEST_BODY)
         direct = _Target("direct", upstream_port, _http_request(upstream_port, body))
         proxied = _Target("proxy", proxy_port, _http_request(proxy_port, body))
-        print(f"request {len(body)} B, answer with 1 tool call, repair={args.repair}, "
-              f"{args.rounds} interleaved rounds; cpus={os.cpu_count()}")
+        print(
+            f"request {len(body)} B, answer with 1 tool call, repair={args.repair}, "
+            f"{args.rounds} interleaved rounds; cpus={os.cpu_count()}"
+        )
         uvloop.run(_measure(args, direct, proxied, proxy.pid))
         print(f"validation: {_validation_us():.2f} us per tool call (check_message, warm cache)")
     finally:

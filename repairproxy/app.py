@@ -1,4 +1,4 @@
-"""``create_app(settings)``: the proxy as one ASGI application whose lifespan owns the upstream client.
+"""``create_app(settings)``: the proxy as one ASGI app whose lifespan owns the upstream pool.
 
 Everything a request needs (upstream pool, tools cache, episode store, repair policies, logger) is
 built here from the frozen Settings and handed to the routes; nothing lives in module globals.
@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import IO, Any
-
-import httpx
 
 from repairproxy.logging import configure_logging
 from repairproxy.repair import (
@@ -45,7 +43,6 @@ class RepairProxyApp:
         self,
         settings: Settings,
         *,
-        transport: httpx.AsyncBaseTransport | None = None,
         log_stream: IO[bytes] | None = None,
     ) -> None:
         if not settings.upstream:
@@ -53,7 +50,6 @@ class RepairProxyApp:
                 "create_app needs settings.upstream (the CLI starts the embedded model)"
             )
         self.settings = settings
-        self._transport = transport
         self._log_stream = log_stream
         self.proxy: Proxy | None = None
 
@@ -66,7 +62,6 @@ class RepairProxyApp:
             drop_client_auth=bool(settings.api_keys),
             timeout=settings.upstream_timeout,
             max_connections=settings.max_connections,
-            transport=self._transport,
         )
         template = _load_template(settings)
         policies = {
@@ -124,8 +119,7 @@ class RepairProxyApp:
 def create_app(
     settings: Settings,
     *,
-    transport: httpx.AsyncBaseTransport | None = None,
     log_stream: IO[bytes] | None = None,
 ) -> RepairProxyApp:
-    """The proxy ASGI app; ``transport`` and ``log_stream`` are seams for tests."""
-    return RepairProxyApp(settings, transport=transport, log_stream=log_stream)
+    """The proxy ASGI app; ``log_stream`` (default stdout) receives the JSON log lines."""
+    return RepairProxyApp(settings, log_stream=log_stream)

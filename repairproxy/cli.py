@@ -35,12 +35,18 @@ def _start_embedded() -> Any:
     try:
         from repairproxy.local import start_embedded_upstream
     except ImportError as exc:
-        sys.exit(f"repairproxy: no --upstream given and the embedded CPU model is missing ({exc}). {hint}.")
+        sys.exit(
+            "repairproxy: no --upstream given and the embedded CPU model is missing "
+            f"({exc}). {hint}."
+        )
     print("repairproxy: no --upstream given; starting the embedded CPU model ...", file=sys.stderr)
     try:
         return start_embedded_upstream()
     except Exception as exc:  # not fetched, not installed, or the child died: say which
-        sys.exit(f"repairproxy: no --upstream given and the embedded CPU model did not start:\n{exc}\n{hint}.")
+        sys.exit(
+            "repairproxy: no --upstream given and the embedded CPU model did not start:\n"
+            f"{exc}\n{hint}."
+        )
 
 
 def serve(settings: Settings) -> None:

@@ -7,7 +7,7 @@ goes into the event, this module only renders it.
 from __future__ import annotations
 
 import sys
-from typing import IO, Any
+from typing import IO, Any, BinaryIO, cast
 
 import orjson
 import structlog
@@ -29,7 +29,7 @@ def configure_logging(level: str = "info", stream: IO[bytes] | None = None) -> R
     Returned rather than installed globally, so two apps in one process (tests) do not share state.
     """
     return structlog.wrap_logger(
-        structlog.BytesLogger(stream if stream is not None else sys.stdout.buffer),
+        structlog.BytesLogger(cast(BinaryIO, stream if stream is not None else sys.stdout.buffer)),
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),

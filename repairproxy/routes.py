@@ -2,13 +2,14 @@
 
 ``POST /v1/chat/completions`` is the one route that reads answers: it compiles the declared tools,
 accounts the episode's error budget, forwards the body (byte for byte unless the repair instruction
-was added), validates the answer, runs the bounded repair loop, and adds ``X-Repairproxy-*`` headers.
-Plain ASGI (not Starlette endpoints) because a stream's headers must wait for the tool-call verdict.
+was added), validates the answer, runs the bounded repair loop, and adds ``X-Repairproxy-*``
+headers. Plain ASGI (not Starlette endpoints): a stream's headers must wait for the verdict.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -58,6 +59,8 @@ _JSON = (b"content-type", b"application/json")
 _REPAIR_HEADER = "x-repairproxy-repair"
 _BUDGET_HEADER = "x-repairproxy-budget"
 _REASKING = (RepairMode.REFLEXIVE, RepairMode.CONSTRAINED)
+# Enum construction by value is slow on the hot path; a dict lookup is not.
+_MODES = {mode.value: mode for mode in RepairMode}
 
 
 class ClientDisconnectedError(Exception):
@@ -87,7 +90,7 @@ class _Exchange:
         return max((time.perf_counter() - self.started - self.timer.seconds) * 1000.0, 0.0)
 
     def proxy_headers(self, *, verdict: bool = True) -> HeaderList:
-        """``X-Repairproxy-*`` headers; without ``verdict`` only what was known before the answer."""
+        """``X-Repairproxy-*`` headers; without ``verdict`` only what was known pre-answer."""
         out: HeaderList = []
         if verdict:
             out.append((b"x-repairproxy-tool-errors", ",".join(self.channels).encode()))
@@ -117,7 +120,7 @@ class _Exchange:
 
 
 class _Responder:
-    """Wraps ``send`` to remember whether the response has started (errors after that go in-band)."""
+    """Wraps ``send``, remembering whether the response started (later errors go in-band)."""
 
     __slots__ = ("_send", "started", "status")
 
@@ -308,11 +311,11 @@ class Proxy:
             async with self.upstream.stream(
                 ex.method, ex.path, out_headers, raw, ex.timer, scope["query_string"]
             ) as response:
-                sent = response_headers(response.headers.raw, decoded=False)
+                sent = response_headers(response.headers)
                 sent.extend(ex.proxy_headers(verdict=False))
                 await responder.start(response.status_code, sent)
                 with self.upstream.reading():
-                    async for chunk in timed(response.aiter_raw(), ex.timer):
+                    async for chunk in timed(response.iter_body(), ex.timer):
                         await responder.body(chunk)
                 await responder.body(b"", more=False)
 
@@ -335,13 +338,12 @@ class Proxy:
     def _mode(self, headers: Mapping[str, str]) -> RepairMode:
         override = headers.get(_REPAIR_HEADER)
         value = override.strip().lower() if override else self.settings.repair
-        try:
-            return RepairMode(value)
-        except ValueError:
-            raise BadRequestError(
-                f"X-Repairproxy-Repair must be one of {', '.join(m.value for m in RepairMode)}",
-                param=_REPAIR_HEADER,
-            ) from None
+        mode = _MODES.get(value)
+        if mode is not None:
+            return mode
+        raise BadRequestError(
+            f"X-Repairproxy-Repair must be one of {', '.join(_MODES)}", param=_REPAIR_HEADER
+        )
 
     def _budget(self, headers: Mapping[str, str]) -> int | None:
         override = headers.get(_BUDGET_HEADER)
@@ -357,7 +359,7 @@ class Proxy:
     async def _send_reply(self, responder: _Responder, ex: _Exchange, reply: UpstreamReply) -> None:
         if responder.started:
             return
-        headers = response_headers(reply.headers, decoded=True)
+        headers = response_headers(reply.headers)
         headers.extend(ex.proxy_headers())
         ex.status = reply.status_code
         await responder.whole(reply.status_code, headers, reply.content)
@@ -369,10 +371,8 @@ class Proxy:
         payload = orjson.dumps(error.to_openai())
         if responder.started:
             # Too late for a status code: tell a streaming client in-band, as OpenAI does.
-            try:
+            with contextlib.suppress(Exception):  # the client may be gone already
                 await responder.body(b"data: " + payload + b"\n\n" + DONE_EVENT, more=False)
-            except Exception:  # the client may be gone already
-                pass
             return
         headers: HeaderList = [_JSON]
         headers.extend(ex.proxy_headers())
@@ -459,7 +459,7 @@ class _ChatCall:
         self.ex.channels = tuple(c.value for c in outcome.caught)
         self.ex.repairs = outcome.attempts
         changed = outcome.attempts > 0 or outcome.response != completion
-        delivered = verdict
+        delivered: MessageVerdict | None = verdict
         if changed:
             final = _first_message(outcome.response)
             delivered = self.tools.check_message(final) if final is not None else None
@@ -496,7 +496,7 @@ class _ChatCall:
                     content = orjson.dumps(answer)
         ex.status = reply.status_code
         ex.response_body = content if self.proxy.settings.log_bodies else None
-        headers = response_headers(reply.headers, decoded=True)
+        headers = response_headers(reply.headers)
         headers.extend(ex.proxy_headers())
         await responder.whole(reply.status_code, headers, content)
 
@@ -506,18 +506,18 @@ class _ChatCall:
         async with upstream.stream(
             "POST", "/v1/chat/completions", self.out_headers, self.forward_raw, ex.timer, self.query
         ) as response:
-            base_headers = response_headers(response.headers.raw, decoded=True)
-            content_type = response.headers.get("content-type", "")
-            if response.status_code != 200 or "text/event-stream" not in content_type:
+            base_headers = response_headers(response.headers)
+            content_type = response.header(b"content-type") or b""
+            if response.status_code != 200 or b"text/event-stream" not in content_type:
                 with upstream.reading():
-                    content = await response.aread()
+                    content = await response.read()
                 ex.status = response.status_code
                 base_headers.extend(ex.proxy_headers())
                 await responder.whole(response.status_code, base_headers, content)
                 return
             ex.status = 200
             with upstream.reading():
-                chunks = timed(response.aiter_bytes(), ex.timer)
+                chunks = timed(response.iter_body(), ex.timer)
                 if self.tools is None:
                     await self._relay_plain(chunks, responder, base_headers)
                 else:

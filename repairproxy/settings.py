@@ -1,4 +1,4 @@
-"""Frozen proxy settings: the only place command-line flags and ``REPAIRPROXY_<FLAG>`` env vars are read.
+"""Frozen proxy settings: the only place flags and ``REPAIRPROXY_<FLAG>`` env vars are read.
 
 Every flag of ``repairproxy serve`` has an env var twin (``--upstream-timeout`` ->
 ``REPAIRPROXY_UPSTREAM_TIMEOUT``); a flag given on the command line wins over the env var.

@@ -1,10 +1,20 @@
 """SSE streams of chat completions: parse, hold tool-call deltas until the call is whole, re-emit.
 
-Content deltas go to the client at once, except while the text so far could still be the start of a
-tool call written as text (``{``, ``[``, ``<tool_call>``, a code fence): that prefix is held, so a call
-in text can still be repaired. Tool-call deltas, the finish chunk and the usage chunk are held until the
-upstream stream ends; then the assembled message is validated and either released byte for byte or
-replaced by chunks rendered from the repaired answer (``completion_to_chunks``).
+Content deltas go to the client at once, except while the text so far could still open a tool
+call written as text (``{``, ``[``, ``<tool_call>``, a code fence): that prefix is held, so a call
+in text can still be repaired. Tool-call deltas, the finish chunk and the usage chunk are held
+until the upstream stream ends; then the assembled message is validated and either released
+byte for byte or replaced by chunks rendered from the repaired answer (``completion_to_chunks``).
+
+What a stream's HTTP headers can carry (headers leave before the first body byte):
+* an answer made only of tool calls (or call-shaped text) is held whole, so its headers carry
+  the full verdict: ``X-Repairproxy-Tool-Errors``, ``-Repairs``, ``-Episode-Errors``, and
+  ``-Budget-Remaining``;
+* once prose has streamed out, the headers only carry what was known before the answer
+  (episode errors and budget as of the request); the verdict then follows as one SSE comment
+  before ``[DONE]`` (``: x-repairproxy tool-errors=... repairs=... episode-errors=...``), which
+  SSE clients, the openai SDK included, ignore;
+* a stream for a request without tools is relayed untouched, with pre-answer headers only.
 """
 
 from __future__ import annotations
@@ -264,8 +274,8 @@ def completion_to_chunks(
 ) -> list[bytes]:
     """Render choice 0 of a ``chat.completion`` as SSE chunks a streaming client parses.
 
-    One chunk per tool call (whole arguments), then the finish chunk, the usage chunk when the client
-    asked for ``stream_options.include_usage``, and ``[DONE]``.
+    One chunk per tool call (whole arguments), then the finish chunk, the usage chunk when the
+    client asked for ``stream_options.include_usage``, and ``[DONE]``.
     """
     base = {
         "id": meta.get("id") or completion.get("id"),

@@ -1,7 +1,7 @@
-"""The only code that talks to the upstream: one pooled ``httpx.AsyncClient`` and header hygiene.
+"""The only code that talks to the upstream: one keep-alive connection pool, and header hygiene.
 
-Transport failures become ``errors.UpstreamUnavailableError`` (502) or ``UpstreamTimeoutError`` (504);
-upstream 4xx/5xx *responses* are data, returned to the caller to pass through as they are.
+Transport failures become ``errors.UpstreamUnavailableError`` (502) or ``UpstreamTimeoutError``
+(504); upstream 4xx/5xx *responses* are data, returned to the caller to pass through as they are.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import orjson
 
 from repairproxy.errors import UpstreamTimeoutError, UpstreamUnavailableError
+from repairproxy.http1 import ConnectionPool, PoolTimeoutError, Response
 
 __all__ = [
     "HeaderList",
@@ -51,7 +51,7 @@ _OWN_PREFIX = b"x-repairproxy-"
 
 
 def upstream_root(url: str) -> str:
-    """``http://h:8000/v1`` and ``http://h:8000`` both map to ``http://h:8000``: paths keep ``/v1``."""
+    """``http://h:8000/v1`` and ``http://h:8000`` → ``http://h:8000``; paths keep ``/v1``."""
     root = url.rstrip("/")
     return root[: -len("/v1")] if root.endswith("/v1") else root
 
@@ -95,26 +95,18 @@ async def timed(chunks: AsyncIterator[bytes], timer: UpstreamTimer) -> AsyncIter
         yield chunk
 
 
-def response_headers(raw: Iterable[tuple[bytes, bytes]], *, decoded: bool) -> HeaderList:
-    """Upstream response headers fit to send on; ``decoded`` drops content-encoding too."""
-    out: HeaderList = []
-    for name, value in raw:
-        lower = name.lower()
-        if lower in _HOP_BY_HOP or (decoded and lower == b"content-encoding"):
-            continue
-        out.append((lower, value))
-    return out
+def response_headers(raw: Iterable[tuple[bytes, bytes]]) -> HeaderList:
+    """Upstream response headers fit to send on (bodies are relayed as they came, encoding kept)."""
+    return [(name, value) for name, value in raw if name not in _HOP_BY_HOP]
 
 
 @contextmanager
 def _translate_errors() -> Iterator[None]:
     try:
         yield
-    except httpx.TimeoutException as exc:
-        raise UpstreamTimeoutError(
-            f"the upstream did not answer in time ({type(exc).__name__})"
-        ) from exc
-    except httpx.TransportError as exc:
+    except PoolTimeoutError as exc:  # before OSError: TimeoutError is one
+        raise UpstreamTimeoutError(f"the upstream did not answer in time ({exc})") from exc
+    except (ConnectionError, OSError) as exc:
         raise UpstreamUnavailableError(
             f"the upstream could not be reached ({type(exc).__name__}: {exc})"
         ) from exc
@@ -131,31 +123,26 @@ class Upstream:
         drop_client_auth: bool = False,
         timeout: float = 600.0,
         max_connections: int = 512,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.root = upstream_root(base_url)
         self._auth = (b"authorization", b"Bearer " + api_key.encode()) if api_key else None
         self._drop_client_auth = drop_client_auth or api_key is not None
-        self._client = httpx.AsyncClient(
-            base_url=self.root,
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-            follow_redirects=False,
-            transport=transport,
+        self._pool = ConnectionPool(
+            self.root,
+            max_connections=max_connections,
+            connect_timeout=min(timeout, 10.0),
+            read_timeout=timeout,
         )
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._pool.aclose()
 
     def outbound_headers(
         self, client_headers: Iterable[tuple[bytes, bytes]], *, keep_encoding: bool
     ) -> HeaderList:
-        """Client headers minus hop-by-hop and our own; Authorization replaced or dropped as configured.
+        """Client headers minus hop-by-hop and our own; Authorization replaced or dropped.
 
-        Without ``keep_encoding`` the client's Accept-Encoding is dropped, so httpx negotiates one it
-        can decode (the proxy must read the body to validate it).
+        Without ``keep_encoding`` the proxy asks for an uncompressed body: it must read it.
         """
         out: HeaderList = []
         for name, value in client_headers:
@@ -166,6 +153,8 @@ class Upstream:
             if name == b"accept-encoding" and not keep_encoding:
                 continue
             out.append((name, value))
+        if not keep_encoding:
+            out.append((b"accept-encoding", b"identity"))
         if self._auth is not None:
             out.append(self._auth)
         return out
@@ -179,27 +168,31 @@ class Upstream:
         timer: UpstreamTimer,
         query: bytes = b"",
     ) -> UpstreamReply:
-        """Send one request and buffer the (decoded) answer."""
-        url = path + ("?" + query.decode("latin-1") if query else "")
+        """Send one request and buffer the whole answer."""
+        target = path + ("?" + query.decode("latin-1") if query else "")
         started = time.perf_counter()
         try:
             with _translate_errors():
-                response = await self._client.request(method, url, headers=headers, content=content)
+                response = await self._pool.request(method, target, headers, content)
+                body = await response.read()
         finally:
             timer.seconds += time.perf_counter() - started
             timer.calls += 1
-        return UpstreamReply(response.status_code, response.headers.raw, response.content)
+        return UpstreamReply(response.status_code, response.headers, body)
 
     async def complete(
         self, body: dict[str, Any], headers: HeaderList, timer: UpstreamTimer
     ) -> dict[str, Any]:
-        """A non-streaming chat completion for the repair loop; non-2xx raises UpstreamStatusError."""
+        """A non-streaming completion for the repair loop; non-2xx raises UpstreamStatusError."""
         reply = await self.request(
             "POST", "/v1/chat/completions", headers, orjson.dumps(body), timer
         )
         if not 200 <= reply.status_code < 300:
             raise UpstreamStatusError(reply)
-        parsed = orjson.loads(reply.content)
+        try:
+            parsed = orjson.loads(reply.content)
+        except orjson.JSONDecodeError:
+            raise UpstreamStatusError(reply) from None
         if not isinstance(parsed, dict):
             raise UpstreamStatusError(reply)
         return parsed
@@ -213,14 +206,14 @@ class Upstream:
         content: bytes,
         timer: UpstreamTimer,
         query: bytes = b"",
-    ) -> AsyncIterator[httpx.Response]:
-        """Open a streamed request; leaving the block (or cancellation) closes the upstream connection."""
-        url = path + ("?" + query.decode("latin-1") if query else "")
-        request = self._client.build_request(method, url, headers=headers, content=content)
+    ) -> AsyncIterator[Response]:
+        """Open a streamed request; leaving the block early (or cancellation) drops the connection,
+        which is how the upstream learns to stop generating."""
+        target = path + ("?" + query.decode("latin-1") if query else "")
         started = time.perf_counter()
         try:
             with _translate_errors():
-                response = await self._client.send(request, stream=True)
+                response = await self._pool.request(method, target, headers, content)
         finally:
             timer.seconds += time.perf_counter() - started
             timer.calls += 1
@@ -240,7 +233,8 @@ class Upstream:
         """Whether ``GET /v1/models`` answers 2xx within a few seconds."""
         headers = [self._auth] if self._auth is not None else []
         try:
-            response = await self._client.get("/v1/models", headers=headers, timeout=5.0)
-        except httpx.HTTPError:
+            response = await self._pool.request("GET", "/v1/models", headers, timeout=5.0)
+            await response.read()
+        except (ConnectionError, OSError):
             return False
-        return response.is_success
+        return 200 <= response.status_code < 300

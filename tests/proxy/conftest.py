@@ -1,4 +1,4 @@
-"""Fixtures for proxy tests: a scripted upstream and real proxy servers on loopback in front of it."""
+"""Fixtures for proxy tests: a scripted upstream, and real proxy servers on loopback before it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Every failure is an OpenAI-shaped error with the right status, upstream errors pass through as they
-are, keys never leak, other routes are relayed, and a client that hangs up cancels the upstream."""
+"""Failures are OpenAI-shaped errors with the right status; upstream errors pass through as they
+are; keys never leak; other routes are relayed; a client that hangs up cancels the upstream."""
 
 from __future__ import annotations
 
@@ -69,9 +69,11 @@ def test_invalid_tool_schema_is_400_naming_the_tool(
         "type": "function",
         "function": {"name": "broken_tool", "parameters": {"type": "objekt"}},
     }
-    with openai.OpenAI(base_url=proxy.base_url, api_key="k", max_retries=0) as client:
-        with pytest.raises(openai.BadRequestError) as caught:
-            client.chat.completions.create(model="m", messages=MESSAGES, tools=[*TOOLS, broken])
+    with (
+        openai.OpenAI(base_url=proxy.base_url, api_key="k", max_retries=0) as client,
+        pytest.raises(openai.BadRequestError) as caught,
+    ):
+        client.chat.completions.create(model="m", messages=MESSAGES, tools=[*TOOLS, broken])
     assert caught.value.status_code == 400
     assert "broken_tool" in str(caught.value)
     assert upstream.requests == []

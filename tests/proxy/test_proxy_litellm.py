@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,6 +24,20 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
 ]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _collect_litellm_garbage() -> Iterator[None]:
+    """Close what litellm leaves behind (an idle event loop) while this module's filters apply."""
+    yield
+    for obj in gc.get_objects():
+        if (
+            isinstance(obj, asyncio.AbstractEventLoop)
+            and not obj.is_running()
+            and not obj.is_closed()
+        ):
+            obj.close()
+    gc.collect()
 
 
 def _call(proxy: RunningProxy, **kwargs: Any) -> Any:
@@ -63,7 +80,9 @@ def test_litellm_streaming_with_repair(upstream: ScriptedUpstream, start_proxy: 
     proxy = start_proxy(repair="reflexive")
     upstream.push(
         completion(tool_calls=[tool_call("get_order_status", {"order_id": "#W1"})]),
-        completion(tool_calls=[tool_call("get_order_details", {"order_id": "#W1"}, call_id="call_ok")]),
+        completion(
+            tool_calls=[tool_call("get_order_details", {"order_id": "#W1"}, call_id="call_ok")]
+        ),
     )
     names, arguments, ids = "", "", ""
     for chunk in _call(proxy, stream=True):

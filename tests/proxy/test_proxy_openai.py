@@ -1,5 +1,5 @@
-"""The proxy observes (repair off): the official openai client gets the upstream's answers unchanged,
-with ``X-Repairproxy-Tool-Errors`` naming the channel of every call."""
+"""The proxy observes (repair off): the official openai client gets the upstream's answers
+unchanged, with ``X-Repairproxy-Tool-Errors`` naming the channel of every call."""
 
 from __future__ import annotations
 
@@ -32,14 +32,18 @@ CASES: dict[str, tuple[Reply, str]] = {
     "enum_violation": (
         completion(
             tool_calls=[
-                tool_call("exchange_items", {"order_id": "#W1", "item_ids": ["1"], "reason": "mood"})
+                tool_call(
+                    "exchange_items", {"order_id": "#W1", "item_ids": ["1"], "reason": "mood"}
+                )
             ]
         ),
         "schema_violation",
     ),
     "call_in_text": (
         completion(
-            content='<tool_call>{"name": "get_order_details", "arguments": {"order_id": "#W1"}}</tool_call>'
+            content="<tool_call>"
+            '{"name": "get_order_details", "arguments": {"order_id": "#W1"}}'
+            "</tool_call>"
         ),
         "tool_call_in_content",
     ),
@@ -82,7 +86,9 @@ def test_sync_answer_unchanged_with_channel_header(
     assert parsed.choices[0].message.content == reply.body["choices"][0]["message"]["content"]
 
 
-def test_request_body_forwarded_byte_for_byte(upstream: ScriptedUpstream, proxy: RunningProxy) -> None:
+def test_request_body_forwarded_byte_for_byte(
+    upstream: ScriptedUpstream, proxy: RunningProxy
+) -> None:
     """Unknown fields, key order and spacing survive: repair off sends the original bytes."""
     reply, _ = CASES["valid"]
     upstream.push(reply)
@@ -102,7 +108,9 @@ def test_request_body_forwarded_byte_for_byte(upstream: ScriptedUpstream, proxy:
     assert response.content == orjson.dumps(reply.body)
 
 
-def test_request_without_tools_is_not_validated(upstream: ScriptedUpstream, proxy: RunningProxy) -> None:
+def test_request_without_tools_is_not_validated(
+    upstream: ScriptedUpstream, proxy: RunningProxy
+) -> None:
     upstream.push(completion(content=""))
     with _client(proxy) as client:
         raw = client.chat.completions.with_raw_response.create(
@@ -126,7 +134,9 @@ def test_legacy_functions_are_validated(upstream: ScriptedUpstream, proxy: Runni
 
 
 @pytest.mark.anyio
-async def test_async_client_parallel_tool_calls(upstream: ScriptedUpstream, proxy: RunningProxy) -> None:
+async def test_async_client_parallel_tool_calls(
+    upstream: ScriptedUpstream, proxy: RunningProxy
+) -> None:
     calls = [
         tool_call("get_order_details", {"order_id": "#W1"}),
         tool_call("find_user_id_by_email", {"email": "a@b.c"}),
@@ -163,20 +173,24 @@ def _collect_stream(chunks: Any) -> tuple[str, dict[int, dict[str, str]], str | 
 
 
 @pytest.mark.parametrize("case", ["valid", "hallucinated_name", "parallel_mixed", "plain_text"])
-def test_streaming_passes_calls_through(case: str, upstream: ScriptedUpstream, proxy: RunningProxy) -> None:
+def test_streaming_passes_calls_through(
+    case: str, upstream: ScriptedUpstream, proxy: RunningProxy
+) -> None:
     reply, expected = CASES[case]
     upstream.push(reply)
     message = reply.body["choices"][0]["message"]
-    with _client(proxy) as client:
-        with client.chat.completions.with_streaming_response.create(
+    with (
+        _client(proxy) as client,
+        client.chat.completions.with_streaming_response.create(
             model="scripted-model",
             messages=MESSAGES,
             tools=TOOLS,
             stream=True,
             stream_options={"include_usage": True},
-        ) as raw:
-            headers = raw.headers
-            content, calls, finish, usage = _collect_stream(raw.parse())
+        ) as raw,
+    ):
+        headers = raw.headers
+        content, calls, finish, usage = _collect_stream(raw.parse())
     assert content == (message["content"] or "")
     assert [calls[i] for i in sorted(calls)] == [
         {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
@@ -205,7 +219,9 @@ def test_streaming_plain_text_trailer_carries_the_verdict(
     assert body.rstrip().endswith(b"data: [DONE]")
 
 
-def test_streaming_without_tools_is_relayed_raw(upstream: ScriptedUpstream, proxy: RunningProxy) -> None:
+def test_streaming_without_tools_is_relayed_raw(
+    upstream: ScriptedUpstream, proxy: RunningProxy
+) -> None:
     upstream.push(completion(content="hello there, streaming"))
     with _client(proxy) as client:
         stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
@@ -220,7 +236,10 @@ def test_one_log_line_per_request_without_prompt_text(
     upstream.push(reply)
     with _client(proxy) as client:
         client.chat.completions.create(
-            model="scripted-model", messages=MESSAGES, tools=TOOLS, extra_headers={"X-Episode-ID": "ep-7"}
+            model="scripted-model",
+            messages=MESSAGES,
+            tools=TOOLS,
+            extra_headers={"X-Episode-ID": "ep-7"},
         )
     lines = proxy.log_lines()
     assert len(lines) == 1

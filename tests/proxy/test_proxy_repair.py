@@ -1,4 +1,4 @@
-"""Reflexive repair and the per-episode error budget, end to end through the official openai client."""
+"""Reflexive repair and the per-episode error budget, end to end through the openai client."""
 
 from __future__ import annotations
 
@@ -37,7 +37,9 @@ def test_hallucinated_name_repaired_on_first_attempt(
     upstream.push(completion(tool_calls=[bad]), completion(tool_calls=[good]))
     raw = _create(proxy)
     message = raw.parse().choices[0].message
-    assert [(c.id, c.function.name) for c in message.tool_calls] == [("call_good", "get_order_details")]
+    assert [(c.id, c.function.name) for c in message.tool_calls] == [
+        ("call_good", "get_order_details")
+    ]
     assert raw.headers["x-repairproxy-repairs"] == "1"
     assert raw.headers["x-repairproxy-tool-errors"] == "unknown_tool"
     assert raw.parse().usage.total_tokens == 36  # both attempts
@@ -62,7 +64,9 @@ def test_schema_violation_repaired(upstream: ScriptedUpstream, start_proxy: Star
     assert "item_ids" in diagnosis
 
 
-def test_valid_calls_in_a_broken_turn_are_kept(upstream: ScriptedUpstream, start_proxy: StartProxy) -> None:
+def test_valid_calls_in_a_broken_turn_are_kept(
+    upstream: ScriptedUpstream, start_proxy: StartProxy
+) -> None:
     proxy = start_proxy(repair="reflexive")
     kept = tool_call("find_user_id_by_email", {"email": "a@b.c"}, call_id="call_kept")
     bad = tool_call("get_order_details", "{oops", call_id="call_broken")
@@ -73,7 +77,9 @@ def test_valid_calls_in_a_broken_turn_are_kept(upstream: ScriptedUpstream, start
 
 
 @pytest.mark.parametrize("policy", ["pass", "strip", "error"])
-def test_exhaustion_policies(policy: str, upstream: ScriptedUpstream, start_proxy: StartProxy) -> None:
+def test_exhaustion_policies(
+    policy: str, upstream: ScriptedUpstream, start_proxy: StartProxy
+) -> None:
     proxy = start_proxy(repair="reflexive", max_repairs=2, on_exhausted=policy)
     answers = [completion(tool_calls=[tool_call(f"no_such_tool_{i}", GOOD)]) for i in range(3)]
     upstream.push(*answers)
@@ -109,7 +115,10 @@ def test_constrained_escalation_names_the_tool_on_attempt_two(
     assert raw.parse().choices[0].message.tool_calls[0].function.name == "get_order_details"
     first, attempt1, attempt2 = upstream.chat_requests
     assert "tool_choice" not in first and "tool_choice" not in attempt1
-    assert attempt2["tool_choice"] == {"type": "function", "function": {"name": "get_order_details"}}
+    assert attempt2["tool_choice"] == {
+        "type": "function",
+        "function": {"name": "get_order_details"},
+    }
 
 
 def test_streaming_repair_yields_a_parseable_valid_call(
@@ -121,17 +130,21 @@ def test_streaming_repair_yields_a_parseable_valid_call(
         completion(tool_calls=[tool_call("get_order_status", GOOD)]),
         completion(tool_calls=[good]),
     )
-    with _client(proxy) as client:
-        with client.chat.completions.with_streaming_response.create(
+    with (
+        _client(proxy) as client,
+        client.chat.completions.with_streaming_response.create(
             model="scripted-model",
             messages=MESSAGES,
             tools=TOOLS,
             stream=True,
             stream_options={"include_usage": True},
-        ) as raw:
-            headers = raw.headers
-            content, calls, finish, usage = _collect_stream(raw.parse())
-    assert calls == {0: {"id": "call_good", "name": "get_order_details", "arguments": '{"order_id":"#W1"}'}}
+        ) as raw,
+    ):
+        headers = raw.headers
+        content, calls, finish, usage = _collect_stream(raw.parse())
+    assert calls == {
+        0: {"id": "call_good", "name": "get_order_details", "arguments": '{"order_id":"#W1"}'}
+    }
     assert (content, finish) == ("", "tool_calls")
     assert usage.total_tokens == 36
     assert headers["x-repairproxy-repairs"] == "1"
@@ -145,16 +158,22 @@ def test_streaming_repair_of_a_call_written_as_text(
 ) -> None:
     proxy = start_proxy(repair="reflexive")
     text = '{"name": "get_order_details", "arguments": {"order_id": "#W1"}}'
-    upstream.push(completion(content=text), completion(tool_calls=[tool_call("get_order_details", GOOD)]))
+    upstream.push(
+        completion(content=text), completion(tool_calls=[tool_call("get_order_details", GOOD)])
+    )
     with _client(proxy) as client:
-        stream = client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS, stream=True)
+        stream = client.chat.completions.create(
+            model="m", messages=MESSAGES, tools=TOOLS, stream=True
+        )
         content, calls, finish, _ = _collect_stream(stream)
     assert content == ""  # the call-shaped text was held back, never shown
     assert calls[0]["name"] == "get_order_details"
     assert finish == "tool_calls"
 
 
-def test_override_headers_select_mode_and_budget(upstream: ScriptedUpstream, start_proxy: StartProxy) -> None:
+def test_override_headers_select_mode_and_budget(
+    upstream: ScriptedUpstream, start_proxy: StartProxy
+) -> None:
     proxy = start_proxy(repair="reflexive", budget=10)
     bad = completion(tool_calls=[tool_call("get_order_status", GOOD)])
     upstream.push(bad)
@@ -203,7 +222,12 @@ def test_budget_exhausted_reject_refuses_the_episode(
     assert caught.value.body["code"] == "error_budget_exhausted"  # type: ignore[index]
     assert len(upstream.chat_requests) == 1
     upstream.push(completion(content="fine"))
-    assert _create(proxy, extra_headers={"X-Episode-ID": "other"}).headers["x-repairproxy-episode-errors"] == "0"
+    assert (
+        _create(proxy, extra_headers={"X-Episode-ID": "other"}).headers[
+            "x-repairproxy-episode-errors"
+        ]
+        == "0"
+    )
 
 
 # --- a 12-turn episode replayed against a τ²-bench-like environment --------------------------
@@ -257,7 +281,9 @@ def test_twelve_turn_episode_counts_what_tau2_bench_counts(
     header_errors: list[int] = []
     with httpx.Client(base_url=proxy.base_url) as client:
         for turn in _episode_script():
-            reply = completion(content=turn) if isinstance(turn, str) else completion(tool_calls=turn)
+            reply = (
+                completion(content=turn) if isinstance(turn, str) else completion(tool_calls=turn)
+            )
             upstream.push(reply)
             response = client.post(
                 "/chat/completions",

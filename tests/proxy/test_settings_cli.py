@@ -22,7 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_defaults_match_the_issue() -> None:
     settings = settings_from_args(["--upstream", "http://u/v1"], environ={})
     assert (settings.host, settings.port) == ("127.0.0.1", 8080)
-    assert (settings.repair, settings.max_repairs, settings.on_exhausted) == ("reflexive", 2, "pass")
+    assert (settings.repair, settings.max_repairs, settings.on_exhausted) == (
+        "reflexive",
+        2,
+        "pass",
+    )
     assert (settings.budget, settings.on_budget_exhausted) == (10, "annotate")
     assert settings.episode_header == "x-episode-id"
     assert settings.tool_error_pattern == "^Error"
@@ -53,7 +57,9 @@ def test_env_vars_fill_every_flag_and_flags_win() -> None:
     assert settings.episode_header == "x-session"
     assert settings.log_bodies is True
     assert settings.max_body_bytes == 1234
-    flagged = settings_from_args(["--port", "9002", "--repair", "off", "--api-key", "k9"], environ=environ)
+    flagged = settings_from_args(
+        ["--port", "9002", "--repair", "off", "--api-key", "k9"], environ=environ
+    )
     assert (flagged.port, flagged.repair, flagged.api_keys) == (9002, "off", ("k9",))
 
 
@@ -82,7 +88,16 @@ def test_python_dash_m_serve_runs_the_proxy(upstream: ScriptedUpstream) -> None:
     port = _free_port()
     env = {**os.environ, "REPAIRPROXY_REPAIR": "off", "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "repairproxy", "serve", "--upstream", upstream.base_url, "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "repairproxy",
+            "serve",
+            "--upstream",
+            upstream.base_url,
+            "--port",
+            str(port),
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -106,7 +121,7 @@ def test_python_dash_m_serve_runs_the_proxy(upstream: ScriptedUpstream) -> None:
         assert response.headers["x-repairproxy-repairs"] == "0"  # the env var said off
     finally:
         process.terminate()
-        stdout, stderr = process.communicate(timeout=10)
+        stdout, _stderr = process.communicate(timeout=10)
     log_line = [line for line in stdout.splitlines() if b'"path":"/v1/chat/completions"' in line]
     assert len(log_line) == 1
 

@@ -1,4 +1,4 @@
-"""SSE parsing, tool-call delta assembly, the hold/release gate and chunk re-emission (pure code)."""
+"""SSE parsing, tool-call delta assembly, the hold/release gate and chunk re-emission."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_parser_splits_across_arbitrary_chunk_boundaries() -> None:
 
 def test_parser_joins_multiline_data_and_flushes_unterminated_tail() -> None:
     parser = SSEParser()
-    assert parser.feed(b"data: one\ndata: two\n\ndata: tail") [0].data == b"one\ntwo"
+    assert parser.feed(b"data: one\ndata: two\n\ndata: tail")[0].data == b"one\ntwo"
     assert [e.data for e in parser.flush()] == [b"tail"]
 
 
@@ -81,7 +81,9 @@ def test_gate_streams_prose_at_once_but_holds_call_shaped_text() -> None:
     gate, released = _run_gate(prose)
     assert released and gate.released_content
     assert released + gate.held == prose
-    shaped = sse_events(completion(content='{"name": "a", "arguments": {}}').body, include_usage=False)
+    shaped = sse_events(
+        completion(content='{"name": "a", "arguments": {}}').body, include_usage=False
+    )
     gate, released = _run_gate(shaped)
     assert released == [] and not gate.released_content
 
@@ -91,7 +93,9 @@ def test_rendered_chunks_reassemble_into_the_completion(include_usage: bool) -> 
     calls = [tool_call("a", {"x": 1}), tool_call("b", {"y": 2})]
     body = completion(content="Done.", tool_calls=calls).body
     meta = {"id": "chatcmpl-x", "created": 1, "model": "m"}
-    events = completion_to_chunks(body, meta, include_content=True, include_role=True, include_usage=include_usage)
+    events = completion_to_chunks(
+        body, meta, include_content=True, include_role=True, include_usage=include_usage
+    )
     assert events[-1] == DONE_EVENT
     assembler = StreamAssembler()
     for chunk in _chunks(events):

@@ -1,9 +1,10 @@
 """A scripted OpenAI-compatible upstream: a real HTTP server on 127.0.0.1 that plays chosen answers.
 
-A test pushes the answers ``POST /v1/chat/completions`` should return, in order, and reads back every
-request the server received. A scripted ``completion(...)`` is served as JSON, or as an SSE stream
-(content and tool-call arguments split into several deltas, usage chunk when asked) when the request
-says ``"stream": true``. ``GET /v1/models`` always answers; any other path echoes what it received.
+A test pushes the answers ``POST /v1/chat/completions`` should return, in order, and reads back
+every request the server received. A scripted ``completion(...)`` is served as JSON, or as an SSE
+stream (content and tool-call arguments split into several deltas, usage chunk when asked) when
+the request says ``"stream": true``. ``GET /v1/models`` always answers; any other path echoes
+what it received.
 
     with ScriptedUpstream() as upstream:
         upstream.push(completion(tool_calls=[tool_call("get_order", {"order_id": "#W1"})]))
@@ -14,6 +15,7 @@ says ``"stream": true``. ``GET /v1/models`` always answers; any other path echoe
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import socket
 import threading
@@ -65,7 +67,7 @@ class RecordedRequest:
 def tool_call(
     name: str, arguments: str | dict[str, Any], call_id: str | None = None
 ) -> dict[str, Any]:
-    """A tool call as the upstream returns it; dict arguments are JSON-encoded, strings kept as is."""
+    """A tool call as the upstream returns it; dict arguments JSON-encoded, strings kept as is."""
     args = arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
     return {
         "id": call_id or f"call_{next(_ids)}",
@@ -185,10 +187,8 @@ class _Handler(BaseHTTPRequestHandler):
     def finish(self) -> None:
         with self.server.state.lock:
             self.server.state.connections.discard(self.connection)
-        try:
+        with contextlib.suppress(OSError):
             super().finish()
-        except OSError:
-            pass
 
     def do_GET(self) -> None:
         self._handle()
@@ -332,10 +332,8 @@ class ScriptedUpstream:
         with self._server.state.lock:
             open_connections = list(self._server.state.connections)
         for connection in open_connections:
-            try:
+            with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         self._server.server_close()
         self._thread.join(timeout=5)
 
