@@ -51,6 +51,7 @@ class RepairProxyApp:
             )
         self.settings = settings
         self._log_stream = log_stream
+        self._template = _load_template(settings)  # a bad template file fails here, at start
         self.proxy: Proxy | None = None
 
     def _build(self) -> Proxy:
@@ -63,7 +64,7 @@ class RepairProxyApp:
             timeout=settings.upstream_timeout,
             max_connections=settings.max_connections,
         )
-        template = _load_template(settings)
+        template = self._template
         policies = {
             mode: RepairPolicy(
                 mode=mode,
