@@ -193,6 +193,13 @@ def _rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def _speed_marker_us() -> float:
+    """A CPU-speed marker, so figures from a busy machine can be read as such."""
+    import timeit
+
+    return min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
+
+
 def _validation_us(iterations: int = 20_000) -> float:
     from repairproxy.validation import ToolsCache
 
@@ -279,8 +286,12 @@ def main(argv: list[str] | None = None) -> None:
         direct = _Target("direct", upstream_port, _http_request(upstream_port, body))
         proxied = _Target("proxy", proxy_port, _http_request(proxy_port, body))
         print(
+            f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f}, "
+            f"sum(range(1000)) takes {_speed_marker_us():.1f} us (other processes share the cpus)"
+        )
+        print(
             f"request {len(body)} B, answer with 1 tool call, repair={args.repair}, "
-            f"{args.rounds} interleaved rounds; cpus={os.cpu_count()}"
+            f"{args.rounds} interleaved rounds"
         )
         uvloop.run(_measure(args, direct, proxied, proxy.pid))
         print(f"validation: {_validation_us():.2f} us per tool call (check_message, warm cache)")

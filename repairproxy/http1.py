@@ -227,8 +227,9 @@ class Response:
                     return
                 yield chunk
         finally:
-            if self._conn._complete:
-                self.release()
+            # Read to the end: the connection goes back to the pool. Stopped early (error,
+            # timeout, cancellation): it is closed, so the pool never leaks a slot.
+            self.release()
 
     async def read(self) -> bytes:
         parts = [chunk async for chunk in self.iter_body()]
@@ -327,6 +328,10 @@ class ConnectionPool:
             self._waiters.append(waiter)
             try:
                 await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # we were woken but will not use the slot: pass it on
+                raise
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)

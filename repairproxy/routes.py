@@ -260,8 +260,8 @@ class Proxy:
         self, scope: Scope, receive: Receive, responder: _Responder, ex: _Exchange
     ) -> None:
         headers = _header_map(scope)
+        self._authenticate(headers)  # before reading: an unknown client gets no buffer
         raw = await _read_body(receive, headers, self.settings.max_body_bytes)
-        self._authenticate(headers)
         ex.request_body = raw if self.settings.log_bodies else None
         try:
             body = orjson.loads(raw)
@@ -303,8 +303,8 @@ class Proxy:
         self, scope: Scope, receive: Receive, responder: _Responder, ex: _Exchange
     ) -> None:
         headers = _header_map(scope)
+        self._authenticate(headers)  # before reading: an unknown client gets no buffer
         raw = await _read_body(receive, headers, self.settings.max_body_bytes)
-        self._authenticate(headers)
         out_headers = self.upstream.outbound_headers(scope["headers"], keep_encoding=True)
 
         async def relay() -> None:

@@ -179,3 +179,21 @@ async def test_an_abandoned_body_drops_the_connection() -> None:
         await again.aclose()
         await pool.aclose()
     assert len(accepted) == 2  # the half-read connection was not put back
+
+
+@pytest.mark.anyio
+async def test_a_failed_read_gives_the_slot_back() -> None:
+    async def head_then_silence(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int
+    ) -> None:
+        while await _read_request(reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf")
+            await writer.drain()
+
+    async with _server(head_then_silence) as (url, _):
+        pool = ConnectionPool(url, max_connections=1, read_timeout=0.1)
+        for _ in range(3):  # with a leaked slot, the second request would wait forever
+            response = await asyncio.wait_for(pool.request("GET", "/", []), 2)
+            with pytest.raises(PoolTimeoutError):
+                await response.read()
+        await pool.aclose()
