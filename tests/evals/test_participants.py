@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import openai
@@ -22,7 +22,7 @@ GUIDELINES = "# Guidelines\nBe a customer.<PERSONA_GUIDELINES>"
 
 
 @pytest.fixture
-def upstream() -> ScriptedUpstream:
+def upstream() -> Iterator[ScriptedUpstream]:
     with ScriptedUpstream() as server:
         yield server
 
