@@ -96,8 +96,15 @@ async def timed(chunks: AsyncIterator[bytes], timer: UpstreamTimer) -> AsyncIter
 
 
 def response_headers(raw: Iterable[tuple[bytes, bytes]]) -> HeaderList:
-    """Upstream response headers fit to send on (bodies are relayed as they came, encoding kept)."""
-    return [(name, value) for name, value in raw if name not in _HOP_BY_HOP]
+    """Upstream response headers fit to send on (bodies are relayed as they came, encoding kept).
+
+    An upstream's own ``x-repairproxy-*`` headers (a chained proxy) are dropped: ours replace them.
+    """
+    return [
+        (name, value)
+        for name, value in raw
+        if name not in _HOP_BY_HOP and not name.startswith(_OWN_PREFIX)
+    ]
 
 
 @contextmanager

@@ -258,3 +258,26 @@ def test_log_bodies_flag_logs_prompt_text(upstream: ScriptedUpstream, start_prox
     with _client(proxy) as client:
         client.chat.completions.create(model="scripted-model", messages=MESSAGES)
     assert "retail support agent" in proxy.log_lines()[0]["request_body"]
+
+
+def test_proxy_in_front_of_a_uvicorn_upstream(upstream: ScriptedUpstream, start_proxy: Any) -> None:
+    """Chained proxies: the upstream pool speaks to uvicorn (keep-alive, chunked SSE) too."""
+    inner = start_proxy()
+    outer = start_proxy(upstream=inner.base_url)
+    reply, expected = CASES["hallucinated_name"]
+    for _ in range(2):
+        upstream.push(reply)
+        with _client(outer) as client:
+            raw = client.chat.completions.with_raw_response.create(
+                model="scripted-model", messages=MESSAGES, tools=TOOLS
+            )
+        assert raw.http_response.content == orjson.dumps(reply.body)
+        assert raw.headers["x-repairproxy-tool-errors"] == expected
+    upstream.push(reply)
+    with _client(outer) as client:
+        stream = client.chat.completions.create(
+            model="scripted-model", messages=MESSAGES, tools=TOOLS, stream=True
+        )
+        _, calls, finish, _ = _collect_stream(stream)
+    assert calls[0]["name"] == "get_order_status"
+    assert finish == "tool_calls"
