@@ -71,6 +71,7 @@ def serve(settings: Settings) -> None:
             log_level="warning",
             server_header=False,  # the upstream's Server/Date headers pass through instead
             date_header=False,
+            proxy_headers=False,  # no X-Forwarded-* rewriting middleware on the hot path
         )
         print(
             f"repairproxy: serving on http://{settings.host}:{settings.port}/v1 "

@@ -76,6 +76,7 @@ def running_proxy(settings: Settings) -> Iterator[RunningProxy]:
         log_level="warning",
         server_header=False,
         date_header=False,
+        proxy_headers=False,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
