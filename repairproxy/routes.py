@@ -549,7 +549,8 @@ class _ChatCall:
         for event in parser.flush():
             gate.feed(event)
         first = gate.assembler.completion()
-        include_usage = bool((self.forward.get("stream_options") or {}).get("include_usage"))
+        options = self.forward.get("stream_options")
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         reask_body = {
             k: v for k, v in self.forward.items() if k not in ("stream", "stream_options")
         }
