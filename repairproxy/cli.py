@@ -24,7 +24,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="OpenAI-compatible proxy that validates and repairs tool calls.",
     )
     commands = parser.add_subparsers(dest="command")
-    serve_parser = commands.add_parser("serve", help="run the proxy (default command)")
+    serve_parser = commands.add_parser(
+        "serve",
+        help="run the proxy (default command)",
+        epilog="Every flag is also an env var: --max-repairs -> REPAIRPROXY_MAX_REPAIRS.",
+    )
     add_serve_arguments(serve_parser, os.environ)
     return parser
 

@@ -91,8 +91,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
         default=default("upstream", None),
         help="OpenAI-compatible base URL (http://host:port or .../v1); omitted: embedded CPU model",
     )
-    add("--host", default=default("host", d.host))
-    add("--port", type=int, default=default("port", d.port))
+    add("--host", default=default("host", d.host), help="listen address (default 127.0.0.1)")
+    add("--port", type=int, default=default("port", d.port), help="listen port (default 8080)")
     add(
         "--upstream-api-key",
         default=default("upstream-api-key", None),
@@ -108,35 +108,97 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
         default=None,
         help="a client key the proxy accepts (repeatable; env: comma-separated)",
     )
-    add("--upstream-timeout", type=float, default=default("upstream-timeout", d.upstream_timeout))
-    add("--max-connections", type=int, default=default("max-connections", d.max_connections))
-    add("--max-body-bytes", type=int, default=default("max-body-bytes", d.max_body_bytes))
-    add("--repair", choices=REPAIR_MODES, default=default("repair", d.repair))
-    add("--max-repairs", type=int, default=default("max-repairs", d.max_repairs))
+    add(
+        "--upstream-timeout",
+        type=float,
+        default=default("upstream-timeout", d.upstream_timeout),
+        help="seconds to wait for upstream bytes before answering 504 (default 600)",
+    )
+    add(
+        "--max-connections",
+        type=int,
+        default=default("max-connections", d.max_connections),
+        help="upstream connection pool size (default 512)",
+    )
+    add(
+        "--max-body-bytes",
+        type=int,
+        default=default("max-body-bytes", d.max_body_bytes),
+        help="larger request bodies get 413 (default 16 MiB)",
+    )
+    add(
+        "--repair",
+        choices=REPAIR_MODES,
+        default=default("repair", d.repair),
+        help="off: observe; prompt: add the repair instruction; reflexive: also re-ask with a "
+        "diagnosis; constrained: also force the intended tool from attempt 2 (default reflexive)",
+    )
+    add(
+        "--max-repairs",
+        type=int,
+        default=default("max-repairs", d.max_repairs),
+        help="re-asks per answer (default 2)",
+    )
     add(
         "--on-exhausted",
         choices=EXHAUSTED_POLICIES,
         default=default("on-exhausted", d.on_exhausted),
+        help="when re-asks run out: pass the last answer, strip its invalid calls, or 502",
     )
-    add("--repair-template", type=Path, default=default("repair-template", None))
-    add("--budget", type=int, default=default("budget", d.budget))
+    add(
+        "--repair-template",
+        type=Path,
+        default=default("repair-template", None),
+        help="file replacing the versioned repair texts (see repairproxy/templates)",
+    )
+    add(
+        "--budget",
+        type=int,
+        default=default("budget", d.budget),
+        help="tool errors an episode may make, counted like tau2-bench (default 10)",
+    )
     add(
         "--on-budget-exhausted",
         choices=BUDGET_POLICIES,
         default=default("on-budget-exhausted", d.on_budget_exhausted),
+        help="annotate the answer, or reject the episode's further requests with 429",
     )
-    add("--episode-header", default=default("episode-header", d.episode_header))
-    add("--tool-error-pattern", default=default("tool-error-pattern", d.tool_error_pattern))
-    add("--max-episodes", type=int, default=default("max-episodes", d.max_episodes))
-    add("--episode-idle-ttl", type=float, default=default("episode-idle-ttl", d.episode_idle_ttl))
-    add("--tools-cache-size", type=int, default=default("tools-cache-size", d.tools_cache_size))
+    add(
+        "--episode-header",
+        default=default("episode-header", d.episode_header),
+        help="request header naming the episode (default X-Episode-ID)",
+    )
+    add(
+        "--tool-error-pattern",
+        default=default("tool-error-pattern", d.tool_error_pattern),
+        help="regex marking a role:tool message as a failed call (default ^Error)",
+    )
+    add(
+        "--max-episodes",
+        type=int,
+        default=default("max-episodes", d.max_episodes),
+        help="episodes remembered (LRU, default 100000)",
+    )
+    add(
+        "--episode-idle-ttl",
+        type=float,
+        default=default("episode-idle-ttl", d.episode_idle_ttl),
+        help="seconds an idle episode is kept (default 3600)",
+    )
+    add(
+        "--tools-cache-size",
+        type=int,
+        default=default("tools-cache-size", d.tools_cache_size),
+        help="distinct tools lists kept compiled (default 256)",
+    )
     env_bodies = _env(environ, "log-bodies")
     add(
         "--log-bodies",
         action="store_true",
         default=env_bodies is not None and env_bodies.lower() in _TRUE,
+        help="include prompt and answer text in the log lines",
     )
-    add("--log-level", default=default("log-level", d.log_level))
+    add("--log-level", default=default("log-level", d.log_level), help="default info")
 
 
 def settings_from_namespace(ns: argparse.Namespace) -> Settings:
