@@ -110,6 +110,15 @@ async def _stream(plan: ChatPlan, model: str, generate: GenerateFn) -> AsyncIter
         cancelled.set()  # the client went away (or we are done): stop decoding at the next token
 
 
+async def _watch_disconnect(request: Request, cancelled: threading.Event) -> None:
+    """A client that gave up (timeout, ctrl-C) frees the model instead of waiting for the answer."""
+    while not cancelled.is_set():
+        if await request.is_disconnected():
+            cancelled.set()
+            return
+        await asyncio.sleep(0.25)
+
+
 def create_app(
     generate: GenerateFn, model: str, schema_to_gbnf: SchemaToGbnf | None = None
 ) -> Starlette:
@@ -135,12 +144,17 @@ def create_app(
             return _error(400, str(exc), param=exc.param)
         if plan.stream:
             return StreamingResponse(_stream(plan, model, generate), media_type="text/event-stream")
+        cancelled = threading.Event()
+        job = asyncio.get_running_loop().run_in_executor(
+            None, lambda: generate(plan.prompt, plan.params, cancelled=cancelled)
+        )
+        watcher = asyncio.ensure_future(_watch_disconnect(request, cancelled))
         try:
-            generation = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: generate(plan.prompt, plan.params)
-            )
+            generation = await job
         except ContextOverflowError as exc:
             return _error(400, str(exc), param="messages", code="context_length_exceeded")
+        finally:
+            watcher.cancel()
         return Response(
             orjson.dumps(completion_body(plan, model, generation)), media_type="application/json"
         )

@@ -21,8 +21,8 @@ requires_model = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def embedded_upstream() -> Iterator[str]:
-    """The base URL (``.../v1``) of the q4_k_m arm, started once per test module."""
+    """The base URL (``.../v1``) of the q4_k_m arm, started once per test session."""
     with start_embedded_upstream("q4_k_m", n_ctx=4096) as upstream:
         yield upstream.base_url
