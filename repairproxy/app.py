@@ -83,7 +83,10 @@ class RepairProxyApp:
         return Proxy(
             settings,
             upstream,
-            ToolsCache(settings.tools_cache_size),
+            ToolsCache(
+                settings.tools_cache_size,
+                forbid_extra_arguments=settings.forbid_extra_arguments,
+            ),
             budget,
             policies,
             configure_logging(settings.log_level, self._log_stream),

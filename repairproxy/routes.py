@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import hmac
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,6 +185,10 @@ async def _cancel_on_disconnect(work: Awaitable[None], receive: Receive) -> None
     if task.cancelled():
         raise ClientDisconnectedError
     task.result()
+
+
+def _invalid_call_ids(verdict: MessageVerdict) -> tuple[str | None, ...]:
+    return tuple(c.call_id for c in verdict.calls if c.channel is not Channel.VALID)
 
 
 def _first_message(completion: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -446,7 +450,7 @@ class _ChatCall:
         verdict: MessageVerdict = self.tools.check_message(message)
         if verdict.ok or self.mode not in _REASKING:
             self.ex.channels = tuple(c.value for c in verdict.error_channels)
-            await self._observe(verdict, delivered=verdict)
+            await self._observe(verdict, _invalid_call_ids(verdict))
             return completion, False
         policy = self.proxy.policies[self.mode]
         try:
@@ -454,29 +458,23 @@ class _ChatCall:
         except RepairExhaustedError as exc:
             self.ex.channels = tuple(str(c) for c in exc.channels)
             self.ex.repairs = exc.attempts
-            await self._observe(verdict, delivered=None)
+            await self._observe(verdict, ())  # the client gets an error, not the calls
             raise
         self.ex.channels = tuple(c.value for c in outcome.caught)
         self.ex.repairs = outcome.attempts
         changed = outcome.attempts > 0 or outcome.response != completion
-        delivered: MessageVerdict | None = verdict
-        if changed:
-            final = _first_message(outcome.response)
-            delivered = self.tools.check_message(final) if final is not None else None
-        await self._observe(outcome.first_verdict, delivered=delivered)
+        await self._observe(outcome.first_verdict, outcome.delivered_invalid_call_ids)
         return outcome.response, changed
 
-    async def _observe(self, first: MessageVerdict, *, delivered: MessageVerdict | None) -> None:
+    async def _observe(
+        self, first: MessageVerdict, delivered_invalid: Iterable[str | None]
+    ) -> None:
         """Charge the first answer's errors; remember invalid calls the client will still see."""
         ex = self.ex
         if ex.episode_id is None:
             return
-        passed_on = () if delivered is None else delivered.calls
         ex.snapshot = await self.proxy.budget.observe_answer(
-            ex.episode_id,
-            first.error_channels,
-            self.budget,
-            delivered_call_ids=[c.call_id for c in passed_on if c.channel is not Channel.VALID],
+            ex.episode_id, first.error_channels, self.budget, delivered_call_ids=delivered_invalid
         )
 
     async def buffered(self, responder: _Responder) -> None:

@@ -54,6 +54,7 @@ class Settings:
     max_episodes: int = 100_000
     episode_idle_ttl: float = 3600.0
     tools_cache_size: int = 256
+    forbid_extra_arguments: bool = False
     log_bodies: bool = False
     log_level: str = "info"
 
@@ -191,6 +192,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
         default=default("tools-cache-size", d.tools_cache_size),
         help="distinct tools lists kept compiled (default 256)",
     )
+    env_extra = _env(environ, "forbid-extra-arguments")
+    add(
+        "--forbid-extra-arguments",
+        action="store_true",
+        default=env_extra is not None and env_extra.lower() in _TRUE,
+        help="undeclared argument names are schema violations even where the schema allows "
+        "them (tau2-bench's Python tools reject unexpected keyword arguments)",
+    )
     env_bodies = _env(environ, "log-bodies")
     add(
         "--log-bodies",
@@ -224,6 +233,7 @@ def settings_from_namespace(ns: argparse.Namespace) -> Settings:
         max_episodes=int(ns.max_episodes),
         episode_idle_ttl=float(ns.episode_idle_ttl),
         tools_cache_size=int(ns.tools_cache_size),
+        forbid_extra_arguments=bool(ns.forbid_extra_arguments),
         log_bodies=bool(ns.log_bodies),
         log_level=str(ns.log_level).lower(),
     )

@@ -72,3 +72,14 @@ def test_tool_error_pattern_and_episode_header(
     response = _post(proxy.base_url, history, **{"X-Session": "s-1"})
     assert response.headers["x-repairproxy-episode-id"] == "s-1"
     assert response.headers["x-repairproxy-episode-errors"] == "1"
+
+
+@pytest.mark.parametrize(("forbid", "expected"), [(False, ""), (True, "schema_violation")])
+def test_forbid_extra_arguments(
+    forbid: bool, expected: str, upstream: ScriptedUpstream, start_proxy: StartProxy
+) -> None:
+    proxy = start_proxy(forbid_extra_arguments=forbid)
+    extra = {"email": "a@b.c", "note": "not a parameter"}  # the schema does not forbid extras
+    upstream.push(completion(tool_calls=[tool_call("find_user_id_by_email", extra)]))
+    response = _post(proxy.base_url, MESSAGES)
+    assert response.headers["x-repairproxy-tool-errors"] == expected
