@@ -295,6 +295,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N prompts only")
     parser.add_argument("--proxy", action="store_true", help="also: repair off vs reflexive")
     parser.add_argument("--skip-arms", action="store_true", help="only the --proxy comparison")
+    parser.add_argument("--modes", nargs="+", default=["off", "reflexive"], help="with --proxy")
     args = parser.parse_args(argv)
     prompts = build_prompts(args.data_dir)[: args.limit]
     print(f"{len(prompts)} prompts; temperature {args.temperature}; max_tokens {args.max_tokens}")
@@ -313,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             proxy(upstream.base_url) as url,
             openai.OpenAI(base_url=url, api_key="x", timeout=600) as client,
         ):
-            for mode in ("off", "reflexive"):
+            for mode in args.modes:
                 print(f"\n-- proxy repair={mode} on {args.arms[0]}")
                 headers = {"X-Repairproxy-Repair": mode}
                 results[f"proxy repair={mode}"] = run_prompts(
@@ -321,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 )
     for label, outcomes in results.items():
         summarize(label, outcomes)
-    for mode in ("off", "reflexive"):
+    for mode in args.modes:
         outcomes = results.get(f"proxy repair={mode}")
         if outcomes:
             reached = sum(c not in ("valid",) for o in outcomes for c in o.channels)
