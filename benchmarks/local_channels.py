@@ -295,6 +295,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N prompts only")
     parser.add_argument("--proxy", action="store_true", help="also: repair off vs reflexive")
     parser.add_argument("--skip-arms", action="store_true", help="only the --proxy comparison")
+    parser.add_argument("--threads", type=int, default=None, help="model threads (default: cores)")
     parser.add_argument("--modes", nargs="+", default=["off", "reflexive"], help="with --proxy")
     args = parser.parse_args(argv)
     prompts = build_prompts(args.data_dir)[: args.limit]
@@ -304,13 +305,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     for arm in [] if args.skip_arms else args.arms:
         print(f"\n-- arm {arm}")
         with (
-            start_embedded_upstream(arm, n_ctx=8192) as upstream,
+            start_embedded_upstream(arm, n_ctx=8192, n_threads=args.threads) as upstream,
             openai.OpenAI(base_url=upstream.base_url, api_key="x", timeout=600) as client,
         ):
             results[arm] = run_prompts(client, prompts, **settings)
     if args.proxy:
         with (
-            start_embedded_upstream(args.arms[0], n_ctx=8192) as upstream,
+            start_embedded_upstream(args.arms[0], n_ctx=8192, n_threads=args.threads) as upstream,
             proxy(upstream.base_url) as url,
             openai.OpenAI(base_url=url, api_key="x", timeout=600) as client,
         ):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -55,12 +57,25 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Stop serving when the process that started us is gone (it may die without closing us)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from repairproxy.local.engine import Engine, EngineConfig
     from repairproxy.local.server import create_app
 
+    if args.parent_pid is not None:
+        _exit_with_parent(args.parent_pid)
     arm = arm_named(args.arm)
     path = arm_path(arm, resolve_cache_dir(args.cache_dir))
     started = time.perf_counter()
@@ -103,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--fd", type=int, default=None, help="serve on an inherited listening socket"
     )
     serve.add_argument("--n-ctx", type=int, default=16384)
+    serve.add_argument("--parent-pid", type=int, default=None, help="exit when this process ends")
     serve.add_argument("--threads", type=int, default=None)
     serve.set_defaults(run=_serve)
     # "--cache-dir" is accepted after the subcommand too (that is how the launcher passes it).

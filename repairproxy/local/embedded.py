@@ -8,6 +8,7 @@ guess-and-retry and the URL is known before the child starts.
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 import subprocess
 import sys
@@ -86,6 +87,7 @@ def start_embedded_upstream(
     *,
     cache_dir: str | Path | None = None,
     n_ctx: int = 16384,
+    n_threads: int | None = None,
     ready_timeout: float = 120.0,
 ) -> EmbeddedUpstream:
     """Start ``python -m repairproxy.local serve`` for ``arm`` and wait until it answers.
@@ -109,6 +111,10 @@ def start_embedded_upstream(
     netloc = f"[{host}]:{bound_port}" if ":" in host else f"{host}:{bound_port}"
     command = [sys.executable, "-m", "repairproxy.local", "serve", "--arm", spec.name]
     command += ["--fd", str(listener.fileno()), "--cache-dir", str(cache), "--n-ctx", str(n_ctx)]
+    command += ["--parent-pid", str(os.getpid())]
+    if n_threads is not None:
+        # One thread per free core: oversubscribed ggml threads spin at barriers and crawl.
+        command += ["--threads", str(n_threads)]
     try:
         with tempfile.NamedTemporaryFile(
             prefix="repairproxy-local-", suffix=".log", delete=False
