@@ -76,7 +76,9 @@ def _free_port() -> int:
         return port
 
 
-def _run_arm(client: httpx.Client, model: str, arm: str, prompts: list[str]) -> dict[str, Any]:
+def _run_arm(
+    client: httpx.Client, model: str, arm: str, prompts: list[str], verbose: bool
+) -> dict[str, Any]:
     validator = ToolsCache().compile({"tools": TOOLS})
     assert validator is not None
     delivered: Counter[str] = Counter()
@@ -107,9 +109,19 @@ def _run_arm(client: httpx.Client, model: str, arm: str, prompts: list[str]) -> 
             None, response.headers.get("x-repairproxy-tool-errors", "").split(",")
         ):
             caught[channel] += 1
-        verdict = validator.check_message(response.json()["choices"][0]["message"])
+        message = response.json()["choices"][0]["message"]
+        verdict = validator.check_message(message)
         for channel in verdict.error_channels:
             delivered[str(channel)] += 1
+        if verbose:
+            calls = [c["function"]["name"] for c in message.get("tool_calls") or ()]
+            print(
+                f"  [{arm}] {time.perf_counter() - started:5.1f}s "
+                f"caught={response.headers.get('x-repairproxy-tool-errors')!r} "
+                f"delivered={[str(c) for c in verdict.error_channels]} calls={calls} "
+                f"text={(message.get('content') or '')[:80]!r}",
+                flush=True,
+            )
     return {"delivered": delivered, "caught": caught, "repairs": repairs, "seconds": seconds}
 
 
@@ -121,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="local")
     parser.add_argument("--arms", nargs="+", default=["off", "reflexive", "constrained"])
     parser.add_argument("--prompts", type=int, default=len(PROMPTS))
+    parser.add_argument("--verbose", action="store_true", help="one line per answer")
     args = parser.parse_args(argv)
 
     embedded = None
@@ -155,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             header = ("arm", "invalid delivered", "caught", "repairs", "s/answer")
             print("{:<12} {:>17} {:>7} {:>8} {:>9}".format(*header))
             for arm in args.arms:
-                result = _run_arm(client, args.model, arm, prompts)
+                result = _run_arm(client, args.model, arm, prompts, args.verbose)
                 delivered = sum(result["delivered"].values())
                 print(
                     f"{arm:<12} {delivered:>17} {sum(result['caught'].values()):>7} "
