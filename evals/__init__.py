@@ -1,1 +1,1 @@
-"""The repairproxy study: τ²-bench Retail and Telecom, run by LLM agents through the proxy over HTTP."""
+"""The repairproxy study: τ²-bench Retail and Telecom, run by LLM agents through the proxy."""

@@ -3,16 +3,16 @@
     RepairProxyError                  base; carries status, type, code, param
     ├── BadRequestError               400 invalid_request_error
     │   ├── InvalidJSONBodyError      400 the request body is not JSON
-    │   └── InvalidToolsError         400 a declared tool is not a valid JSON Schema (names the tool)
+    │   └── InvalidToolsError         400 a tool is not a valid JSON Schema (names it)
     ├── AuthenticationError           401 missing or wrong client API key
     ├── PayloadTooLargeError          413 body over the configured limit
-    ├── BudgetExhaustedError          429 the episode spent its error budget (--on-budget-exhausted reject)
+    ├── BudgetExhaustedError          429 episode spent its budget (--on-budget-exhausted reject)
     ├── RepairExhaustedError          502 no valid answer after --max-repairs (--on-exhausted error)
     └── UpstreamError                 the upstream failed us
         ├── UpstreamUnavailableError  502 connection refused / reset
         └── UpstreamTimeoutError      504 no answer within --upstream-timeout
 
-Upstream 4xx/5xx *responses* are not exceptions: they are passed through to the client as they are.
+Upstream 4xx/5xx *responses* are not exceptions: they pass through to the client as they are.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ class InvalidJSONBodyError(BadRequestError):
 class InvalidToolsError(BadRequestError):
     code = "invalid_tools"
 
-    def __init__(self, message: str, *, tool_name: str | None = None, param: str | None = "tools") -> None:
+    def __init__(
+        self, message: str, *, tool_name: str | None = None, param: str | None = "tools"
+    ) -> None:
         super().__init__(message, param=param)
         self.tool_name = tool_name
 

@@ -28,19 +28,19 @@ class DomainEnvironment(Protocol):
     """One episode's mutable world (agent DB, and for Telecom the user's device)."""
 
     def agent_tools(self) -> list[dict[str, Any]]:
-        """The agent's tools in OpenAI ``tools`` format (``{"type": "function", "function": ...}``)."""
+        """The agent's tools in OpenAI ``tools`` format (``{"type": "function", ...}``)."""
         ...
 
     def user_tools(self) -> list[dict[str, Any]]:
-        """The simulated user's tools in OpenAI format; empty for single-control domains."""
+        """The simulated user's tools in OpenAI format; empty in single-control domains."""
         ...
 
     def call_tool(self, requestor: Requestor, name: str, arguments: dict[str, Any]) -> ToolResult:
-        """Run one call on behalf of ``requestor``; never raises for a bad call (returns an error result)."""
+        """Run one call for ``requestor``; a bad call returns an error result, never raises."""
         ...
 
     def apply_initial_state(self, initial_state: dict[str, Any] | None) -> None:
-        """Apply a task's ``initial_state`` (``initialization_data``, ``initialization_actions``)."""
+        """Apply a task's ``initial_state`` (initialization data and actions)."""
         ...
 
     def run_env_assertion(self, assertion: dict[str, Any]) -> bool:
@@ -53,7 +53,7 @@ class DomainEnvironment(Protocol):
 
 
 class Domain(Protocol):
-    """A loaded domain: its policy, its tasks (raw τ²-bench task dicts) and an environment factory."""
+    """A loaded domain: its policy, its tasks (raw τ²-bench dicts) and an environment factory."""
 
     name: str
     policy: str
