@@ -61,11 +61,11 @@ def retail_turn(data_dir: Path, email: str) -> tuple[list[dict[str, str]], list[
     )
 
 
-def bench_engine(arm: str, data_dir: Path) -> None:
+def bench_engine(arm: str, data_dir: Path, threads: int) -> None:
     path = arm_path(arm_named(arm), resolve_cache_dir())
     before = rss_mb()
     start = time.perf_counter()
-    engine = Engine(EngineConfig(path, n_ctx=8192))
+    engine = Engine(EngineConfig(path, n_ctx=8192, n_threads=threads))
     load = time.perf_counter() - start
     size = path.stat().st_size / 1e6
     print(f"  file {size:.0f} MB; load {load:.2f} s; RSS +{rss_mb() - before:.0f} MB")
@@ -88,9 +88,9 @@ def bench_engine(arm: str, data_dir: Path) -> None:
     engine.llm.close()
 
 
-def bench_server(arm: str, data_dir: Path) -> None:
+def bench_server(arm: str, data_dir: Path, threads: int) -> None:
     start = time.perf_counter()
-    with start_embedded_upstream(arm, n_ctx=8192) as upstream:
+    with start_embedded_upstream(arm, n_ctx=8192, n_threads=threads) as upstream:
         print(
             f"  embedded server start (spawn + load + ready): {time.perf_counter() - start:.1f} s"
         )
@@ -128,14 +128,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--arms", nargs="+", default=["q4_k_m", "q3_k_m-requant"])
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--fetch", action="store_true", help="also time a fresh fetch")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
-    print(f"cores: {os.cpu_count()}")
+    print(f"cores: {os.cpu_count()}; model threads: {args.threads}")
     if args.fetch:
         time_fetch()
     for arm in args.arms:
         print(f"\n-- arm {arm}: {arm_named(arm).description}")
-        bench_engine(arm, args.data_dir)
-        bench_server(arm, args.data_dir)
+        bench_engine(arm, args.data_dir, args.threads)
+        bench_server(arm, args.data_dir, args.threads)
 
 
 if __name__ == "__main__":
