@@ -14,9 +14,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy comes with llama-cpp-python; the proxy alone does not need it
+    import numpy as np
+
 
 __all__ = [
     "ContextOverflowError",
@@ -138,6 +140,8 @@ class Engine:
         return piece
 
     def _last_logprobs(self) -> np.ndarray[Any, np.dtype[np.float32]]:
+        import numpy as np
+
         ptr = self._llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
         logits = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).astype(np.float32)
         shifted = logits - logits.max()
@@ -145,6 +149,8 @@ class Engine:
         return result
 
     def _logprob_of(self, token: int, top_n: int) -> TokenLogprob:
+        import numpy as np
+
         logprobs = self._last_logprobs()
         piece = self._piece(token)
         top: list[tuple[str, float, list[int]]] = []
