@@ -187,17 +187,22 @@ CHANNELS = (
 class Outcome:
     prompt: Prompt
     channels: list[str]  # one per call, or one silent-failure channel, or [] for plain text
-    first_call: str | None
+    first_call: str | None  # name of the first parsed tool call
+    intended: str | None  # name of the first call in any form (parsed, or written in the text)
     seconds: float
     completion_tokens: int
     header_channels: str | None = None
     repairs: str | None = None
 
 
-def classify(prompt: Prompt, message: dict[str, Any], cache: ToolsCache) -> list[str]:
+def classify(
+    prompt: Prompt, message: dict[str, Any], cache: ToolsCache
+) -> tuple[list[str], str | None]:
+    """(channel of every call, or of the silent failure; the first call's name in any form)."""
     compiled = cache.compile({"tools": prompt.tools})
     assert compiled is not None
-    return [str(v.channel) for v in compiled.check_message(message).calls]
+    verdicts = compiled.check_message(message).calls
+    return [str(v.channel) for v in verdicts], (verdicts[0].name if verdicts else None)
 
 
 def run_prompts(
@@ -224,11 +229,13 @@ def run_prompts(
         reply = raw.parse()
         message = reply.choices[0].message.model_dump(exclude_none=True)
         calls = message.get("tool_calls") or []
+        channels, intended = classify(prompt, message, cache)
         outcomes.append(
             Outcome(
                 prompt,
-                classify(prompt, message, cache),
+                channels,
                 calls[0]["function"]["name"] if calls else None,
+                intended,
                 time.perf_counter() - start,
                 reply.usage.completion_tokens if reply.usage else 0,
                 raw.headers.get("x-repairproxy-tool-errors"),
@@ -237,7 +244,7 @@ def run_prompts(
         )
         print(
             f"  {prompt.id:28} {','.join(outcomes[-1].channels) or 'text':24} "
-            f"{outcomes[-1].first_call or '-':28} {outcomes[-1].seconds:5.1f}s",
+            f"{outcomes[-1].intended or '-':28} {outcomes[-1].seconds:5.1f}s",
             flush=True,
         )
     return outcomes
@@ -251,6 +258,7 @@ def summarize(label: str, outcomes: Sequence[Outcome]) -> None:
     )
     with_expected = [o for o in outcomes if o.prompt.expected_tool]
     right = sum(o.first_call == o.prompt.expected_tool for o in with_expected)
+    intended = sum(o.intended == o.prompt.expected_tool for o in with_expected)
     n = len(outcomes)
     print(f"\n== {label}: {n} prompts, {sum(calls.values())} classified calls/answers")
     for channel in CHANNELS:
@@ -259,7 +267,10 @@ def summarize(label: str, outcomes: Sequence[Outcome]) -> None:
         f"  answers: {answers['valid']} all-valid calls, {answers['invalid']} with an invalid "
         f"call, {answers['text']} plain text"
     )
-    print(f"  right first tool: {right}/{len(with_expected)}")
+    print(
+        f"  right first tool: {right}/{len(with_expected)} as a parsed call, {intended}/"
+        f"{len(with_expected)} in any form (including calls written in the text)"
+    )
     seconds = [o.seconds for o in outcomes]
     print(f"  latency per prompt: mean {sum(seconds) / n:.1f}s, max {max(seconds):.1f}s")
 
