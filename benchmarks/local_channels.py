@@ -244,7 +244,12 @@ def run_prompts(
         )
         print(
             f"  {prompt.id:28} {','.join(outcomes[-1].channels) or 'text':24} "
-            f"{outcomes[-1].intended or '-':28} {outcomes[-1].seconds:5.1f}s",
+            f"{outcomes[-1].intended or '-':28} {outcomes[-1].seconds:5.1f}s"
+            + (
+                f"  caught={outcomes[-1].header_channels!r} repairs={outcomes[-1].repairs}"
+                if headers
+                else ""
+            ),
             flush=True,
         )
     return outcomes
@@ -284,7 +289,7 @@ def proxy(upstream: str) -> Iterator[str]:
     command += ["--port", str(port), "--log-level", "warning"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
