@@ -55,6 +55,7 @@ class ModelConfig:
     seed: int | None = None
     timeout_s: float = 600.0
     max_retries: int = 2
+    max_tokens: int | None = None  # a bound on each answer; None leaves it to the server
 
     def sampling(self, seed: int | None) -> dict[str, Any]:
         """Sampling arguments for one request; the episode's seed wins over the configured one."""
@@ -62,6 +63,8 @@ class ModelConfig:
         chosen = seed if seed is not None else self.seed
         if chosen is not None:
             args["seed"] = chosen
+        if self.max_tokens is not None:
+            args["max_tokens"] = self.max_tokens
         return args
 
 

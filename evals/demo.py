@@ -100,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--arm", default="q4_k_m", help="embedded model arm")
     parser.add_argument("--repair", default="reflexive", help="proxy --repair mode")
     parser.add_argument("--max-steps", type=int, default=30)
+    parser.add_argument("--max-tokens", type=int, default=384, help="bound on each model answer")
     parser.add_argument("--save-to", type=Path, default=None)
     parser.add_argument("--tau2-data", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -131,8 +132,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 domain=args.domain,
                 data_dir=data_dir,
                 save_to=save_to,
-                agent_model=ModelConfig(model=model, base_url=f"http://127.0.0.1:{port}/v1"),
-                user_model=ModelConfig(model=model, base_url=user_model.base_url),
+                agent_model=ModelConfig(
+                    model=model,
+                    base_url=f"http://127.0.0.1:{port}/v1",
+                    max_tokens=args.max_tokens,
+                ),
+                user_model=ModelConfig(
+                    model=model, base_url=user_model.base_url, max_tokens=args.max_tokens
+                ),
                 num_trials=1,
                 max_steps=args.max_steps,
                 task_ids=(args.task_id,),
