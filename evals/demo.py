@@ -101,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repair", default="reflexive", help="proxy --repair mode")
     parser.add_argument("--max-steps", type=int, default=30)
     parser.add_argument("--max-tokens", type=int, default=384, help="bound on each model answer")
+    parser.add_argument("--user-temperature", type=float, default=0.0)
     parser.add_argument("--save-to", type=Path, default=None)
     parser.add_argument("--tau2-data", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -138,7 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     max_tokens=args.max_tokens,
                 ),
                 user_model=ModelConfig(
-                    model=model, base_url=user_model.base_url, max_tokens=args.max_tokens
+                    model=model,
+                    base_url=user_model.base_url,
+                    max_tokens=args.max_tokens,
+                    temperature=args.user_temperature,
                 ),
                 num_trials=1,
                 max_steps=args.max_steps,
