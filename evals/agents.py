@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from evals.chat import parse_completion, to_openai_messages
+from evals.chat import complete_turn, to_openai_messages
 from evals.logs import AssistantMessage, Message, ToolCall
 from evals.participants import STOP, AgentError, EpisodeContext
 
@@ -80,17 +80,17 @@ class LLMAgent:
 
     async def generate(self, incoming: Sequence[Message]) -> AssistantMessage:
         self._history.extend(incoming)
-        request: dict[str, Any] = {
-            "model": self._model.model,
-            "messages": to_openai_messages(self._system_prompt, self._history, speaker="assistant"),
-            "extra_headers": {EPISODE_HEADER: self._context.episode_id},
-            **self._model.sampling(self._context.seed),
-        }
-        if self._context.agent_tools:
-            request["tools"] = self._context.agent_tools
         try:
-            completion = await self._client.chat.completions.create(**request)
-            content, calls, usage = parse_completion(completion)
+            content, calls, usage = await complete_turn(
+                self._client,
+                model=self._model.model,
+                messages=to_openai_messages(
+                    self._system_prompt, self._history, speaker="assistant"
+                ),
+                headers={EPISODE_HEADER: self._context.episode_id},
+                tools=self._context.agent_tools,
+                sampling=self._model.sampling(self._context.seed),
+            )
         except Exception as exc:  # any failure to get a turn ends the episode as agent_error
             raise AgentError(f"{type(exc).__name__}: {exc}") from exc
         message = AssistantMessage(content=content, tool_calls=calls, usage=usage or None)

@@ -13,7 +13,7 @@ from typing import Any
 
 from evals.logs import AssistantMessage, Message, ToolCall, ToolMessage, UserMessage
 
-__all__ = ["parse_completion", "to_openai_messages"]
+__all__ = ["complete_turn", "parse_completion", "to_openai_messages"]
 
 
 def _tool_call_payload(call: ToolCall) -> dict[str, Any]:
@@ -69,3 +69,25 @@ def parse_completion(completion: Any) -> tuple[str | None, list[ToolCall] | None
     calls = [_parse_call(c) for c in message.tool_calls or []] or None
     usage = completion.usage.model_dump() if getattr(completion, "usage", None) else {}
     return message.content, calls, usage
+
+
+async def complete_turn(
+    client: Any,
+    *,
+    model: str,
+    messages: list[dict[str, Any]],
+    headers: dict[str, str],
+    tools: Sequence[dict[str, Any]] | None,
+    sampling: dict[str, Any],
+) -> tuple[str | None, list[ToolCall] | None, dict[str, Any]]:
+    """One chat completion for a participant (agent or user): ask, then parse the answer."""
+    request: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "extra_headers": headers,
+        **sampling,
+    }
+    if tools:
+        request["tools"] = list(tools)
+    completion = await client.chat.completions.create(**request)
+    return parse_completion(completion)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from evals.agents import EPISODE_HEADER, ModelConfig, action_blocks
-from evals.chat import parse_completion, to_openai_messages
+from evals.chat import complete_turn, to_openai_messages
 from evals.logs import Message, ToolCall, ToolMessage, UserMessage
 from evals.participants import STOP, EpisodeContext, UserError
 
@@ -83,17 +83,15 @@ class LLMUserSimulator:
 
     async def generate(self, incoming: Sequence[Message]) -> UserMessage:
         self._history.extend(incoming)
-        request: dict[str, Any] = {
-            "model": self._model.model,
-            "messages": to_openai_messages(self._system_prompt, self._history, speaker="user"),
-            "extra_headers": {EPISODE_HEADER: f"{self._context.episode_id}:user"},
-            **self._model.sampling(self._context.seed),
-        }
-        if self._context.user_tools:
-            request["tools"] = self._context.user_tools
         try:
-            completion = await self._client.chat.completions.create(**request)
-            content, calls, usage = parse_completion(completion)
+            content, calls, usage = await complete_turn(
+                self._client,
+                model=self._model.model,
+                messages=to_openai_messages(self._system_prompt, self._history, speaker="user"),
+                headers={EPISODE_HEADER: f"{self._context.episode_id}:user"},
+                tools=self._context.user_tools,
+                sampling=self._model.sampling(self._context.seed),
+            )
         except Exception as exc:  # any failure to get a turn ends the episode as user_error
             raise UserError(f"{type(exc).__name__}: {exc}") from exc
         message = UserMessage(content=content, tool_calls=calls, usage=usage or None)
