@@ -1,0 +1,128 @@
+"""What one request did, as one typed record, and the observer that receives it.
+
+The chat pipeline (and, later, the Responses adapter) fills one ``RequestRecord`` per request and
+hands it to a ``PipelineObserver`` when the answer has left. Metrics implement the observer; the
+default one does nothing. One call per request, after the client has its answer: observers never
+sit on the latency path of the answer itself.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol
+
+__all__ = [
+    "API",
+    "CaughtCall",
+    "EpisodeRecord",
+    "NullObserver",
+    "Outcome",
+    "PipelineObserver",
+    "RepairResult",
+    "RepairResultKind",
+    "RequestRecord",
+]
+
+
+class API(enum.StrEnum):
+    """Which OpenAI surface a request came through (a metrics label)."""
+
+    CHAT = "chat"
+    RESPONSES = "responses"
+
+
+class Outcome(enum.StrEnum):
+    """How a request ended, from the operator's point of view."""
+
+    OK = "ok"  # answered; nothing needed repair (invalid calls may still have passed, repair off)
+    REPAIRED = "repaired"  # at least one invalid call was fixed (promoted or re-asked)
+    REPAIR_EXHAUSTED = "repair_exhausted"  # repair ran out (or failed upstream) with errors left
+    BUDGET_REJECTED = "budget_rejected"  # refused: the episode's error budget was spent
+    UPSTREAM_ERROR = "upstream_error"  # the upstream failed, answered non-2xx, or garbage
+    CLIENT_ERROR = "client_error"  # the request itself was bad (4xx made by the proxy)
+
+
+class RepairResultKind(enum.StrEnum):
+    FIXED = "fixed"
+    FAILED = "failed"
+    UPSTREAM_ERROR = "upstream_error"
+
+
+@dataclass(frozen=True, slots=True)
+class CaughtCall:
+    """One invalid call in the model's first answer.
+
+    ``channel`` is a ``validation.Channel`` value; ``form`` says whether the call came as a
+    structured ``tool_calls`` entry or was written as text; ``tool`` is the name the model used
+    when it was not a declared tool (an invented name, for the hallucination inventory).
+    """
+
+    channel: str
+    form: str = "structured"  # "structured" | "text"
+    tool: str | None = None
+    detail: str | None = None  # what was wrong inside a text call: "unknown_tool", "schema", ...
+
+
+@dataclass(frozen=True, slots=True)
+class RepairResult:
+    channel: str
+    result: RepairResultKind
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeRecord:
+    """The episode's budget around this request (charged errors, as τ²-bench would count them).
+
+    ``errors_before`` / ``errors_after`` bracket this request's charges, so an observer can tell
+    which budget-ladder rungs were crossed exactly once even when several processes share a store.
+    """
+
+    new: bool
+    explicit: bool  # the client sent an episode header (else the proxy chained the conversation)
+    errors_before: int
+    errors_after: int
+    budget: int
+    exhausted: bool
+
+    @property
+    def remaining(self) -> int:
+        return max(self.budget - self.errors_after, 0)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Everything metrics need to know about one request; filled as the request goes."""
+
+    api: API = API.CHAT
+    model: str | None = None
+    stream: bool = False
+    outcome: Outcome = Outcome.OK
+    status: int = 0
+    tool_calls: int = 0  # calls seen in the first answer, text calls included
+    caught: list[CaughtCall] = field(default_factory=list)
+    env_errors: list[str] = field(default_factory=list)  # env_* labels newly counted
+    repairs: list[RepairResult] = field(default_factory=list)
+    promoted: int = 0
+    repair_attempts: int = 0
+    repair_prompt_tokens: int = 0
+    repair_completion_tokens: int = 0
+    repair_seconds: float = 0.0
+    upstream_seconds: float = 0.0
+    overhead_seconds: float = 0.0
+    first_byte_seconds: float | None = None
+    tool_name_margins: list[float] = field(default_factory=list)
+    episode: EpisodeRecord | None = None
+
+
+class PipelineObserver(Protocol):
+    """Receives one record per finished request. Must not raise and must not block."""
+
+    def request_finished(self, record: RequestRecord) -> None: ...
+
+
+class NullObserver:
+    """The observer when metrics are off."""
+
+    def request_finished(self, record: RequestRecord) -> None:
+        return None
