@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -61,6 +62,8 @@ _BUDGET_HEADER = "x-repairproxy-budget"
 _REASKING = (RepairMode.REFLEXIVE, RepairMode.CONSTRAINED)
 # Enum construction by value is slow on the hot path; a dict lookup is not.
 _MODES = {mode.value: mode for mode in RepairMode}
+# Bytes that may never reach a request line: controls, space, DEL and anything non-ASCII.
+_NOT_URL_SAFE = re.compile(rb"[\x00-\x20\x7f-\xff]")
 
 
 class ClientDisconnectedError(Exception):
@@ -141,6 +144,19 @@ class _Responder:
         headers.append((b"content-length", str(len(content)).encode()))
         await self.start(status, headers)
         await self.body(content, more=False)
+
+
+def _raw_target(scope: Scope) -> str:
+    """The path exactly as the client sent it (still percent-encoded), safe for a request line.
+
+    Never the decoded ``path``: a decoded ``%0d%0a`` would end the request line and smuggle a
+    second request (with the upstream key) onto a pooled connection.
+    """
+    raw = scope.get("raw_path") or scope["path"].encode("utf-8")
+    for part in (raw, scope.get("query_string") or b""):
+        if _NOT_URL_SAFE.search(part):
+            raise BadRequestError("the request path or query holds characters not allowed in a URL")
+    return str(raw.decode("ascii"))
 
 
 def _header_map(scope: Scope) -> dict[str, str]:
@@ -265,6 +281,8 @@ class Proxy:
     ) -> None:
         headers = _header_map(scope)
         self._authenticate(headers)  # before reading: an unknown client gets no buffer
+        if scope["query_string"]:
+            _raw_target(scope)  # the query goes upstream as sent: refuse what a URL cannot hold
         raw = await _read_body(receive, headers, self.settings.max_body_bytes)
         ex.request_body = raw if self.settings.log_bodies else None
         try:
@@ -308,12 +326,13 @@ class Proxy:
     ) -> None:
         headers = _header_map(scope)
         self._authenticate(headers)  # before reading: an unknown client gets no buffer
+        target = _raw_target(scope)
         raw = await _read_body(receive, headers, self.settings.max_body_bytes)
         out_headers = self.upstream.outbound_headers(scope["headers"], keep_encoding=True)
 
         async def relay() -> None:
             async with self.upstream.stream(
-                ex.method, ex.path, out_headers, raw, ex.timer, scope["query_string"]
+                ex.method, target, out_headers, raw, ex.timer, scope["query_string"]
             ) as response:
                 sent = response_headers(response.headers)
                 sent.extend(ex.proxy_headers(verdict=False))
