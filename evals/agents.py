@@ -9,8 +9,8 @@ does). Every request carries ``X-Episode-ID`` so the proxy can keep one error bu
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from evals.chat import complete_turn, to_openai_messages
@@ -56,6 +56,12 @@ class ModelConfig:
     timeout_s: float = 600.0
     max_retries: int = 2
     max_tokens: int | None = None  # a bound on each answer; None leaves it to the server
+    # Sent with every request of this model, e.g. ``X-Repairproxy-Repair: reflexive``.
+    extra_headers: Mapping[str, str] = field(default_factory=dict)
+
+    def headers(self, episode_header: str) -> dict[str, str]:
+        """Request headers: the configured extras, then the episode's id (which wins)."""
+        return {**self.extra_headers, EPISODE_HEADER: episode_header}
 
     def sampling(self, seed: int | None) -> dict[str, Any]:
         """Sampling arguments for one request; the episode's seed wins over the configured one."""
@@ -81,19 +87,21 @@ class LLMAgent:
     async def generate(self, incoming: Sequence[Message]) -> AssistantMessage:
         self._history.extend(incoming)
         try:
-            content, calls, usage = await complete_turn(
+            content, calls, usage, proxy = await complete_turn(
                 self._client,
                 model=self._model.model,
                 messages=to_openai_messages(
                     self._system_prompt, self._history, speaker="assistant"
                 ),
-                headers={EPISODE_HEADER: self._context.episode_id},
+                headers=self._model.headers(self._context.episode_id),
                 tools=self._context.agent_tools,
                 sampling=self._model.sampling(self._context.seed),
             )
         except Exception as exc:  # any failure to get a turn ends the episode as agent_error
             raise AgentError(f"{type(exc).__name__}: {exc}") from exc
-        message = AssistantMessage(content=content, tool_calls=calls, usage=usage or None)
+        message = AssistantMessage(
+            content=content, tool_calls=calls, usage=usage or None, repairproxy=proxy or None
+        )
         self._history.append(message)
         return message
 

@@ -8,12 +8,24 @@ nothing else. Tool-call arguments that do not parse as a JSON object are kept ve
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from evals.logs import AssistantMessage, Message, ToolCall, ToolMessage, UserMessage
 
-__all__ = ["complete_turn", "parse_completion", "to_openai_messages"]
+__all__ = [
+    "PROXY_HEADER_PREFIX",
+    "complete_turn",
+    "parse_completion",
+    "proxy_report",
+    "to_openai_messages",
+]
+
+PROXY_HEADER_PREFIX = "x-repairproxy-"
+_LIST_FIELDS = frozenset({"tool_errors", "unknown_tools"})
+_INT = re.compile(r"-?\d+")
+_FLOAT = re.compile(r"-?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?")
 
 
 def _tool_call_payload(call: ToolCall) -> dict[str, Any]:
@@ -71,6 +83,32 @@ def parse_completion(completion: Any) -> tuple[str | None, list[ToolCall] | None
     return message.content, calls, usage
 
 
+def _header_value(key: str, value: str) -> Any:
+    if key in _LIST_FIELDS:
+        return [item.strip() for item in value.split(",") if item.strip()]
+    text = value.strip()
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    return value
+
+
+def proxy_report(headers: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """The proxy's ``x-repairproxy-*`` response headers as the ``repairproxy`` message field.
+
+    Key: the header name without the prefix, ``-`` as ``_``. Numbers are parsed; ``tool_errors``
+    and ``unknown_tools`` are lists of strings (empty when the header is); the rest stay strings.
+    """
+    report: dict[str, Any] = {}
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered.startswith(PROXY_HEADER_PREFIX):
+            key = lowered[len(PROXY_HEADER_PREFIX) :].replace("-", "_")
+            report[key] = _header_value(key, value)
+    return report
+
+
 async def complete_turn(
     client: Any,
     *,
@@ -79,8 +117,12 @@ async def complete_turn(
     headers: dict[str, str],
     tools: Sequence[dict[str, Any]] | None,
     sampling: dict[str, Any],
-) -> tuple[str | None, list[ToolCall] | None, dict[str, Any]]:
-    """One chat completion for a participant (agent or user): ask, then parse the answer."""
+) -> tuple[str | None, list[ToolCall] | None, dict[str, Any], dict[str, Any]]:
+    """One chat completion for a participant (agent or user): ask, then parse the answer.
+
+    The request is what τ²-bench's ``generate`` sends (``tool_choice: "auto"`` whenever tools are
+    declared). Returns content, tool calls, usage and the proxy's report (empty without a proxy).
+    """
     request: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -89,5 +131,7 @@ async def complete_turn(
     }
     if tools:
         request["tools"] = list(tools)
-    completion = await client.chat.completions.create(**request)
-    return parse_completion(completion)
+        request["tool_choice"] = "auto"
+    raw = await client.chat.completions.with_raw_response.create(**request)
+    content, calls, usage = parse_completion(raw.parse())
+    return content, calls, usage, proxy_report(raw.headers.items())

@@ -86,6 +86,8 @@ class _ParticipantMessage(BaseModel):
     raw_data: dict[str, Any] | None = None
     # Ours: the turn carried neither text nor a tool call.
     empty_turn: bool = False
+    # Ours: the proxy's ``x-repairproxy-*`` response headers for this turn (see evals.chat).
+    repairproxy: dict[str, Any] | None = None
 
     def is_tool_call(self) -> bool:
         return bool(self.tool_calls)

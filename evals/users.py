@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from evals.agents import EPISODE_HEADER, ModelConfig, action_blocks
+from evals.agents import ModelConfig, action_blocks
 from evals.chat import complete_turn, to_openai_messages
 from evals.logs import Message, ToolCall, ToolMessage, UserMessage
 from evals.participants import STOP, EpisodeContext, UserError
@@ -84,11 +84,11 @@ class LLMUserSimulator:
     async def generate(self, incoming: Sequence[Message]) -> UserMessage:
         self._history.extend(incoming)
         try:
-            content, calls, usage = await complete_turn(
+            content, calls, usage, _ = await complete_turn(
                 self._client,
                 model=self._model.model,
                 messages=to_openai_messages(self._system_prompt, self._history, speaker="user"),
-                headers={EPISODE_HEADER: f"{self._context.episode_id}:user"},
+                headers=self._model.headers(f"{self._context.episode_id}:user"),
                 tools=self._context.user_tools,
                 sampling=self._model.sampling(self._context.seed),
             )

@@ -36,7 +36,12 @@ async def client(upstream: ScriptedUpstream) -> AsyncIterator[openai.AsyncOpenAI
 async def test_llm_agent_and_user_over_http(
     upstream: ScriptedUpstream, client: openai.AsyncOpenAI
 ) -> None:
-    agent_model = ModelConfig(model="agent-m", base_url=upstream.base_url, temperature=0.3)
+    agent_model = ModelConfig(
+        model="agent-m",
+        base_url=upstream.base_url,
+        temperature=0.3,
+        extra_headers={"X-Repairproxy-Repair": "constrained"},
+    )
     user_model = ModelConfig(model="user-m", base_url=upstream.base_url, temperature=0.7)
     # Half duplex: the order of requests is fixed, so one server can play both sides.
     upstream.push(
@@ -72,9 +77,11 @@ async def test_llm_agent_and_user_over_http(
     assert len(agent_requests) == 3 and len(user_requests) == 3
     for request, body in agent_requests:
         assert request.headers[EPISODE_HEADER.lower()] == run.id
+        assert request.headers["x-repairproxy-repair"] == "constrained"
         assert body["temperature"] == 0.3 and body["seed"] == 42
         assert POLICY in body["messages"][0]["content"]
         assert [t["function"]["name"] for t in body["tools"]] == ["add", "fail"]
+        assert body["tool_choice"] == "auto"  # as τ²-bench's generate() whenever tools are sent
     first_agent = agent_requests[0][1]["messages"]
     assert first_agent[1] == {"role": "assistant", "content": GREETING}
     assert first_agent[2] == {"role": "user", "content": "I need 2 added."}
@@ -89,6 +96,7 @@ async def test_llm_agent_and_user_over_http(
     assert "Ask for 2 then 1." in first_user[0]["content"]
     assert first_user[1] == {"role": "user", "content": GREETING}  # roles flipped
     assert [t["function"]["name"] for t in user_requests[0]["tools"]] == ["press"]
+    assert user_requests[0]["tool_choice"] == "auto"
     last_user = user_requests[2]["messages"]
     assert last_user[-1] == {"role": "tool", "tool_call_id": "u1", "content": "pressed"}
     assert all(m.get("tool_calls") is None for m in last_user if m["role"] == "user")
@@ -193,3 +201,27 @@ def test_render_scenario_structured(tau2_data_dir: Path) -> None:
     text = render_scenario(tasks[0]["user_scenario"])
     assert text.startswith("Instructions:\n  Domain: telecom\n  Reason for call:\n")
     assert tasks[0]["user_scenario"]["instructions"]["known_info"] in text
+
+
+def test_proxy_report_parses_the_repairproxy_headers() -> None:
+    from evals.chat import proxy_report
+
+    report = proxy_report(
+        [
+            ("content-type", "application/json"),
+            ("X-Repairproxy-Tool-Errors", "unknown_tool,schema_violation"),
+            ("x-repairproxy-unknown-tools", ""),
+            ("x-repairproxy-repairs", "2"),
+            ("x-repairproxy-overhead-ms", "1.250"),
+            ("x-repairproxy-budget-exhausted", "true"),
+            ("x-repairproxy-episode-id", "ep-7"),
+        ]
+    )
+    assert report == {
+        "tool_errors": ["unknown_tool", "schema_violation"],
+        "unknown_tools": [],
+        "repairs": 2,
+        "overhead_ms": 1.25,
+        "budget_exhausted": "true",
+        "episode_id": "ep-7",
+    }

@@ -26,7 +26,9 @@ async def test_every_agent_request_reaches_the_proxy_with_the_episode_id() -> No
             completion(tool_calls=[tool_call("add", {"amount": 1})]),
             completion(content="Added 3 in total."),
         )
-        model = ModelConfig(model="m", base_url=proxy.base_url)
+        model = ModelConfig(
+            model="m", base_url=proxy.base_url, extra_headers={"X-Repairproxy-Repair": "off"}
+        )
         async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key="x", max_retries=0) as c:
             episode = await run_episode(
                 domain=CounterDomain(),
@@ -41,3 +43,11 @@ async def test_every_agent_request_reaches_the_proxy_with_the_episode_id() -> No
     assert episode.environment.total == 3
     assert [line["episode_id"] for line in lines] == [episode.run.id] * 3
     assert len(forwarded) == 3
+    turns = [m for m in episode.run.messages if m.role == "assistant"][1:]  # after the greeting
+    assert len(turns) == 3
+    for turn in turns:
+        assert turn.repairproxy is not None
+        assert turn.repairproxy["episode_id"] == episode.run.id
+        assert turn.repairproxy["tool_errors"] == []
+        assert turn.repairproxy["repairs"] == 0
+        assert isinstance(turn.repairproxy["overhead_ms"], float)
