@@ -1,31 +1,89 @@
 """A small keep-alive HTTP/1.1 client pool on asyncio protocols and httptools (uvicorn's parser).
 
-Why not httpx: on this 2-core machine an ``httpx.AsyncClient`` round trip to a local server costs
-about 2 ms of CPU, four times the proxy's whole latency goal; this pool costs a few tens of µs.
-It does only what a proxy to one upstream needs: one host, pooled connections, request bodies sent
-in one write, response bodies streamed (de-chunked, never decompressed), connect/read timeouts,
-and one retry when a reused idle connection turns out to be closed before any answer byte arrived.
+Why not httpx or aiohttp: on this 2-core machine an ``httpx.AsyncClient`` round trip to a local
+server costs about 2 ms of CPU and aiohttp's client several times this pool's cost
+(``python -m benchmarks.vs_litellm --pool-only`` prints the comparison). It does only what a proxy
+to one upstream needs, and is held to ``tests/proxy/test_conformance.py``:
+
+- one origin, pooled connections, request bodies sent in one write, response bodies streamed
+  (de-chunked, never decompressed), connect/read timeouts;
+- framing headers (host, content-length, transfer-encoding, connection, expect, te, upgrade,
+  keep-alive, trailer) are the pool's alone: any the caller passes are dropped, so a client's
+  ``Expect: 100-continue`` never reaches the upstream from here;
+- ``1xx`` interim responses are skipped (llhttp parses them as messages of their own; their
+  completion is not ours), ``101`` makes the connection unusable (an error);
+- a body delimited by the connection's close (no content-length, not chunked) is read to the close;
+  a body cut before its content-length or its last chunk is an error, never a short answer;
+- a connection goes back to the pool only after its response was read to the end, with nothing
+  unexpected after it; a HEAD's connection is never reused (a stray body could be read as the
+  next client's answer);
+- an ``http://`` proxy: absolute-form targets for an http origin, a ``CONNECT`` tunnel for https;
+- one retry when a reused idle connection turns out to be closed before any answer byte arrived.
+
+A request target is refused (``InvalidTargetError``) unless it is printable ASCII without spaces:
+a request line is never built from text that could end it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httptools
 
-__all__ = ["ConnectionPool", "Origin", "PoolTimeoutError", "Response"]
+__all__ = [
+    "ConnectionPool",
+    "InvalidTargetError",
+    "Origin",
+    "PoolTimeoutError",
+    "Response",
+    "basic_auth",
+]
 
 _PAUSE_AT = 1 << 20  # bytes buffered before we stop reading from the upstream socket
 _DONE = b""  # sentinel in the body queue (real chunks are never empty)
+# Headers that frame the message on this connection: written by the pool only.
+_FRAMING = frozenset(
+    {
+        b"host",
+        b"content-length",
+        b"transfer-encoding",
+        b"connection",
+        b"expect",
+        b"te",
+        b"upgrade",
+        b"keep-alive",
+        b"trailer",
+        b"proxy-connection",
+    }
+)
+# Connection states: no request outstanding / a response being read / read to its end.
+_IDLE, _READING, _DONE_STATE = 0, 1, 2
 
 
 class PoolTimeoutError(TimeoutError):
     """Connect or read took longer than allowed."""
+
+
+class InvalidTargetError(ValueError):
+    """A request target holding bytes a request line cannot carry (controls, space, non-ASCII)."""
+
+
+def _check_target(target: str) -> None:
+    if not target.isascii() or not target.isprintable() or " " in target:
+        raise InvalidTargetError(f"refusing to send a request target with unsafe bytes: {target!r}")
+
+
+def basic_auth(userinfo: str) -> bytes:
+    """``user:password`` (percent-encoded, as in a URL) → a ``Basic`` credentials value."""
+    user, _, password = userinfo.partition(":")
+    raw = f"{unquote(user)}:{unquote(password)}".encode()
+    return b"Basic " + base64.b64encode(raw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +106,16 @@ class Origin:
         host = parts.hostname
         shown = f"[{host}]" if ":" in host else host
         header = shown if port == default else f"{shown}:{port}"
-        return cls(parts.scheme, host, port, parts.path.rstrip("/"), header.encode("idna"))
+        base_path = parts.path.rstrip("/")
+        if base_path:
+            _check_target(base_path)
+        return cls(parts.scheme, host, port, base_path, header.encode("idna"))
+
+    @property
+    def authority(self) -> str:
+        """``host:port`` as a CONNECT request names it."""
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{shown}:{self.port}"
 
 
 class _Connection(asyncio.Protocol):
@@ -60,17 +127,21 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reused = False
+        self._state = _IDLE
         self._parser: httptools.HttpResponseParser | None = None
         self._headers: list[tuple[bytes, bytes]] = []
+        self.trailers: list[tuple[bytes, bytes]] = []
         self._head: asyncio.Future[None] | None = None
+        self._head_done = False
+        self._interim = False
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
-        self._complete = False
         self._got_bytes = False
         self._keep_alive = False
+        self._until_close = False
         self._expect_body = True
         self.status_code = 0
 
@@ -80,37 +151,78 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
-        if self._parser is None:  # bytes nobody asked for: the connection is unusable
+        if self._state != _READING or self._parser is None:
+            # Bytes nobody asked for: whatever they are, they must never become an answer.
             self._fail(ConnectionError("unexpected data from the upstream"))
             return
         self._got_bytes = True
         try:
             self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(ConnectionError("the upstream switched protocols; a proxy cannot relay it"))
         except httptools.HttpParserError as exc:
             self._fail(ConnectionError(f"malformed HTTP response from the upstream: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if not self._complete:
-            self._fail(exc or ConnectionResetError("the upstream closed the connection"))
+        if self._state != _READING:
+            return
+        if exc is None and self._head_done and self._until_close:
+            self.on_message_complete()  # a body delimited by the close ends here (RFC 9112 6.3)
+        else:
+            self._fail(
+                exc or ConnectionResetError("the upstream closed the connection mid-response")
+            )
 
     # -- httptools callbacks -------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self._head_done:  # a second response after ours: nobody asked for it
+            self._fail(ConnectionError("unexpected data after the upstream's response"))
+            return
+        self._headers = []
+
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name.lower(), value))
+        if self._head_done:
+            self.trailers.append((name.lower(), value))
+        else:
+            self._headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         assert self._parser is not None
-        self.status_code = self._parser.get_status_code()
+        status = self._parser.get_status_code()
+        if status < 200:
+            if status == 101:
+                self._fail(ConnectionError("the upstream answered 101 Switching Protocols"))
+            else:
+                self._interim = True  # 100 Continue, 103 Early Hints: the answer follows
+            return
+        self.status_code = status
+        self._head_done = True
         self._keep_alive = self._parser.should_keep_alive()
+        if self._expect_body and status not in (204, 304) and self._close_delimited():
+            self._until_close = True
+            self._keep_alive = False
         if self._head is not None and not self._head.done():
             self._head.set_result(None)
         if not self._expect_body:  # HEAD: httptools cannot know there is no body
             self._keep_alive = False
             self.on_message_complete()
 
+    def _close_delimited(self) -> bool:
+        coding: bytes | None = None
+        length = False
+        for name, value in self._headers:
+            if name == b"content-length":
+                length = True
+            elif name == b"transfer-encoding":
+                coding = value
+        if coding is not None:
+            return not coding.rstrip().lower().endswith(b"chunked")
+        return not length
+
     def on_body(self, body: bytes) -> None:
-        if not body:
+        if not body or self._state != _READING:
             return
         self._chunks.append(body)
         self._buffered += len(body)
@@ -120,10 +232,12 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
-        if self._complete:
+        if self._interim:
+            self._interim = False
             return
-        self._complete = True
-        self._parser = None
+        if self._state != _READING or not self._head_done:
+            return
+        self._state = _DONE_STATE
         self._chunks.append(_DONE)
         self._wake()
 
@@ -134,7 +248,8 @@ class _Connection(asyncio.Protocol):
             self._waiter.set_result(None)
 
     def _fail(self, exc: BaseException) -> None:
-        self._error = exc
+        if self._error is None:
+            self._error = exc
         self.closed = True
         if self._head is not None and not self._head.done():
             self._head.set_exception(exc)
@@ -144,19 +259,29 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     async def send(self, request: bytes, expect_body: bool, timeout: float) -> None:
-        """Write ``request`` and wait until the response head arrived."""
+        """Write ``request`` and wait until the (final) response head arrived."""
         assert self.transport is not None
         self._parser = httptools.HttpResponseParser(self)
         self._headers = []
+        self.trailers = []
         self._chunks.clear()
         self._buffered = 0
-        self._complete = False
+        self._head_done = False
+        self._interim = False
+        self._until_close = False
         self._got_bytes = False
         self._error = None
         self._expect_body = expect_body
+        self._state = _READING
         self._head = self._loop.create_future()
         self.transport.write(request)
         await _wait(self._loop, self._head, timeout)
+
+    def rearm(self, transport: asyncio.Transport) -> None:
+        """After a CONNECT tunnel: speak on ``transport`` (TLS) as a fresh connection."""
+        self.transport = transport
+        self._state = _IDLE
+        self._parser = None
 
     @property
     def answered(self) -> bool:
@@ -178,7 +303,12 @@ class _Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return self._complete and self._keep_alive and not self.closed and self._error is None
+        return (
+            self._state == _DONE_STATE
+            and self._keep_alive
+            and not self.closed
+            and self._error is None
+        )
 
     def close(self) -> None:
         self.closed = True
@@ -219,6 +349,11 @@ class Response:
                 return value
         return None
 
+    @property
+    def trailers(self) -> list[tuple[bytes, bytes]]:
+        """Trailer fields of a chunked body (complete once the body was read)."""
+        return self._conn.trailers
+
     async def iter_body(self) -> AsyncIterator[bytes]:
         try:
             while True:
@@ -246,7 +381,11 @@ class Response:
 
 
 class ConnectionPool:
-    """Keep-alive connections to one origin, at most ``max_connections`` open at a time."""
+    """Keep-alive connections to one origin, at most ``max_connections`` open at a time.
+
+    ``proxy``: an ``http://[user:pass@]host:port`` forward proxy to go through (none by default;
+    ``repairproxy.upstream`` decides from the environment).
+    """
 
     def __init__(
         self,
@@ -255,24 +394,50 @@ class ConnectionPool:
         max_connections: int = 512,
         connect_timeout: float = 10.0,
         read_timeout: float = 600.0,
+        proxy: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.origin = Origin.parse(url)
         self.max_connections = max_connections
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        self._ssl = ssl.create_default_context() if self.origin.scheme == "https" else None
+        self._ssl: ssl.SSLContext | None = None
+        if self.origin.scheme == "https":
+            self._ssl = ssl_context or ssl.create_default_context()
+        self.proxy: Origin | None = None
+        self._proxy_headers: list[tuple[bytes, bytes]] = []
+        self._absolute_prefix = ""  # request targets in absolute form (http through a proxy)
+        if proxy is not None:
+            self._use_proxy(proxy)
         self._idle: list[_Connection] = []
         self._open = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.loop = asyncio.get_running_loop()
 
+    def _use_proxy(self, url: str) -> None:
+        parts = urlsplit(url if "://" in url else "http://" + url)
+        if parts.scheme != "http":
+            raise ValueError(f"only http:// proxies are supported, got {url!r}")
+        self.proxy = Origin.parse(parts._replace(path="", query="", fragment="").geturl())
+        if parts.username is not None:
+            userinfo = parts.netloc.rpartition("@")[0]
+            self._proxy_headers.append((b"proxy-authorization", basic_auth(userinfo)))
+        if self.origin.scheme == "http":
+            self._absolute_prefix = "http://" + self.origin.host_header.decode("ascii")
+
     def _head(
         self, method: str, target: str, headers: list[tuple[bytes, bytes]], length: int
     ) -> bytes:
-        lines = [f"{method} {self.origin.base_path}{target} HTTP/1.1\r\n".encode("latin-1")]
+        _check_target(target)
+        line = f"{method} {self._absolute_prefix}{self.origin.base_path}{target} HTTP/1.1\r\n"
+        lines = [line.encode("ascii")]
         lines.append(b"host: " + self.origin.host_header + b"\r\n")
         for name, value in headers:
-            lines.append(name + b": " + value + b"\r\n")
+            if name not in _FRAMING:
+                lines.append(name + b": " + value + b"\r\n")
+        if self._absolute_prefix:
+            for name, value in self._proxy_headers:
+                lines.append(name + b": " + value + b"\r\n")
         if length or method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
             lines.append(b"content-length: %d\r\n" % length)
         lines.append(b"\r\n")
@@ -337,21 +502,48 @@ class ConnectionPool:
                     self._waiters.remove(waiter)
 
     async def _connect(self) -> _Connection:
-        origin = self.origin
         try:
-            _, conn = await asyncio.wait_for(
-                self.loop.create_connection(
-                    lambda: _Connection(self),
-                    origin.host,
-                    origin.port,
-                    ssl=self._ssl,
-                    server_hostname=origin.host if self._ssl else None,
-                ),
-                self.connect_timeout,
-            )
+            return await asyncio.wait_for(self._open_connection(), self.connect_timeout)
         except TimeoutError as exc:
             raise PoolTimeoutError(f"could not connect within {self.connect_timeout:g} s") from exc
+
+    async def _open_connection(self) -> _Connection:
+        origin = self.origin
+        if self.proxy is None:
+            _, conn = await self.loop.create_connection(
+                lambda: _Connection(self),
+                origin.host,
+                origin.port,
+                ssl=self._ssl,
+                server_hostname=origin.host if self._ssl else None,
+            )
+            return conn
+        _, conn = await self.loop.create_connection(
+            lambda: _Connection(self), self.proxy.host, self.proxy.port
+        )
+        if self._ssl is None:
+            return conn  # plain http: absolute-form targets on the proxy connection
+        try:
+            await self._tunnel(conn, self._ssl)
+        except BaseException:
+            conn.close()
+            raise
         return conn
+
+    async def _tunnel(self, conn: _Connection, context: ssl.SSLContext) -> None:
+        authority = self.origin.authority.encode("ascii")
+        lines = [b"CONNECT " + authority + b" HTTP/1.1\r\n", b"host: " + authority + b"\r\n"]
+        lines.extend(name + b": " + value + b"\r\n" for name, value in self._proxy_headers)
+        await conn.send(b"".join([*lines, b"\r\n"]), False, self.connect_timeout)
+        if not 200 <= conn.status_code < 300:
+            raise ConnectionRefusedError(f"the proxy refused the tunnel ({conn.status_code})")
+        assert conn.transport is not None
+        secure = await self.loop.start_tls(
+            conn.transport, conn, context, server_hostname=self.origin.host
+        )
+        if secure is None:
+            raise ConnectionError("the proxy tunnel closed during the TLS handshake")
+        conn.rearm(secure)
 
     def _release(self, conn: _Connection) -> None:
         if conn.reusable:
