@@ -1,0 +1,370 @@
+"""Every Prometheus metric of the proxy, fed one ``RequestRecord`` per request.
+
+``Metrics`` implements the pipeline's ``PipelineObserver``. Label values are bounded: at most
+``max_model_labels`` models and ``max_tool_labels`` invented tool names per model get their own
+value (the rest share ``_other``), every value is cut to 64 characters, and labelled children are
+cached per model so that ``request_finished`` costs a few dict lookups and counter increments.
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+
+from repairproxy.events import API, EpisodeRecord, Outcome, RepairResultKind, RequestRecord
+from repairproxy.sessions import DEFAULT_ENV_ERROR_TABLE, ENV_OTHER_ERROR
+from repairproxy.settings import Settings
+from repairproxy.validation import Channel
+
+__all__ = [
+    "ANSWER_CHANNELS",
+    "ENV_CHANNELS",
+    "MAX_LABEL_CHARS",
+    "OTHER",
+    "UNKNOWN_MODEL",
+    "Metrics",
+    "MetricsServer",
+]
+
+MAX_LABEL_CHARS = 64
+OTHER = "_other"  # the shared label value beyond the bound
+UNKNOWN_MODEL = "_unknown"  # requests that never named a model (e.g. an unreadable body)
+
+# The vocabulary the ``channel`` label takes, created at zero for each model so that rates and
+# ratios over a window are defined (and exact) from the model's first request on.
+ANSWER_CHANNELS: tuple[str, ...] = tuple(c.value for c in Channel if c is not Channel.VALID)
+ENV_CHANNELS: tuple[str, ...] = (*(label for label, _ in DEFAULT_ENV_ERROR_TABLE), ENV_OTHER_ERROR)
+
+_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+_OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
+_ATTEMPT_BUCKETS = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 8.0)
+_REMAINING_BUCKETS = (0.0, 1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 50.0)
+# Log-prob margins: below ~0.5 nats a small perturbation (quantization) can flip the choice.
+_MARGIN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+def _label(value: str) -> str:
+    return value if len(value) <= MAX_LABEL_CHARS else value[:MAX_LABEL_CHARS]
+
+
+class _Family:
+    """The metric families, registered once in one registry."""
+
+    def __init__(self, registry: CollectorRegistry, ladder: Iterable[int]) -> None:
+        def counter(name: str, doc: str, labels: tuple[str, ...]) -> Counter:
+            return Counter(f"repairproxy_{name}", doc, labels, registry=registry)
+
+        def histogram(
+            name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]
+        ) -> Histogram:
+            return Histogram(f"repairproxy_{name}", doc, labels, registry=registry, buckets=buckets)
+
+        self.ladder = tuple(sorted(set(ladder)))
+        self.requests = counter(
+            "requests", "Requests by how they ended.", ("model", "api", "outcome")
+        )
+        self.tool_calls = counter(
+            "tool_calls", "Tool calls seen in first answers, text calls included.", ("model",)
+        )
+        self.tool_call_errors = counter(
+            "tool_call_errors",
+            "Invalid tool calls: caught in the answer, or met later as an environment error.",
+            ("model", "channel", "source"),
+        )
+        self.hallucinated = counter(
+            "hallucinated_tool_calls",
+            "Calls of undeclared tools, by the invented name (bounded; the rest are _other).",
+            ("model", "tool"),
+        )
+        self.repairs = counter(
+            "repairs",
+            "Repairs of invalid calls by channel and result.",
+            ("model", "channel", "result"),
+        )
+        self.promoted = counter(
+            "promoted_tool_calls", "Text calls promoted to structured tool_calls.", ("model",)
+        )
+        self.repair_attempts = histogram(
+            "repair_attempts",
+            "Re-asks per answer that needed repair.",
+            ("model",),
+            _ATTEMPT_BUCKETS,
+        )
+        self.repair_tokens = counter(
+            "repair_extra_tokens", "Tokens spent in re-asks.", ("model", "kind")
+        )
+        self.repair_seconds = histogram(
+            "repair_extra_seconds",
+            "Seconds spent in re-asks per repaired answer.",
+            ("model",),
+            _SECONDS_BUCKETS,
+        )
+        self.episodes = counter("episodes", "Episodes started.", ("model",))
+        self.over_budget = counter(
+            "episodes_over_budget",
+            "Episodes whose error count reached k (counted once per episode and k).",
+            ("model", "k"),
+        )
+        self.exhausted = counter(
+            "episodes_budget_exhausted", "Episodes that spent their whole error budget.", ("model",)
+        )
+        self.budget_remaining = histogram(
+            "budget_remaining",
+            "Errors an episode may still make, observed at each answer.",
+            ("model",),
+            _REMAINING_BUCKETS,
+        )
+        self.upstream = histogram(
+            "upstream_request_duration_seconds",
+            "Seconds waiting on the upstream, re-asks included.",
+            ("model",),
+            _SECONDS_BUCKETS,
+        )
+        self.first_byte = histogram(
+            "stream_first_byte_seconds",
+            "Seconds until the first byte of a streamed answer reached the client.",
+            ("model",),
+            _SECONDS_BUCKETS,
+        )
+        self.margin = histogram(
+            "tool_name_margin",
+            "Log-prob margin between the chosen first token of a tool name and its best rival.",
+            ("model",),
+            _MARGIN_BUCKETS,
+        )
+        self.overhead = Histogram(
+            "repairproxy_overhead_seconds",
+            "Seconds spent in the proxy itself per request (upstream time excluded).",
+            registry=registry,
+            buckets=_OVERHEAD_BUCKETS,
+        )
+        self.active_episodes = Gauge(
+            "repairproxy_active_episodes", "Episodes the store holds now.", registry=registry
+        )
+
+
+class _ModelMetrics:
+    """The labelled children of one model label value, created once and then only incremented."""
+
+    def __init__(self, family: _Family, model: str, max_tools: int) -> None:
+        self.max_tools = max_tools
+        self._family = family
+        self._model = model
+        self.requests = {
+            (api, outcome): family.requests.labels(model, api.value, outcome.value)
+            for api in API
+            for outcome in Outcome
+        }
+        self.tool_calls = family.tool_calls.labels(model)
+        self.errors: dict[tuple[str, str], Any] = {}
+        for channel in ANSWER_CHANNELS:
+            self.errors[channel, "answer"] = family.tool_call_errors.labels(
+                model, channel, "answer"
+            )
+        for channel in ENV_CHANNELS:
+            self.errors[channel, "environment"] = family.tool_call_errors.labels(
+                model, channel, "environment"
+            )
+        self.repairs: dict[tuple[str, RepairResultKind], Any] = {
+            (channel, result): family.repairs.labels(model, channel, result.value)
+            for channel in ANSWER_CHANNELS
+            for result in RepairResultKind
+        }
+        self.hallucinated: dict[str, Any] = {}
+        self.hallucinated_other: Any = None
+        self.promoted = family.promoted.labels(model)
+        self.repair_attempts = family.repair_attempts.labels(model)
+        self.prompt_tokens = family.repair_tokens.labels(model, "prompt")
+        self.completion_tokens = family.repair_tokens.labels(model, "completion")
+        self.repair_seconds = family.repair_seconds.labels(model)
+        self.episodes = family.episodes.labels(model)
+        self.over_budget = tuple(
+            (k, family.over_budget.labels(model, str(k))) for k in family.ladder
+        )
+        self.exhausted = family.exhausted.labels(model)
+        self.budget_remaining = family.budget_remaining.labels(model)
+        self.upstream = family.upstream.labels(model)
+        self.first_byte = family.first_byte.labels(model)
+        self.margin = family.margin.labels(model)
+
+    def error(self, channel: str, source: str) -> Any:
+        child = self.errors.get((channel, source))
+        if child is None:  # a label outside the known vocabulary (e.g. a custom env table)
+            child = self.errors[channel, source] = self._family.tool_call_errors.labels(
+                self._model, _label(channel), source
+            )
+        return child
+
+    def repair(self, channel: str, result: RepairResultKind) -> Any:
+        child = self.repairs.get((channel, result))
+        if child is None:
+            child = self.repairs[channel, result] = self._family.repairs.labels(
+                self._model, _label(channel), result.value
+            )
+        return child
+
+    def invented(self, name: str) -> Any:
+        name = _label(name)
+        child = self.hallucinated.get(name)
+        if child is not None:
+            return child
+        if len(self.hallucinated) < self.max_tools and name != OTHER:
+            child = self.hallucinated[name] = self._family.hallucinated.labels(self._model, name)
+            return child
+        if self.hallucinated_other is None:
+            self.hallucinated_other = self._family.hallucinated.labels(self._model, OTHER)
+        return self.hallucinated_other
+
+
+class Metrics:
+    """The proxy's Prometheus metrics; ``request_finished`` is the pipeline's observer call."""
+
+    def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.settings = settings
+        self.max_models = max(int(getattr(settings, "max_model_labels", 20)), 1)
+        self.max_tools = max(int(getattr(settings, "max_tool_labels", 50)), 1)
+        self.ladder: tuple[int, ...] = tuple(getattr(settings, "budget_ladder", (1, 2, 5, 10)))
+        self._family = _Family(self.registry, self.ladder)
+        self.ladder = self._family.ladder
+        self._models: dict[str, _ModelMetrics] = {}
+        self._lock = threading.Lock()  # only creating a model's children takes it
+
+    def bind_active_episodes(self, count: Callable[[], int]) -> None:
+        """Read the ``active_episodes`` gauge from ``count`` at each scrape (the store's len)."""
+        self._family.active_episodes.set_function(lambda: float(count()))
+
+    def _model(self, name: str | None) -> _ModelMetrics:
+        key = UNKNOWN_MODEL if not name else _label(name)
+        found = self._models.get(key)
+        if found is not None:
+            return found
+        with self._lock:
+            found = self._models.get(key)
+            if found is None:
+                if len(self._models) >= self.max_models and key != OTHER:
+                    key = OTHER
+                    found = self._models.get(key)
+                if found is None:
+                    found = _ModelMetrics(self._family, key, self.max_tools)
+                    self._models[key] = found
+            return found
+
+    def model_labels(self) -> list[str]:
+        """The model label values in use, in order of first appearance."""
+        return list(self._models)
+
+    def request_finished(self, record: RequestRecord) -> None:
+        m = self._model(record.model)
+        m.requests[record.api, record.outcome].inc()
+        if record.tool_calls:
+            m.tool_calls.inc(record.tool_calls)
+        for caught in record.caught:
+            m.error(caught.channel, "answer").inc()
+            if caught.tool is not None:
+                m.invented(caught.tool).inc()
+        for label in record.env_errors:
+            m.error(label, "environment").inc()
+        for repair in record.repairs:
+            m.repair(repair.channel, repair.result).inc()
+        if record.promoted:
+            m.promoted.inc(record.promoted)
+        if record.repair_attempts:
+            m.repair_attempts.observe(record.repair_attempts)
+            m.repair_seconds.observe(record.repair_seconds)
+        elif record.repairs:
+            m.repair_attempts.observe(0)  # fixed without a re-ask (a promoted text call)
+        if record.repair_prompt_tokens:
+            m.prompt_tokens.inc(record.repair_prompt_tokens)
+        if record.repair_completion_tokens:
+            m.completion_tokens.inc(record.repair_completion_tokens)
+        if record.episode is not None:
+            self._episode(m, record.episode)
+        if record.outcome is not Outcome.CLIENT_ERROR:
+            self._family.overhead.observe(record.overhead_seconds)
+        if record.upstream_seconds > 0:
+            m.upstream.observe(record.upstream_seconds)
+        if record.first_byte_seconds is not None:
+            m.first_byte.observe(record.first_byte_seconds)
+        for margin in record.tool_name_margins:
+            m.margin.observe(margin)
+
+    @staticmethod
+    def _episode(m: _ModelMetrics, episode: EpisodeRecord) -> None:
+        if episode.new:
+            m.episodes.inc()
+        before, after = episode.errors_before, episode.errors_after
+        if after > before:
+            for k, child in m.over_budget:
+                if before < k <= after:
+                    child.inc()
+            if episode.budget > 0 and before < episode.budget <= after:
+                m.exhausted.inc()
+        m.budget_remaining.observe(episode.remaining)
+
+    def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        """The scrape body and its content type (OpenMetrics when ``accept`` asks for it)."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+    def start_server(self, port: int, host: str) -> MetricsServer:
+        """Serve ``GET /metrics`` on its own port (``--metrics-port``), in a daemon thread."""
+        return MetricsServer.start(self, port, host)
+
+
+@dataclass
+class MetricsServer:
+    """A running ``--metrics-port`` server; ``close()`` stops it."""
+
+    server: ThreadingHTTPServer
+    thread: threading.Thread
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    @classmethod
+    def start(cls, metrics: Metrics, port: int, host: str) -> MetricsServer:
+        key = getattr(metrics.settings, "metrics_api_key", None)
+        expected = f"Bearer {key}".encode() if key else None
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                return None  # scrapes every few seconds would flood the log
+
+            def do_GET(self) -> None:
+                if self.path.split("?", 1)[0] != "/metrics":
+                    self._reply(404, b"not found\n", "text/plain; charset=utf-8")
+                    return
+                if expected is not None:
+                    given = self.headers.get("Authorization", "").encode()
+                    if not hmac.compare_digest(given, expected):
+                        self._reply(401, b"unauthorized\n", "text/plain; charset=utf-8")
+                        return
+                body, content_type = metrics.exposition(self.headers.get("Accept"))
+                self._reply(200, body, content_type)
+
+            def _reply(self, status: int, body: bytes, content_type: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        server = ThreadingHTTPServer((host, port), Handler)
+        server.daemon_threads = True
+        thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+        thread.start()
+        return cls(server, thread)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
