@@ -32,6 +32,7 @@ from evals.logs import (
     Results,
     ResultsWriter,
     RewardInfo,
+    SimulationRun,
     UserInfo,
     load_results,
 )
@@ -44,6 +45,7 @@ from evals.orchestrator import (
 )
 from evals.participants import Agent, AgentFactory, EpisodeContext, User, UserFactory
 from evals.reward import Judge, OpenAIJudge, evaluate_episode, is_successful, pass_hat_ks
+from evals.scripted_user import ScriptedUser
 from evals.users import GoldUser, LLMUserSimulator, load_guidelines
 
 __all__ = ["RESULTS_FILE", "RunConfig", "main", "parse_args", "run", "summarize"]
@@ -60,7 +62,7 @@ class RunConfig:
     data_dir: Path
     save_to: Path
     agent: Literal["llm", "gold"] = "llm"
-    user: Literal["llm", "gold"] = "llm"
+    user: Literal["llm", "gold", "scripted"] = "llm"
     agent_model: ModelConfig | None = None
     user_model: ModelConfig | None = None
     judge_model: ModelConfig | None = None
@@ -124,6 +126,9 @@ def _participants(config: RunConfig, domain: Domain) -> _Participants:
     if config.user == "gold":
         make_user = GoldUser
         user_info = UserInfo(implementation="gold_user")
+    elif config.user == "scripted":
+        make_user = ScriptedUser
+        user_info = UserInfo(implementation="scripted_user")
     else:
         if config.user_model is None:
             raise ValueError("--user llm needs --user-model and --user-base-url")
@@ -223,10 +228,12 @@ async def run(
     *,
     domain: Domain | None = None,
     make_agent: AgentFactory | None = None,
+    on_episode: Callable[[SimulationRun], None] | None = None,
 ) -> Results:
     """Run (or resume) every pending episode and return the complete results.
 
-    ``domain`` and ``make_agent`` replace what ``config`` names (tests use a small fake domain).
+    ``domain`` and ``make_agent`` replace what ``config`` names (tests use a small fake domain);
+    ``on_episode`` is called with each episode once it is saved (the grid's progress bar).
     """
     domain = domain or load_domain(config.domain, config.data_dir)
     tasks = _select_tasks(domain, config)
@@ -280,6 +287,8 @@ async def run(
         async with write_lock:
             writer.append(episode.run)
             bar.update(1)
+            if on_episode is not None:
+                on_episode(episode.run)
 
     try:
         await asyncio.gather(*(one(task, trial) for task, trial in pending))
@@ -359,7 +368,7 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> RunConfig:
     )
     parser.add_argument("--save-to", type=Path, required=True, help="folder for results.json")
     parser.add_argument("--agent", choices=("llm", "gold"), default="llm")
-    parser.add_argument("--user", choices=("llm", "gold"), default="llm")
+    parser.add_argument("--user", choices=("llm", "gold", "scripted"), default="llm")
     for who, default_temperature in (("agent", 0.0), ("user", 0.0), ("judge", 0.0)):
         parser.add_argument(f"--{who}-model")
         parser.add_argument(f"--{who}-base-url")
