@@ -1,0 +1,686 @@
+"""From τ²-bench ``results.json`` files to the study's numbers: per arm, per pair of arms.
+
+The reader takes any file in τ²-bench v1.0.1's layout (``info``, ``tasks``, ``simulations``),
+written by ``evals.run`` or by τ²-bench itself, as plain JSON: it depends on no writer's models.
+Failed tool calls are always counted from the messages (``role: "tool"`` with ``error: true``,
+inside ``MultiToolMessage``s too), never from a ``num_errors`` field, which τ²-bench does not write.
+The proxy's view comes from the ``repairproxy`` field the engine records on each assistant message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from evals import stats
+from evals.stats import Interval, NotAvailable
+
+__all__ = [
+    "BUDGETS",
+    "ENV_CHANNELS",
+    "PROXY_CHANNELS",
+    "Arm",
+    "ArmSummary",
+    "Episode",
+    "PairSummary",
+    "Summary",
+    "ToolCallRecord",
+    "build_summary",
+    "classify_error",
+    "default_pairs",
+    "load_arm",
+    "read_episodes",
+    "success_at",
+    "summarize_arm",
+    "summarize_pair",
+]
+
+BUDGETS = tuple(range(1, 11))  # K' = 1..10
+SUCCESS_TOLERANCE = 1e-6  # τ²-bench's is_successful
+ENV_CHANNELS = ("hallucinated_name", "argument", "entity_not_found", "other")
+PROXY_CHANNELS = (
+    "unknown_tool",
+    "invalid_json",
+    "schema_violation",
+    "tool_call_in_content",
+    "empty_output",
+)
+REPAIR_MODES = ("off", "prompt", "promote", "reflexive", "constrained")
+
+_TOOL_NOT_FOUND = re.compile(r"^Error: Tool '(?P<name>.*)' not found", re.DOTALL)
+# Python's own TypeError texts (τ²-bench calls tools as functions), the engine's malformed-JSON
+# text, and pydantic validation texts.
+_ARGUMENT = re.compile(
+    r"required positional argument|unexpected keyword argument|positional argument"
+    r"|Invalid arguments|validation error|expected a JSON object|must be (a|an) ",
+    re.IGNORECASE,
+)
+_ENTITY = re.compile(r"not found|does not exist|no such|unknown (user|order|item|product)", re.I)
+
+
+def classify_error(content: str | None) -> tuple[str, str | None]:
+    """(channel, invented tool name or None) for the text of one failed tool call."""
+    text = content or ""
+    match = _TOOL_NOT_FOUND.match(text)
+    if match:
+        return "hallucinated_name", match.group("name")
+    if _ARGUMENT.search(text):
+        return "argument", None
+    if _ENTITY.search(text):
+        return "entity_not_found", None
+    return "other", None
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    """One tool call and what came back. ``error`` is None when no result was recorded."""
+
+    requestor: str
+    name: str
+    message_index: int  # which participant message made the call
+    error: bool | None
+    content: str | None
+    channel: str | None  # ENV_CHANNELS value for a failed call
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One simulation, reduced to what the analysis needs."""
+
+    task_id: str
+    trial: int | None
+    reward: float | None  # None: the run recorded no reward (e.g. an infrastructure error)
+    termination_reason: str
+    num_messages: int
+    calls: tuple[ToolCallRecord, ...]
+    failed_calls: int  # agent's and user's, counted from the messages
+    nl_unjudged: bool  # natural-language assertions that no judge scored
+    proxy_answers: tuple[Mapping[str, Any], ...]  # the recorded x-repairproxy-* per answer
+    # per assistant message: (message index, proxy record or None)
+    answer_proxy: tuple[tuple[int, Mapping[str, Any] | None], ...] = ()
+
+    @property
+    def success(self) -> bool:
+        return self.reward is not None and abs(self.reward - 1.0) <= SUCCESS_TOLERANCE
+
+    @property
+    def agent_calls(self) -> tuple[ToolCallRecord, ...]:
+        return tuple(c for c in self.calls if c.requestor == "assistant")
+
+
+def success_at(episode: Episode, budget: int) -> bool:
+    """Success had the run's error budget been ``budget``: τ²-bench stops at ``budget`` errors."""
+    return episode.success and episode.failed_calls < budget
+
+
+def _flatten(messages: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+    for message in messages:
+        if message.get("role") == "tool" and isinstance(message.get("tool_messages"), list):
+            yield from message["tool_messages"]  # τ²-bench's MultiToolMessage
+        else:
+            yield message
+
+
+def _nl_unjudged(reward_info: Mapping[str, Any] | None, task: Mapping[str, Any] | None) -> bool:
+    if not reward_info:
+        return False
+    if reward_info.get("nl_assertions_scored") is False:
+        return True
+    basis = reward_info.get("reward_basis")
+    if basis is None and task is not None:
+        basis = (task.get("evaluation_criteria") or {}).get("reward_basis")
+    return "NL_ASSERTION" in (basis or []) and not reward_info.get("nl_assertions")
+
+
+def _episode(simulation: Mapping[str, Any], tasks: Mapping[str, Mapping[str, Any]]) -> Episode:
+    messages = list(_flatten(simulation.get("messages") or []))
+    pending: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
+    answer_proxy: list[tuple[int, Mapping[str, Any] | None]] = []
+    failed = 0
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        if role in ("assistant", "user"):
+            if role == "assistant":
+                proxy = message.get("repairproxy")
+                answer_proxy.append((index, proxy if isinstance(proxy, Mapping) else None))
+            for call in message.get("tool_calls") or []:
+                record = {
+                    "id": call.get("id") or "",
+                    "requestor": call.get("requestor") or role,
+                    "name": str(call.get("name", "")),
+                    "message_index": index,
+                    "error": None,
+                    "content": None,
+                }
+                records.append(record)
+                pending.append(record)
+        elif role == "tool":
+            error = bool(message.get("error", False))
+            failed += error
+            requestor = message.get("requestor") or "assistant"
+            call_id = message.get("id") or ""
+            match = next((r for r in pending if call_id and r["id"] == call_id), None)
+            if match is None:
+                match = next((r for r in pending if r["requestor"] == requestor), None)
+            if match is None:  # a result without its call: keep it, it still failed or not
+                match = {"requestor": requestor, "name": "", "message_index": index}
+                records.append(match)
+            else:
+                pending.remove(match)
+            match["error"] = error
+            match["content"] = message.get("content")
+    calls = tuple(
+        ToolCallRecord(
+            requestor=r["requestor"],
+            name=r["name"],
+            message_index=r["message_index"],
+            error=r["error"],
+            content=r["content"],
+            channel=classify_error(r["content"])[0] if r["error"] else None,
+        )
+        for r in records
+    )
+    reward_info = simulation.get("reward_info")
+    task_id = str(simulation.get("task_id"))
+    reward = reward_info.get("reward") if isinstance(reward_info, Mapping) else None
+    trial = simulation.get("trial")
+    return Episode(
+        task_id=task_id,
+        trial=int(trial) if trial is not None else None,
+        reward=float(reward) if reward is not None else None,
+        termination_reason=str(simulation.get("termination_reason", "unknown")),
+        num_messages=len(simulation.get("messages") or []),
+        calls=calls,
+        failed_calls=failed,
+        nl_unjudged=_nl_unjudged(reward_info, tasks.get(task_id)),
+        proxy_answers=tuple(p for _, p in answer_proxy if p is not None),
+        answer_proxy=tuple(answer_proxy),
+    )
+
+
+def read_episodes(data: Mapping[str, Any], folder: Path | None = None) -> list[Episode]:
+    """Episodes of one parsed results file; τ²-bench's "dir" format reads ``simulations/*.json``."""
+    simulations = list(data.get("simulations") or [])
+    if not simulations and folder is not None and (folder / "simulations").is_dir():
+        for path in sorted((folder / "simulations").glob("*.json")):
+            simulations.append(json.loads(path.read_text(encoding="utf-8")))
+    tasks = {str(t.get("id")): t for t in data.get("tasks") or [] if isinstance(t, Mapping)}
+    return [_episode(s, tasks) for s in simulations]
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One results file: one model/precision/mode under one run configuration."""
+
+    label: str
+    path: Path
+    info: Mapping[str, Any]
+    episodes: tuple[Episode, ...]
+    provenance: Mapping[str, Any] | None = None
+
+    @property
+    def max_errors(self) -> int | None:
+        value = self.info.get("max_errors")
+        return int(value) if value is not None else None
+
+    @property
+    def agent_model(self) -> str | None:
+        agent = self.info.get("agent_info") or {}
+        llm = agent.get("llm") if isinstance(agent, Mapping) else None
+        return str(llm) if llm else None
+
+    @property
+    def cell_and_mode(self) -> tuple[str, str] | None:
+        """(cell, mode) when the file sits at ``<cell>/<mode>/results.json`` of a grid run."""
+        mode = self.path.parent.name
+        if mode in REPAIR_MODES and self.path.parent.parent.name:
+            return self.path.parent.parent.name, mode
+        return None
+
+
+def default_label(path: Path, info: Mapping[str, Any]) -> str:
+    """``cell/mode`` from the two folders above the file; else the agent model; else the stem."""
+    parents = [p.name for p in path.resolve().parents[:2] if p.name]
+    if len(parents) == 2:
+        return f"{parents[1]}/{parents[0]}"
+    agent = info.get("agent_info") or {}
+    llm = agent.get("llm") if isinstance(agent, Mapping) else None
+    return str(llm) if llm else path.stem
+
+
+def load_arm(path: Path, label: str | None = None) -> Arm:
+    """Read one results file and the ``provenance.json`` beside it, if there is one."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    info = data.get("info") or {}
+    provenance_path = path.parent / "provenance.json"
+    provenance = None
+    if provenance_path.is_file():
+        provenance = json.loads(provenance_path.read_text(encoding="utf-8"))
+    return Arm(
+        label=label or default_label(path, info),
+        path=path,
+        info=info,
+        episodes=tuple(read_episodes(data, path.parent)),
+        provenance=provenance,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Per arm
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A count over a denominator; the rate is n/a when the denominator is 0."""
+
+    count: int
+    total: int
+    reason_if_empty: str = "no agent tool calls"
+
+    @property
+    def value(self) -> float | NotAvailable:
+        return self.count / self.total if self.total else NotAvailable(self.reason_if_empty)
+
+
+def _mean(values: Sequence[float], reason: str) -> float | NotAvailable:
+    return sum(values) / len(values) if values else NotAvailable(reason)
+
+
+def _median(values: Sequence[float], reason: str) -> float | NotAvailable:
+    if not values:
+        return NotAvailable(reason)
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _names(value: Any) -> list[str]:
+    if isinstance(value, list):
+        return [str(v) for v in value if str(v)]
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return []
+
+
+@dataclass(frozen=True)
+class ProxyView:
+    """What the proxy caught in the model's first answers and what reached the agent repaired."""
+
+    answers_recorded: int
+    caught_calls: dict[str, int]  # channel -> calls caught in first answers
+    caught_answers: int
+    fixed_answers: int  # caught, re-asked, and the delivered answer ran without a failed call
+    repairs: int
+    repair_failures: int
+
+    @property
+    def fixed_share(self) -> float | NotAvailable:
+        if self.answers_recorded == 0:
+            return NotAvailable("no proxy headers recorded (run without the proxy)")
+        if self.caught_answers == 0:
+            return NotAvailable("the proxy caught no invalid answer")
+        return self.fixed_answers / self.caught_answers
+
+
+@dataclass(frozen=True)
+class RepairCost:
+    episodes_with_headers: int
+    extra_upstream_calls: float | NotAvailable  # per episode
+    prompt_tokens: float | NotAvailable
+    completion_tokens: float | NotAvailable
+    seconds: float | NotAvailable
+    overhead_ms_per_answer: float | NotAvailable
+
+
+@dataclass(frozen=True)
+class ArmSummary:
+    label: str
+    path: str
+    agent_model: str | None
+    max_errors: int | None
+    episodes: int
+    scored: int  # episodes the success statistics use
+    nl_unjudged: int
+    no_reward: int
+    success: Interval | NotAvailable
+    sweep: dict[int, Interval | NotAvailable]
+    messages_mean: float | NotAvailable
+    messages_median: float | NotAvailable
+    failed_calls_mean: float | NotAvailable
+    termination: dict[str, int]
+    agent_tool_calls: int
+    user_failed_calls: int
+    channel_counts: dict[str, int]
+    channel_rates: dict[str, float | NotAvailable]
+    raw_hallucinated_calls: int
+    raw_hallucination_rate: float | NotAvailable
+    names_env: dict[str, int]
+    names_proxy: dict[str, int]
+    names: dict[str, int]  # per answer the larger of the two views, so no call counts twice
+    recovery: float | NotAvailable
+    recovery_counts: tuple[int, int, int]  # recovered, with a next call, failed agent calls
+    proxy: ProxyView
+    repair_cost: RepairCost
+    provenance: Mapping[str, Any] | None
+    cell: str | None
+    mode: str | None
+
+
+def _recovery(episodes: Sequence[Episode]) -> tuple[int, int, int]:
+    recovered = followed = failed = 0
+    for episode in episodes:
+        agent = episode.agent_calls
+        for position, call in enumerate(agent):
+            if not call.error:
+                continue
+            failed += 1
+            following = next(
+                (c for c in agent[position + 1 :] if c.message_index > call.message_index), None
+            )
+            if following is None or following.error is None:
+                continue
+            followed += 1
+            recovered += not following.error
+    return recovered, followed, failed
+
+
+def _answer_names(episode: Episode) -> Counter[str]:
+    """Hallucinated names, per answer the larger of the env's and the proxy's count."""
+    total: Counter[str] = Counter()
+    env_by_message: dict[int, Counter[str]] = {}
+    for call in episode.agent_calls:
+        if call.channel == "hallucinated_name":
+            name = classify_error(call.content)[1] or call.name
+            env_by_message.setdefault(call.message_index, Counter())[name] += 1
+    seen: set[int] = set()
+    for index, proxy in episode.answer_proxy:
+        env = env_by_message.get(index, Counter())
+        caught = Counter(_names(proxy.get("unknown_tools"))) if proxy else Counter()
+        for name in set(env) | set(caught):
+            total[name] += max(env[name], caught[name])
+        seen.add(index)
+    for index, env in env_by_message.items():
+        if index not in seen:
+            total.update(env)
+    return total
+
+
+def _proxy_view(episodes: Sequence[Episode]) -> ProxyView:
+    caught_calls = {channel: 0 for channel in PROXY_CHANNELS}
+    answers = caught = fixed = repairs = failures = 0
+    for episode in episodes:
+        failed_by_message: Counter[int] = Counter(
+            c.message_index for c in episode.agent_calls if c.error
+        )
+        calls_by_message: Counter[int] = Counter(c.message_index for c in episode.agent_calls)
+        for index, proxy in episode.answer_proxy:
+            if proxy is None:
+                continue
+            answers += 1
+            channels = _names(proxy.get("tool_errors"))
+            for channel in channels:
+                caught_calls[channel] = caught_calls.get(channel, 0) + 1
+            repairs += int(_number(proxy.get("repairs")))
+            failures += "repair_failed" in proxy
+            if not channels:
+                continue
+            caught += 1
+            repaired = int(_number(proxy.get("repairs"))) > 0 and "repair_failed" not in proxy
+            # A repaired answer counts as fixed when what the agent got ran without a failed call
+            # (an empty answer cannot be checked that way, so it needs calls to count).
+            if repaired and failed_by_message[index] == 0 and calls_by_message[index] > 0:
+                fixed += 1
+    return ProxyView(answers, caught_calls, caught, fixed, repairs, failures)
+
+
+def _repair_cost(episodes: Sequence[Episode]) -> RepairCost:
+    extra: list[float] = []
+    prompt: list[float] = []
+    completion: list[float] = []
+    seconds: list[float] = []
+    overhead: list[float] = []
+    for episode in episodes:
+        if not episode.proxy_answers:
+            continue
+        extra.append(
+            sum(max(_number(p.get("upstream_calls", 1)) - 1, 0) for p in episode.proxy_answers)
+        )
+        prompt.append(sum(_number(p.get("repair_prompt_tokens")) for p in episode.proxy_answers))
+        completion.append(
+            sum(_number(p.get("repair_completion_tokens")) for p in episode.proxy_answers)
+        )
+        seconds.append(sum(_number(p.get("repair_seconds")) for p in episode.proxy_answers))
+        overhead.extend(
+            _number(p["overhead_ms"]) for p in episode.proxy_answers if "overhead_ms" in p
+        )
+    why = "no proxy headers recorded (run without the proxy)"
+    return RepairCost(
+        episodes_with_headers=len(extra),
+        extra_upstream_calls=_mean(extra, why),
+        prompt_tokens=_mean(prompt, why),
+        completion_tokens=_mean(completion, why),
+        seconds=_mean(seconds, why),
+        overhead_ms_per_answer=_mean(overhead, "no overhead header recorded"),
+    )
+
+
+def scored_episodes(arm: Arm) -> list[Episode]:
+    """The episodes success statistics use: NL assertions nobody judged are counted apart."""
+    return [e for e in arm.episodes if not e.nl_unjudged]
+
+
+def summarize_arm(arm: Arm) -> ArmSummary:
+    episodes = list(arm.episodes)
+    scored = scored_episodes(arm)
+    successes = sum(e.success for e in scored)
+    agent_calls = [c for e in episodes for c in e.agent_calls]
+    failed_agent = [c for c in agent_calls if c.error]
+    channel_counts = {ch: sum(1 for c in failed_agent if c.channel == ch) for ch in ENV_CHANNELS}
+    channel_counts["any"] = len(failed_agent)
+    channel_rates = {ch: Rate(n, len(agent_calls)).value for ch, n in channel_counts.items()}
+    names_env: Counter[str] = Counter()
+    names_proxy: Counter[str] = Counter()
+    names: Counter[str] = Counter()
+    for episode in episodes:
+        for call in episode.agent_calls:
+            if call.channel == "hallucinated_name":
+                names_env[classify_error(call.content)[1] or call.name] += 1
+        for proxy in episode.proxy_answers:
+            names_proxy.update(_names(proxy.get("unknown_tools")))
+        names.update(_answer_names(episode))
+    raw = sum(names.values())
+    recovered, followed, failed = _recovery(episodes)
+    why_len = "no episodes"
+    cell_mode = arm.cell_and_mode
+    return ArmSummary(
+        label=arm.label,
+        path=str(arm.path),
+        agent_model=arm.agent_model,
+        max_errors=arm.max_errors,
+        episodes=len(episodes),
+        scored=len(scored),
+        nl_unjudged=len(episodes) - len(scored),
+        no_reward=sum(1 for e in episodes if e.reward is None),
+        success=stats.wilson(successes, len(scored)),
+        sweep={
+            k: stats.wilson(sum(success_at(e, k) for e in scored), len(scored)) for k in BUDGETS
+        },
+        messages_mean=_mean([e.num_messages for e in episodes], why_len),
+        messages_median=_median([e.num_messages for e in episodes], why_len),
+        failed_calls_mean=_mean([e.failed_calls for e in episodes], why_len),
+        termination=dict(Counter(e.termination_reason for e in episodes).most_common()),
+        agent_tool_calls=len(agent_calls),
+        user_failed_calls=sum(
+            1 for e in episodes for c in e.calls if c.requestor == "user" and c.error
+        ),
+        channel_counts=channel_counts,
+        channel_rates=channel_rates,
+        raw_hallucinated_calls=raw,
+        raw_hallucination_rate=Rate(raw, len(agent_calls)).value,
+        names_env=dict(names_env.most_common()),
+        names_proxy=dict(names_proxy.most_common()),
+        names=dict(names.most_common()),
+        recovery=Rate(recovered, followed, "no failed agent call was followed by another").value,
+        recovery_counts=(recovered, followed, failed),
+        proxy=_proxy_view(episodes),
+        repair_cost=_repair_cost(episodes),
+        provenance=arm.provenance,
+        cell=cell_mode[0] if cell_mode else None,
+        mode=cell_mode[1] if cell_mode else None,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Per pair
+
+
+@dataclass(frozen=True)
+class PairSummary:
+    reference: str
+    compared: str
+    paired: int
+    unpaired_reference: int
+    unpaired_compared: int
+    table: stats.PairedTable
+    difference: Interval | NotAvailable  # compared − reference, 95% Newcombe
+    mcnemar_p: float | NotAvailable
+    tost: stats.Tost | NotAvailable
+    sweep_gap: dict[int, Interval | NotAvailable]
+    spearman: float | NotAvailable
+    spearman_names: int
+    novel: tuple[int, int] | NotAvailable
+    # Filled in across all pairs of a report (Holm).
+    mcnemar_p_holm: float | NotAvailable = field(default=NotAvailable("not adjusted yet"))
+    tost_p_holm: float | NotAvailable = field(default=NotAvailable("not adjusted yet"))
+
+
+def _keyed(episodes: Sequence[Episode]) -> dict[tuple[str, int], Episode]:
+    """Key episodes by (task id, trial); without trials, by (task id, occurrence)."""
+    keyed: dict[tuple[str, int], Episode] = {}
+    occurrences: Counter[str] = Counter()
+    for episode in episodes:
+        trial = episode.trial
+        if trial is None:
+            trial = occurrences[episode.task_id]
+            occurrences[episode.task_id] += 1
+        keyed[(episode.task_id, trial)] = episode
+    return keyed
+
+
+def summarize_pair(
+    reference: Arm, compared: Arm, ref_summary: ArmSummary, cmp_summary: ArmSummary
+) -> PairSummary:
+    ref_keyed = _keyed(scored_episodes(reference))
+    cmp_keyed = _keyed(scored_episodes(compared))
+    keys = sorted(set(ref_keyed) & set(cmp_keyed))
+    table = stats.PairedTable.from_pairs(
+        [(ref_keyed[k].success, cmp_keyed[k].success) for k in keys]
+    )
+    sweep_gap = {
+        k: stats.paired_difference(
+            stats.PairedTable.from_pairs(
+                [(success_at(ref_keyed[key], k), success_at(cmp_keyed[key], k)) for key in keys]
+            )
+        )
+        for k in BUDGETS
+    }
+    union = sorted(set(ref_summary.names) | set(cmp_summary.names))
+    rho: float | NotAvailable
+    if not union:
+        rho = NotAvailable("neither arm invented a tool name")
+    elif not ref_summary.names or not cmp_summary.names:
+        which = reference.label if not ref_summary.names else compared.label
+        rho = NotAvailable(f"{which} invented no tool names")
+    else:
+        rho = stats.spearman(
+            [ref_summary.names.get(n, 0) for n in union],
+            [cmp_summary.names.get(n, 0) for n in union],
+        )
+    return PairSummary(
+        reference=reference.label,
+        compared=compared.label,
+        paired=len(keys),
+        unpaired_reference=len(ref_keyed) - len(keys),
+        unpaired_compared=len(cmp_keyed) - len(keys),
+        table=table,
+        difference=stats.paired_difference(table),
+        mcnemar_p=stats.mcnemar_exact_p(table),
+        tost=stats.tost(table),
+        sweep_gap=sweep_gap,
+        spearman=rho,
+        spearman_names=len(union),
+        novel=stats.novel_share(ref_summary.names, cmp_summary.names),
+    )
+
+
+def default_pairs(arms: Sequence[Arm]) -> list[tuple[str, str]]:
+    """Within each grid cell, repair mode ``off`` against every other mode."""
+    by_cell: dict[str, dict[str, str]] = {}
+    for arm in arms:
+        cell_mode = arm.cell_and_mode
+        if cell_mode:
+            by_cell.setdefault(cell_mode[0], {})[cell_mode[1]] = arm.label
+    pairs: list[tuple[str, str]] = []
+    for modes in by_cell.values():
+        if "off" in modes:
+            pairs.extend(
+                (modes["off"], modes[m]) for m in REPAIR_MODES if m in modes and m != "off"
+            )
+    return pairs
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Everything one report says: the arms, the pairs (Holm-adjusted together), the notes."""
+
+    arms: dict[str, ArmSummary]
+    pairs: list[PairSummary]
+    notes: list[str]
+
+
+def build_summary(arms: Sequence[Arm], pairs: Sequence[tuple[str, str]]) -> Summary:
+    """Summarise every arm and every pair; Holm runs across all pairs of this one summary."""
+    by_label = {arm.label: arm for arm in arms}
+    summaries = {arm.label: summarize_arm(arm) for arm in arms}
+    compared = [
+        summarize_pair(by_label[r], by_label[c], summaries[r], summaries[c]) for r, c in pairs
+    ]
+    mcnemar = stats.holm([p.mcnemar_p for p in compared])
+    tost_p = stats.holm([p.tost.p if isinstance(p.tost, stats.Tost) else p.tost for p in compared])
+    compared = [
+        replace(p, mcnemar_p_holm=m, tost_p_holm=t)
+        for p, m, t in zip(compared, mcnemar, tost_p, strict=True)
+    ]
+    notes = []
+    for summary in summaries.values():
+        if summary.nl_unjudged:
+            notes.append(
+                f"{summary.label}: {summary.nl_unjudged} episode(s) with natural-language "
+                "assertions scored without a judge are counted apart (not in success rates)."
+            )
+        if summary.no_reward:
+            notes.append(
+                f"{summary.label}: {summary.no_reward} episode(s) carry no reward "
+                "(counted as failures)."
+            )
+        if summary.max_errors is not None and summary.max_errors < max(BUDGETS):
+            notes.append(
+                f"{summary.label}: the run's budget was {summary.max_errors}; success@K' for "
+                f"K' > {summary.max_errors} cannot exceed the run's own success."
+            )
+    return Summary(summaries, compared, notes)
