@@ -6,12 +6,13 @@ their serialised JSON); each answer is then checked call by call in a few micros
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import enum
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ import jsonschema_rs
 import orjson
 
 from repairproxy.errors import InvalidToolsError
+from repairproxy.textcalls import TextCall, find_call_in_text, find_text_calls, message_text
 
 __all__ = [
     "CallVerdict",
@@ -27,6 +29,7 @@ __all__ = [
     "MessageVerdict",
     "ToolsCache",
     "find_call_in_text",
+    "text_calls_allowed",
 ]
 
 # A schema violation lists at most this many failing paths: enough to repair, short enough to read.
@@ -35,8 +38,6 @@ MAX_ERROR_PATHS = 8
 MAX_MESSAGE_CHARS = 160
 # Remembered closest-name answers per compiled tools list (cleared when full).
 MAX_REMEMBERED_NAMES = 256
-# Scanning free text for JSON objects tries at most this many opening braces (bounds the cost).
-MAX_BRACE_SCANS = 64
 
 
 class Channel(enum.StrEnum):
@@ -65,6 +66,15 @@ class CallVerdict:
     diagnosis: str
     closest_tool: str | None = None
     error_paths: tuple[str, ...] = ()
+    # A call written as text (channel tool_call_in_content): the call as found, and the channel it
+    # would have had as a structured call (valid: it can be promoted as it is).
+    text_call: TextCall | None = None
+    inner: Channel | None = None
+
+    @property
+    def form(self) -> str:
+        """``"text"`` for a call written in the answer's text, else ``"structured"``."""
+        return "structured" if self.text_call is None else "text"
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +268,7 @@ class CompiledTools:
             )
         try:
             valid = validator.is_valid(parsed)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             return CallVerdict(
                 index, call_id, name, Channel.INVALID_JSON, "The arguments hold non-JSON values."
             )
@@ -277,19 +287,38 @@ class CompiledTools:
             error_paths=paths,
         )
 
-    def check_message(self, message: Mapping[str, Any]) -> MessageVerdict:
-        """Classify every call of an assistant message, or the message itself when it has none."""
+    def check_message(
+        self, message: Mapping[str, Any], *, text_calls: bool = True
+    ) -> MessageVerdict:
+        """Classify every call of an assistant message, or the message itself when it has none.
+
+        Calls written in the text are classified too, one verdict each (``tool_call_in_content``,
+        with their inner channel), unless ``text_calls`` is False (the client sent
+        ``tool_choice: "none"``: text is text). A text call repeating a structured call of the same
+        message is only commentary and is not counted.
+        """
         tool_calls = message.get("tool_calls")
-        if tool_calls:
-            return MessageVerdict(
-                tuple(self._check_tool_call(i, c) for i, c in enumerate(tool_calls))
+        structured: tuple[CallVerdict, ...] = ()
+        if isinstance(tool_calls, list) and tool_calls:
+            structured = tuple(self._check_tool_call(i, c) for i, c in enumerate(tool_calls))
+        elif tool_calls and not isinstance(tool_calls, list):
+            structured = (self.check_call(None, None),)
+        elif isinstance(message.get("function_call"), Mapping):
+            function_call = message["function_call"]
+            structured = (
+                self.check_call(function_call.get("name"), function_call.get("arguments")),
             )
-        function_call = message.get("function_call")
-        if isinstance(function_call, Mapping):
-            return MessageVerdict(
-                (self.check_call(function_call.get("name"), function_call.get("arguments")),)
+        text = message_text(message)
+        if structured:
+            if not text_calls or not text:
+                return MessageVerdict(structured)
+            seen = _structured_keys(message)
+            in_text = tuple(
+                verdict
+                for verdict in self._check_text(text)
+                if verdict.text_call is not None and _text_call_key(verdict.text_call) not in seen
             )
-        text = _message_text(message)
+            return MessageVerdict(structured + in_text)
         if not text.strip():
             if message.get("refusal"):
                 return MessageVerdict(())
@@ -304,26 +333,38 @@ class CompiledTools:
                     ),
                 )
             )
-        found = find_call_in_text(text)
-        if found is None:
+        if not text_calls:
             return MessageVerdict(())
-        (name,) = found
-        closest = self.closest_name(name or "")
-        hint = f" (closest declared tool: {closest!r})" if closest else ""
-        shown = f" to {_short(name)!r}" if name else ""
-        return MessageVerdict(
-            (
+        return MessageVerdict(self._check_text(text))
+
+    def _check_text(self, text: str) -> tuple[CallVerdict, ...]:
+        verdicts = []
+        for index, call in enumerate(find_text_calls(text)):
+            arguments = call.arguments
+            schema = self._schemas.get(call.name) if call.name is not None else None
+            if call.string_values and isinstance(arguments, dict) and schema is not None:
+                arguments = _typed_values(arguments, schema)
+                call = dataclasses.replace(call, arguments=arguments)
+            inner = self.check_call(call.name, arguments, index=index)
+            closest = self.closest_name(call.name or "")
+            hint = f" (closest declared tool: {closest!r})" if closest else ""
+            shown = f" to {_short(call.name)!r}" if call.name else ""
+            problem = "" if inner.channel is Channel.VALID else " " + inner.diagnosis
+            verdicts.append(
                 CallVerdict(
-                    0,
+                    index,
                     None,
-                    name,
+                    call.name,
                     Channel.TOOL_CALL_IN_CONTENT,
                     f"The answer wrote a tool call{shown} as text{hint} instead of calling the "
-                    "tool; text is never executed.",
+                    f"tool; text is never executed.{problem}",
                     closest_tool=closest,
-                ),
+                    error_paths=inner.error_paths,
+                    text_call=call,
+                    inner=inner.channel,
+                )
             )
-        )
+        return tuple(verdicts)
 
     def _check_tool_call(self, index: int, call: Any) -> CallVerdict:
         if not isinstance(call, Mapping):
@@ -337,106 +378,51 @@ class CompiledTools:
         )
 
 
-def _message_text(message: Mapping[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
-    return ""
+def _canonical(arguments: Any) -> str:
+    try:
+        parsed = orjson.loads(arguments) if isinstance(arguments, str) else arguments
+        return orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode()
+    except (orjson.JSONDecodeError, TypeError):
+        return str(arguments)[:MAX_MESSAGE_CHARS]
 
 
-# --- tool calls written as text ------------------------------------------------------------------
-
-_TAGGED = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-_FUNCTION_TAG = re.compile(r"<function=([\w.\-]+)>")
-_FENCED = re.compile(r"```(?:json|tool_call|tool_code)?\s*\n?(.*?)```", re.DOTALL)
-_NAME_FIELD = re.compile(r'"name"\s*:\s*"([^"]*)"')
-
-
-def _call_name(value: Any) -> tuple[str | None] | None:
-    """``(name,)`` when ``value`` looks like a call object (or a list holding one), else None."""
-    if isinstance(value, list):
-        for item in value:
-            found = _call_name(item)
-            if found is not None:
-                return found
-        return None
-    if not isinstance(value, dict):
-        return None
-    function = value.get("function")
-    if isinstance(function, dict) and isinstance(function.get("name"), str):
-        return (function["name"],)
-    name = value.get("name")
-    if isinstance(name, str) and ("arguments" in value or "parameters" in value):
-        return (name,)
-    return None
+def _structured_keys(message: Mapping[str, Any]) -> set[tuple[str, str]]:
+    calls: list[Any] = list(message.get("tool_calls") or ())
+    if isinstance(message.get("function_call"), Mapping):
+        calls.append({"function": message["function_call"]})
+    keys = set()
+    for call in calls:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping):
+            keys.add((str(function.get("name")), _canonical(function.get("arguments"))))
+    return keys
 
 
-def _from_tags(text: str) -> tuple[str | None] | None:
-    if "<tool_call>" in text:
-        for body in _TAGGED.findall(text):
-            try:
-                found = _call_name(json.loads(body))
-            except ValueError:
-                found = None
-            if found is not None:
-                return found
-            match = _NAME_FIELD.search(body)
-            # A tag is a call even when its JSON is broken; keep the name when we can read it.
-            return (match.group(1) if match else None,)
-    match = _FUNCTION_TAG.search(text)
-    return (match.group(1),) if match else None
+def _text_call_key(call: TextCall) -> tuple[str, str]:
+    return str(call.name), _canonical(call.arguments)
 
 
-def _from_fences(text: str) -> tuple[str | None] | None:
-    if "```" not in text:
-        return None
-    for body in _FENCED.findall(text):
-        try:
-            found = _call_name(json.loads(body))
-        except ValueError:
+def _typed_values(arguments: dict[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
+    """XML parameters arrive as text: decode those the schema does not declare as strings."""
+    properties = schema.get("properties")
+    if not isinstance(properties, Mapping):
+        return arguments
+    typed = dict(arguments)
+    for key, value in arguments.items():
+        spec = properties.get(key)
+        kind = spec.get("type") if isinstance(spec, Mapping) else None
+        if not isinstance(value, str) or kind in (None, "string"):
             continue
-        if found is not None:
-            return found
-    return None
-
-
-def _from_bare_json(text: str) -> tuple[str | None] | None:
-    decoder = json.JSONDecoder()
-    start = text.find("{")
-    scans = 0
-    while start != -1 and scans < MAX_BRACE_SCANS:
-        scans += 1
         try:
-            value, end = decoder.raw_decode(text, start)
-        except ValueError:
-            start = text.find("{", start + 1)
+            typed[key] = orjson.loads(value.strip())
+        except orjson.JSONDecodeError:
             continue
-        found = _call_name(value)
-        if found is not None:
-            return found
-        start = text.find("{", end)
-    return None
+    return typed
 
 
-# Tried in order; the first that finds a call wins.
-TEXT_CALL_DETECTORS: tuple[Callable[[str], tuple[str | None] | None], ...] = (
-    _from_tags,
-    _from_fences,
-    _from_bare_json,
-)
-
-
-def find_call_in_text(text: str) -> tuple[str | None] | None:
-    """``(name,)`` when free text holds a tool call (name None when unreadable), else None."""
-    if "{" not in text and "<" not in text:
-        return None
-    for detector in TEXT_CALL_DETECTORS:
-        found = detector(text)
-        if found is not None:
-            return found
-    return None
+def text_calls_allowed(body: Mapping[str, Any]) -> bool:
+    """False when the client asked for no tool call (``tool_choice: "none"``): text is text."""
+    return body.get("tool_choice") != "none" and body.get("function_call") != "none"
 
 
 # --- compiling and caching -----------------------------------------------------------------------

@@ -1,0 +1,375 @@
+"""Tool calls written as text: every shape the proxy recognises, found, parsed and promoted here.
+
+Small and quantized open models often write their call in the answer's text instead of the
+structured ``tool_calls`` field, and the upstream's parser misses it: bare JSON
+(``{"name": ..., "arguments": ...}`` or a list of them), ``<tool_call>`` blocks, fenced JSON,
+``<function=NAME><parameter=K>v</parameter></function>`` XML, or the legacy ``function_call`` shape.
+``find_text_calls`` returns each call with its span; ``promote_calls`` turns chosen calls into real
+``tool_calls`` entries and cuts their text out of the content, keeping the prose around them.
+What is a *valid* call is validation's business: this module knows shapes, not tools.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import secrets
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+__all__ = [
+    "MAX_JSON_SCANS",
+    "Shape",
+    "TextCall",
+    "calls_in_value",
+    "encode_arguments",
+    "find_call_in_text",
+    "find_text_calls",
+    "fresh_call_id",
+    "json_value_end",
+    "message_text",
+    "promote_calls",
+]
+
+# Scanning free text for JSON values tries at most this many opening brackets (bounds the cost).
+MAX_JSON_SCANS = 64
+# A text holding more calls than this is not an answer an agent acts on; the rest are ignored.
+MAX_TEXT_CALLS = 32
+
+
+class Shape(enum.StrEnum):
+    """How a call was written in the text."""
+
+    JSON = "json"  # bare JSON object, or a list of them
+    TAGGED = "tool_call_tag"  # <tool_call>...</tool_call> (hermes)
+    FENCED = "fenced_json"  # ```json ... ```
+    XML = "function_xml"  # <function=NAME><parameter=K>v</parameter></function>
+
+
+@dataclass(frozen=True, slots=True)
+class TextCall:
+    """One tool call found in text.
+
+    ``arguments`` is a parsed JSON object when it could be read, the raw string when it could not
+    (the call then has invalid JSON), or None when the call's body was unreadable. ``start`` and
+    ``end`` delimit the text to cut when the call is promoted; calls written together in one JSON
+    list or one ``<tool_call>`` block share their span. ``source`` is that text, verbatim.
+    """
+
+    name: str | None
+    arguments: Any
+    start: int
+    end: int
+    shape: Shape
+    source: str
+    string_values: bool = False  # XML parameters: every value came as text (see validation)
+
+
+def fresh_call_id() -> str:
+    """An id in OpenAI's style for a call the proxy made from text."""
+    return "call_" + secrets.token_hex(12)
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """The text of an assistant message (string content, or its text parts joined)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+# --- reading call objects ------------------------------------------------------------------------
+
+
+def _loads(text: str) -> Any:
+    """orjson.loads, None for anything that is not JSON (orjson bounds the depth itself)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return _NOT_JSON
+
+
+_NOT_JSON: Any = object()
+
+
+def _arguments_of(raw: Any) -> Any:
+    """Arguments as the model wrote them: an object stays, a JSON string is decoded if it can be."""
+    if raw is None:
+        return {}
+    if isinstance(raw, str):
+        decoded = _loads(raw) if raw.strip() else {}
+        return decoded if isinstance(decoded, dict) else raw
+    return raw
+
+
+def _one_call(value: Any) -> tuple[str, Any] | None:
+    """(name, arguments) when ``value`` is one call object in any known spelling, else None."""
+    if not isinstance(value, dict):
+        return None
+    name = value.get("name")
+    if isinstance(name, str) and ("arguments" in value or "parameters" in value):
+        raw = value["arguments"] if "arguments" in value else value["parameters"]
+        return name, _arguments_of(raw)
+    for key in ("function", "function_call"):  # an OpenAI tool_calls entry; the legacy shape
+        inner = value.get(key)
+        if isinstance(inner, dict) and isinstance(inner.get("name"), str):
+            raw = inner.get("arguments", inner.get("parameters"))
+            return inner["name"], _arguments_of(raw)
+    return None
+
+
+def calls_in_value(value: Any) -> list[tuple[str, Any]] | None:
+    """Every call in a decoded JSON value, or None when it is not a call shape.
+
+    A call object, a non-empty list made only of call objects, or ``{"tool_calls": [...]}``.
+    """
+    single = _one_call(value)
+    if single is not None:
+        return [single]
+    if isinstance(value, dict) and isinstance(value.get("tool_calls"), list) and len(value) <= 2:
+        value = value["tool_calls"]
+    if isinstance(value, list) and value:
+        calls = [_one_call(item) for item in value]
+        if all(call is not None for call in calls):
+            return [call for call in calls if call is not None]
+    return None
+
+
+# --- finding JSON values in prose ----------------------------------------------------------------
+
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|"|[\[\]{}]', re.DOTALL)
+_JSON_OPENER = re.compile(r"[\[{]")
+
+
+def json_value_end(text: str, start: int) -> int | None:
+    """The end of the bracketed JSON value opening at ``start`` (brackets balanced), or None.
+
+    Only brackets and strings are tracked, iteratively: no recursion, whatever the depth.
+    """
+    depth = 0
+    for token in _JSON_TOKEN.finditer(text, start):
+        kind = token.group()
+        if kind == '"':
+            return None  # an unterminated string
+        if kind in "[{":
+            depth += 1
+        elif kind in "]}":
+            depth -= 1
+            if depth == 0:
+                return token.end()
+    return None
+
+
+def _bare_json_calls(text: str, begin: int, stop: int) -> Iterable[TextCall]:
+    position = begin
+    scans = 0
+    while scans < MAX_JSON_SCANS:
+        opener = _JSON_OPENER.search(text, position, stop)
+        if opener is None:
+            return
+        scans += 1
+        start = opener.start()
+        end = json_value_end(text, start)
+        if end is None or end > stop:
+            position = start + 1
+            continue
+        value = _loads(text[start:end])
+        if value is _NOT_JSON:
+            position = start + 1
+            continue
+        calls = calls_in_value(value)
+        if calls is not None:
+            source = text[start:end]
+            for name, arguments in calls:
+                yield TextCall(name, arguments, start, end, Shape.JSON, source)
+        position = end
+
+
+# --- tags, fences and XML ------------------------------------------------------------------------
+
+_TAGGED = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+_FUNCTION_XML = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|\Z)", re.DOTALL)
+_PARAMETER = re.compile(
+    r"<parameter=([^>\s]+)>(.*?)(?:</parameter>|(?=<parameter=)|(?=</function>)|\Z)", re.DOTALL
+)
+_FENCED = re.compile(r"```[ \t]*([A-Za-z_]*)[ \t]*\n?(.*?)```", re.DOTALL)
+_FENCE_LANGUAGES = frozenset({"", "json", "jsonc", "tool_call", "tool_code", "javascript", "js"})
+_NAME_FIELD = re.compile(r'"name"\s*:\s*"([^"\\]{1,200})"')
+
+
+def _xml_calls(body: str, start: int, end: int, source: str) -> list[TextCall]:
+    calls = []
+    for match in _FUNCTION_XML.finditer(body):
+        name, inner = match.group(1), match.group(2)
+        arguments: Any
+        string_values = False
+        if "<parameter=" in inner:
+            arguments = {key: _parameter_value(value) for key, value in _PARAMETER.findall(inner)}
+            string_values = True
+        elif not inner.strip():
+            arguments = {}
+        else:
+            arguments = _arguments_of(inner.strip())
+        calls.append(TextCall(name, arguments, start, end, Shape.XML, source, string_values))
+    return calls
+
+
+def _parameter_value(value: str) -> str:
+    # Qwen3-Coder writes each value on its own line(s): drop that framing newline only.
+    if value.startswith("\n"):
+        value = value[1:]
+    if value.endswith("\n"):
+        value = value[:-1]
+    return value
+
+
+def _tagged_calls(text: str) -> list[TextCall]:
+    calls: list[TextCall] = []
+    for match in _TAGGED.finditer(text):
+        body = match.group(1).strip()
+        start, end = match.span()
+        source = match.group()
+        if "<function=" in body:
+            calls.extend(_xml_calls(body, start, end, source))
+            continue
+        value = _loads(body)
+        found = calls_in_value(value) if value is not _NOT_JSON else None
+        if found is not None:
+            calls.extend(TextCall(n, a, start, end, Shape.TAGGED, source) for n, a in found)
+            continue
+        # A tag is a call even when its body is broken: keep the name when it can be read.
+        name = _NAME_FIELD.search(body)
+        calls.append(
+            TextCall(name.group(1) if name else None, None, start, end, Shape.TAGGED, source)
+        )
+    return calls
+
+
+def _fenced_calls(text: str, begin: int, stop: int) -> list[TextCall]:
+    calls: list[TextCall] = []
+    for match in _FENCED.finditer(text, begin, stop):
+        if match.group(1).lower() not in _FENCE_LANGUAGES:
+            continue
+        value = _loads(match.group(2).strip())
+        found = calls_in_value(value) if value is not _NOT_JSON else None
+        if found is None:
+            continue
+        start, end = match.span()
+        source = match.group()
+        calls.extend(TextCall(n, a, start, end, Shape.FENCED, source) for n, a in found)
+    return calls
+
+
+def _gaps(spans: Sequence[tuple[int, int]], length: int) -> list[tuple[int, int]]:
+    gaps = []
+    position = 0
+    for start, end in sorted(spans):
+        if start > position:
+            gaps.append((position, start))
+        position = max(position, end)
+    if position < length:
+        gaps.append((position, length))
+    return gaps
+
+
+def find_text_calls(text: str) -> tuple[TextCall, ...]:
+    """Every tool call written in ``text``, in order of appearance (empty when there is none).
+
+    Tags first (their bodies may hold anything), then ``<function=...>`` XML outside tags, fenced
+    JSON, and last bare JSON in what is left. JSON that is not a call shape is prose.
+    """
+    if "{" not in text and "<" not in text:
+        return ()
+    found: list[TextCall] = []
+    if "<tool_call>" in text:
+        found.extend(_tagged_calls(text))
+    if "<function=" in text:
+        for gap_start, gap_end in _gaps([(c.start, c.end) for c in found], len(text)):
+            segment = text[gap_start:gap_end]
+            for match in _FUNCTION_XML.finditer(segment):
+                start, end = gap_start + match.start(), gap_start + match.end()
+                found.extend(_xml_calls(match.group(), start, end, match.group()))
+    if "```" in text:
+        for gap_start, gap_end in _gaps([(c.start, c.end) for c in found], len(text)):
+            found.extend(_fenced_calls(text, gap_start, gap_end))
+    for gap_start, gap_end in _gaps([(c.start, c.end) for c in found], len(text)):
+        found.extend(_bare_json_calls(text, gap_start, gap_end))
+    found.sort(key=lambda call: call.start)
+    return tuple(found[:MAX_TEXT_CALLS])
+
+
+def find_call_in_text(text: str) -> tuple[str | None] | None:
+    """``(name,)`` of the first call written in ``text`` (name None when unreadable), else None."""
+    calls = find_text_calls(text)
+    return (calls[0].name,) if calls else None
+
+
+# --- promotion -----------------------------------------------------------------------------------
+
+
+def _without_spans(text: str, spans: Iterable[tuple[int, int]]) -> str:
+    pieces = []
+    position = 0
+    for start, end in sorted(set(spans)):
+        pieces.append(text[position:start])
+        position = max(position, end)
+    pieces.append(text[position:])
+    return "\n".join(piece.strip() for piece in pieces if piece.strip())
+
+
+def encode_arguments(arguments: Any) -> str | None:
+    """Arguments as the JSON string a ``tool_calls`` entry carries; None when not encodable."""
+    if isinstance(arguments, str):
+        return arguments
+    try:
+        return orjson.dumps(arguments).decode()
+    except TypeError:  # orjson.JSONEncodeError: too deep, or not JSON at all
+        return None
+
+
+def promote_calls(
+    message: Mapping[str, Any],
+    calls: Sequence[TextCall],
+    *,
+    new_id: Callable[[], str] = fresh_call_id,
+) -> dict[str, Any]:
+    """A copy of ``message`` where ``calls`` (found in its text) are real ``tool_calls`` entries.
+
+    Their text is cut out of the content, the prose around them kept (content None when nothing
+    is left); existing structured calls stay first. The input is never mutated.
+    """
+    promoted = dict(message)
+    entries = list(message.get("tool_calls") or ())
+    cut: list[tuple[int, int]] = []
+    # Calls written together (one JSON list, one tag) share their text: all of them or none.
+    by_span: dict[tuple[int, int], list[TextCall]] = {}
+    for call in calls:
+        by_span.setdefault((call.start, call.end), []).append(call)
+    for span, group in by_span.items():
+        encoded = [encode_arguments(call.arguments) for call in group]
+        if any(call.name is None for call in group) or None in encoded:
+            continue
+        for call, arguments in zip(group, encoded, strict=True):
+            entries.append(
+                {
+                    "id": new_id(),
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": arguments},
+                }
+            )
+        cut.append(span)
+    if not cut:
+        return promoted
+    rest = _without_spans(message_text(message), cut)
+    promoted["content"] = rest or None
+    promoted["tool_calls"] = entries
+    return promoted
