@@ -1,0 +1,189 @@
+"""The tool-name margin probe on vLLM-shaped answers and on the embedded server's answers."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import httpx
+import pytest
+
+from repairproxy.local.engine import Generation, SamplingParams, TokenLogprob
+from repairproxy.local.server import create_app
+from repairproxy.margin import PROBE_TOP_LOGPROBS, strip_probe, tool_name_margins, with_probe
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_order_details", "parameters": {"type": "object"}},
+    }
+]
+
+
+def entry(token: str, logprob: float, rivals: dict[str, float] | None = None) -> dict[str, Any]:
+    """One logprobs.content entry as vLLM writes it: the chosen token is in its own top list."""
+    top = {token: logprob, **(rivals or {})}
+    ordered = sorted(top.items(), key=lambda item: -item[1])
+    return {
+        "token": token,
+        "logprob": logprob,
+        "bytes": list(token.encode()),
+        "top_logprobs": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in ordered
+        ],
+    }
+
+
+def call(name: str, arguments: str = "{}") -> dict[str, Any]:
+    return {
+        "id": f"call_{name}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def vllm_answer(content: list[dict[str, Any]], calls: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": "qwen",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": None, "tool_calls": calls},
+                "logprobs": {"content": content},
+                "finish_reason": "tool_calls",
+            }
+        ],
+    }
+
+
+def hermes_tokens(name_pieces: list[dict[str, Any]], arguments: str = "{}") -> list[dict[str, Any]]:
+    return [
+        entry("<tool_call>", -0.01),
+        entry("\n", -0.001),
+        entry('{"', -0.002),
+        entry("name", -0.0001),
+        entry('":', -0.0001),
+        entry(' "', -0.003),
+        *name_pieces,
+        entry('",', -0.001),
+        entry(' "arguments": ' + arguments + "}", -0.2),
+        entry("\n</tool_call>", -0.01),
+    ]
+
+
+def test_margin_of_the_first_name_token_is_exact() -> None:
+    tokens = hermes_tokens(
+        [entry("get", -0.125, {"find": -2.625, "cancel": -4.0}), entry("_order_details", -0.5)]
+    )
+    answer = vllm_answer(tokens, [call("get_order_details")])
+    assert tool_name_margins(answer) == [2.5]
+
+
+def test_two_calls_with_the_same_name_each_get_their_own_token() -> None:
+    first = hermes_tokens([entry("get", -0.25, {"find": -1.25}), entry("_order_details", -0.1)])
+    second = hermes_tokens([entry("get", -0.5, {"cancel": -0.75}), entry("_order_details", -0.1)])
+    answer = vllm_answer(first + second, [call("get_order_details"), call("get_order_details")])
+    assert tool_name_margins(answer) == [1.0, 0.25]
+
+
+def test_a_sampled_runner_up_gives_a_negative_margin() -> None:
+    tokens = hermes_tokens([entry("cancel", -1.5, {"get": -0.5}), entry("_order", -0.1)])
+    assert tool_name_margins(vllm_answer(tokens, [call("cancel_order")])) == [-1.0]
+
+
+def test_name_sharing_a_token_with_its_quote() -> None:
+    tokens = [
+        entry('{"name":', -0.1),
+        entry(' "get', -0.0625, {' "find': -3.0625}),
+        entry('_order_details", "arguments": {}}', -0.3),
+    ]
+    assert tool_name_margins(vllm_answer(tokens, [call("get_order_details")])) == [3.0]
+
+
+def test_answers_without_logprobs_or_rivals_give_nothing() -> None:
+    tokens = hermes_tokens([entry("get_order_details", -0.1)])
+    answer = vllm_answer(tokens, [call("get_order_details")])
+    assert tool_name_margins(answer) == []  # only the chosen token in its top list
+    answer["choices"][0]["logprobs"] = None
+    assert tool_name_margins(answer) == []
+    assert tool_name_margins({"choices": []}) == []
+    assert tool_name_margins({"error": {"message": "x"}}) == []
+    unscored = vllm_answer([entry("Sure", -0.1, {"Ok": -1.0})], [call("get_order_details")])
+    assert tool_name_margins(unscored) == []  # the call's tokens are not among the scored ones
+
+
+def test_with_probe_adds_only_what_the_client_did_not_ask() -> None:
+    body: dict[str, Any] = {"model": "m", "messages": [], "tools": TOOLS}
+    probed, added = with_probe(body)
+    assert added and probed["logprobs"] is True and probed["top_logprobs"] == PROBE_TOP_LOGPROBS
+    assert "logprobs" not in body  # the client's body is not changed
+    asked = {**body, "logprobs": True, "top_logprobs": 2}
+    assert with_probe(asked) == (asked, False)
+    no_tools = {"model": "m", "messages": []}
+    assert with_probe(no_tools) == (no_tools, False)
+
+
+def test_strip_probe_leaves_what_a_plain_answer_has() -> None:
+    answer = vllm_answer(hermes_tokens([entry("get", -0.1, {"x": -1.0})]), [call("get")])
+    stripped = strip_probe(answer)
+    assert stripped["choices"][0]["logprobs"] is None
+    assert stripped["choices"][0]["message"]["tool_calls"] == [call("get")]
+    chunk = {
+        "object": "chat.completion.chunk",
+        "choices": [{"delta": {}, "logprobs": {"content": []}}],
+    }
+    assert strip_probe(chunk)["choices"][0]["logprobs"] is None
+
+
+class _Scored:
+    """The embedded server's generate seam, producing hermes text with known logprobs."""
+
+    PIECES = (
+        "<tool_call>",
+        '\n{"name": "',
+        "get",
+        "_order_details",
+        '", "arguments": {}}',
+        "\n</tool_call>",
+    )
+
+    def __call__(
+        self,
+        prompt: str,
+        params: SamplingParams,
+        *,
+        on_delta: Any = None,
+        cancelled: threading.Event | None = None,
+    ) -> Generation:
+        logprobs = []
+        for piece in self.PIECES:
+            rivals: tuple[tuple[str, float, list[int]], ...] = ()
+            chosen = -0.03125
+            if piece == "get":
+                rivals = (("get", chosen, list(b"get")), ("find", -1.53125, list(b"find")))
+            logprobs.append(
+                TokenLogprob(piece, chosen, list(piece.encode()), rivals[: params.top_logprobs])
+            )
+        return Generation(
+            text="".join(self.PIECES),
+            completion_tokens=len(self.PIECES),
+            logprobs=logprobs if params.logprobs else [],
+        )
+
+
+@pytest.mark.anyio
+async def test_embedded_server_answers_carry_the_margin() -> None:
+    transport = httpx.ASGITransport(app=create_app(_Scored(), "local-model"))
+    async with httpx.AsyncClient(transport=transport, base_url="http://local") as client:
+        body, added = with_probe(
+            {"model": "local-model", "messages": [{"role": "user", "content": "x"}], "tools": TOOLS}
+        )
+        assert added
+        reply = (await client.post("/v1/chat/completions", json=body)).json()
+    assert (
+        reply["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_order_details"
+    )
+    assert tool_name_margins(reply) == [1.5]
+    assert strip_probe(reply)["choices"][0]["logprobs"] is None
