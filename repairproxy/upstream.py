@@ -1,43 +1,70 @@
-"""The only code that talks to the upstream: one keep-alive connection pool, and header hygiene.
+"""The only code that talks to the upstream: a transport behind a small protocol; header hygiene.
 
 Transport failures become ``errors.UpstreamUnavailableError`` (502) or ``UpstreamTimeoutError``
 (504); upstream 4xx/5xx *responses* are data, returned to the caller to pass through as they are.
+
+Where requests go. The upstream base URL is what the OpenAI SDK takes as ``base_url``: a route's
+``/v1/X`` goes to ``<base path>/X``. A bare origin (no path) means its ``/v1``. So
+``http://h:8000`` and ``http://h:8000/v1`` both send ``/v1/chat/completions``, and
+``http://h/v1beta/openai/`` sends ``/v1beta/openai/chat/completions``. The base URL's query is put
+before the request's own; its userinfo becomes ``Authorization: Basic`` (``--upstream-api-key``,
+a Bearer key, takes precedence).
+
+Proxies: ``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``NO_PROXY`` (either case; lower case wins, as curl and
+urllib read them) choose an ``http://`` forward proxy for the upstream; loopback upstreams never go
+through one (as Go's net/http decides). ``Upstream(..., trust_env=False)`` ignores the environment.
+
+The seam: ``Upstream(base_url, transport=...)`` takes any ``Transport`` (what it needs from the
+pool: send a request, get status, headers, a body iterator, close). Tests script one
+(``tests/support/mock_transport.py``); production uses ``http1.ConnectionPool``. A transport raises
+``TimeoutError`` for timeouts and ``OSError`` (``ConnectionError``) for everything else that broke.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import orjson
 
-from repairproxy.errors import UpstreamTimeoutError, UpstreamUnavailableError
-from repairproxy.http1 import ConnectionPool, PoolTimeoutError, Response
+from repairproxy.errors import (
+    BadRequestError,
+    UpstreamBadAnswerError,
+    UpstreamStatusError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
+from repairproxy.http1 import ConnectionPool, InvalidTargetError, basic_auth
 
 __all__ = [
     "HeaderList",
+    "Transport",
+    "TransportResponse",
     "Upstream",
     "UpstreamReply",
     "UpstreamStatusError",
     "UpstreamTimer",
+    "UpstreamURL",
+    "proxy_from_environment",
     "response_headers",
     "timed",
-    "upstream_root",
 ]
 
 HeaderList = list[tuple[bytes, bytes]]
 
-# Hop-by-hop headers (RFC 9110 7.6.1) plus those the transport recomputes.
+# Hop-by-hop headers (RFC 9110 7.6.1), ``expect`` (its 100-continue is between the client and
+# us), plus those the transport recomputes. Headers a ``connection`` header names are dropped too.
 _HOP_BY_HOP = frozenset(
     {
         b"connection",
         b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"proxy-connection",
+        b"expect",
         b"te",
         b"trailer",
         b"transfer-encoding",
@@ -46,31 +73,124 @@ _HOP_BY_HOP = frozenset(
         b"content-length",
     }
 )
+_PROXY_PREFIX = b"proxy-"  # proxy-authorization, proxy-connection, ...: for the client's proxy
 # Our own control headers are consumed by the proxy, never forwarded.
 _OWN_PREFIX = b"x-repairproxy-"
+_CONNECT_TIMEOUT = 10.0  # seconds, at most (the upstream timeout when it is shorter)
+_READY_TIMEOUT = 5.0
 
 
-def upstream_root(url: str) -> str:
-    """``http://h:8000/v1`` and ``http://h:8000`` → ``http://h:8000``; paths keep ``/v1``."""
-    root = url.rstrip("/")
-    return root[: -len("/v1")] if root.endswith("/v1") else root
+class TransportResponse(Protocol):
+    """A response whose head has arrived; the body is read once, then ``aclose``."""
+
+    status_code: int
+    headers: HeaderList
+
+    def header(self, name: bytes) -> bytes | None: ...
+
+    def iter_body(self) -> AsyncIterator[bytes]: ...
+
+    async def read(self) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Transport(Protocol):
+    """What ``Upstream`` needs from a connection pool; ``target`` is origin-form, query included."""
+
+    async def request(
+        self,
+        method: str,
+        target: str,
+        headers: HeaderList,
+        body: bytes = b"",
+        timeout: float | None = None,
+    ) -> TransportResponse: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamURL:
+    """The upstream base URL, split once: where to connect and how route paths map onto it."""
+
+    origin: str  # scheme://host[:port]
+    base_path: str  # "/v1", "/v1beta/openai", ... (never empty, no trailing slash)
+    query: str  # the base URL's own query, without "?"
+    credentials: bytes | None  # "Basic ..." from the userinfo
+
+    @classmethod
+    def parse(cls, url: str) -> UpstreamURL:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"upstream must be an http(s) URL, got {url!r}")
+        userinfo, _, hostport = parts.netloc.rpartition("@")
+        return cls(
+            origin=f"{parts.scheme}://{hostport}",
+            base_path=parts.path.rstrip("/") or "/v1",
+            query=parts.query,
+            credentials=basic_auth(userinfo) if userinfo else None,
+        )
+
+    def target(self, path: str, query: bytes = b"") -> str:
+        """``/v1/X`` → ``<base path>/X``, with the base query and then the request's."""
+        if path == "/v1" or path.startswith("/v1/"):
+            path = self.base_path + path[3:]
+        queries = [q for q in (self.query, query.decode("latin-1")) if q]
+        return path + "?" + "&".join(queries) if queries else path
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def proxy_from_environment(url: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The forward proxy ``url`` should go through, per HTTP(S)_PROXY and NO_PROXY, or None."""
+    env = os.environ if environ is None else environ
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if _is_loopback(host):
+        return None
+
+    def read(name: str) -> str:
+        return env.get(name.lower()) or env.get(name.upper()) or ""
+
+    proxy = read(f"{parts.scheme}_proxy").strip()
+    if not proxy:
+        return None
+    netloc = parts.netloc.rpartition("@")[2].lower()
+    for entry in read("no_proxy").split(","):
+        if _bypasses(entry.strip().lower().lstrip("."), host.lower(), netloc):
+            return None
+    return proxy
+
+
+def _bypasses(entry: str, host: str, netloc: str) -> bool:
+    """One NO_PROXY entry: ``*``, a host or domain suffix (port optional), or an IP network."""
+    if not entry:
+        return False
+    if entry == "*" or entry == netloc:
+        return True
+    if host == entry or host.endswith("." + entry):
+        return True
+    try:
+        return ipaddress.ip_address(host) in ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True, slots=True)
 class UpstreamReply:
-    """A buffered upstream answer (body already decoded from any content-encoding)."""
+    """A buffered upstream answer (body as it came: content-encoding kept if it was asked for)."""
 
     status_code: int
     headers: HeaderList
     content: bytes
-
-
-class UpstreamStatusError(Exception):
-    """A repair re-ask got a non-2xx answer; the route passes ``reply`` through to the client."""
-
-    def __init__(self, reply: UpstreamReply) -> None:
-        super().__init__(f"upstream answered {reply.status_code}")
-        self.reply = reply
 
 
 @dataclass(slots=True)
@@ -95,28 +215,40 @@ async def timed(chunks: AsyncIterator[bytes], timer: UpstreamTimer) -> AsyncIter
         yield chunk
 
 
-def response_headers(raw: Iterable[tuple[bytes, bytes]]) -> HeaderList:
+def response_headers(raw: Iterable[tuple[bytes, bytes]], *, head: bool = False) -> HeaderList:
     """Upstream response headers fit to send on (bodies are relayed as they came, encoding kept).
 
     An upstream's own ``x-repairproxy-*`` headers (a chained proxy) are dropped: ours replace them.
+    ``head``: the answer to a HEAD, whose Content-Length describes a body that is not sent.
     """
     return [
         (name, value)
         for name, value in raw
-        if name not in _HOP_BY_HOP and not name.startswith(_OWN_PREFIX)
+        if (name not in _HOP_BY_HOP or (head and name == b"content-length"))
+        and not name.startswith(_OWN_PREFIX)
     ]
+
+
+def _connection_named(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    names: set[bytes] = set()
+    for name, value in headers:
+        if name == b"connection":
+            names.update(token.strip().lower() for token in value.split(b","))
+    return frozenset(names)
 
 
 @contextmanager
 def _translate_errors() -> Iterator[None]:
     try:
         yield
-    except PoolTimeoutError as exc:  # before OSError: TimeoutError is one
+    except TimeoutError as exc:  # before OSError: TimeoutError is one
         raise UpstreamTimeoutError(f"the upstream did not answer in time ({exc})") from exc
     except (ConnectionError, OSError) as exc:
         raise UpstreamUnavailableError(
             f"the upstream could not be reached ({type(exc).__name__}: {exc})"
         ) from exc
+    except InvalidTargetError as exc:
+        raise BadRequestError(str(exc)) from exc
 
 
 class Upstream:
@@ -130,19 +262,23 @@ class Upstream:
         drop_client_auth: bool = False,
         timeout: float = 600.0,
         max_connections: int = 512,
+        transport: Transport | None = None,
+        trust_env: bool = True,
     ) -> None:
-        self.root = upstream_root(base_url)
-        self._auth = (b"authorization", b"Bearer " + api_key.encode()) if api_key else None
-        self._drop_client_auth = drop_client_auth or api_key is not None
-        self._pool = ConnectionPool(
-            self.root,
+        self.url = UpstreamURL.parse(base_url)
+        credentials = b"Bearer " + api_key.encode() if api_key else self.url.credentials
+        self._auth = (b"authorization", credentials) if credentials else None
+        self._drop_client_auth = drop_client_auth or self._auth is not None
+        self._transport: Transport = transport or ConnectionPool(
+            self.url.origin,
             max_connections=max_connections,
-            connect_timeout=min(timeout, 10.0),
+            connect_timeout=min(timeout, _CONNECT_TIMEOUT),
             read_timeout=timeout,
+            proxy=proxy_from_environment(self.url.origin) if trust_env else None,
         )
 
     async def aclose(self) -> None:
-        await self._pool.aclose()
+        await self._transport.aclose()
 
     def outbound_headers(
         self, client_headers: Iterable[tuple[bytes, bytes]], *, keep_encoding: bool
@@ -151,9 +287,16 @@ class Upstream:
 
         Without ``keep_encoding`` the proxy asks for an uncompressed body: it must read it.
         """
+        headers = client_headers if isinstance(client_headers, list) else list(client_headers)
+        named = _connection_named(headers)
         out: HeaderList = []
-        for name, value in client_headers:
-            if name in _HOP_BY_HOP or name.startswith(_OWN_PREFIX):
+        for name, value in headers:
+            if (
+                name in _HOP_BY_HOP
+                or name.startswith(_OWN_PREFIX)
+                or name.startswith(_PROXY_PREFIX)
+                or name in named
+            ):
                 continue
             if name == b"authorization" and self._drop_client_auth:
                 continue
@@ -176,11 +319,11 @@ class Upstream:
         query: bytes = b"",
     ) -> UpstreamReply:
         """Send one request and buffer the whole answer."""
-        target = path + ("?" + query.decode("latin-1") if query else "")
         started = time.perf_counter()
         try:
             with _translate_errors():
-                response = await self._pool.request(method, target, headers, content)
+                target = self.url.target(path, query)
+                response = await self._transport.request(method, target, headers, content)
                 body = await response.read()
         finally:
             timer.seconds += time.perf_counter() - started
@@ -190,7 +333,11 @@ class Upstream:
     async def complete(
         self, body: dict[str, Any], headers: HeaderList, timer: UpstreamTimer
     ) -> dict[str, Any]:
-        """A non-streaming completion for the repair loop; non-2xx raises UpstreamStatusError."""
+        """A non-streaming completion for the repair loop.
+
+        Non-2xx raises ``UpstreamStatusError`` (passed through); a 2xx that is not a JSON object
+        is the upstream's fault: ``UpstreamBadAnswerError`` (502) naming it.
+        """
         reply = await self.request(
             "POST", "/v1/chat/completions", headers, orjson.dumps(body), timer
         )
@@ -199,9 +346,12 @@ class Upstream:
         try:
             parsed = orjson.loads(reply.content)
         except orjson.JSONDecodeError:
-            raise UpstreamStatusError(reply) from None
+            parsed = None
         if not isinstance(parsed, dict):
-            raise UpstreamStatusError(reply)
+            raise UpstreamBadAnswerError(
+                f"the upstream answered {reply.status_code} with a body that is not a JSON "
+                f"object ({len(reply.content)} bytes)"
+            )
         return parsed
 
     @asynccontextmanager
@@ -213,14 +363,14 @@ class Upstream:
         content: bytes,
         timer: UpstreamTimer,
         query: bytes = b"",
-    ) -> AsyncIterator[Response]:
+    ) -> AsyncIterator[TransportResponse]:
         """Open a streamed request; leaving the block early (or cancellation) drops the connection,
         which is how the upstream learns to stop generating."""
-        target = path + ("?" + query.decode("latin-1") if query else "")
         started = time.perf_counter()
         try:
             with _translate_errors():
-                response = await self._pool.request(method, target, headers, content)
+                target = self.url.target(path, query)
+                response = await self._transport.request(method, target, headers, content)
         finally:
             timer.seconds += time.perf_counter() - started
             timer.calls += 1
@@ -239,8 +389,9 @@ class Upstream:
     async def ready(self) -> bool:
         """Whether ``GET /v1/models`` answers 2xx within a few seconds."""
         headers = [self._auth] if self._auth is not None else []
+        target = self.url.target("/v1/models")
         try:
-            response = await self._pool.request("GET", "/v1/models", headers, timeout=5.0)
+            response = await self._transport.request("GET", target, headers, timeout=_READY_TIMEOUT)
             await response.read()
         except (ConnectionError, OSError):
             return False
