@@ -1,0 +1,107 @@
+"""``python -m evals.analyze RESULTS.json... [--pair REF COMPARED ...] --out DIR``.
+
+Each results file is one arm, labelled ``NAME=PATH`` on the command line or, by default, by the
+two folders above it (``runs/NAME/<cell>/<mode>/results.json`` → ``<cell>/<mode>``). Without
+``--pair``, every grid cell's repair mode ``off`` is compared with each of its other modes.
+The grid runner calls ``analyze()`` in process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from evals.analysis import Arm, Summary, build_summary, default_pairs, load_arm
+from evals.report import write_report
+
+__all__ = ["AnalysisError", "analyze", "main"]
+
+
+class AnalysisError(Exception):
+    """The inputs cannot be analysed as asked (a missing file, an unknown pair label)."""
+
+
+def _split(spec: str | Path) -> tuple[str | None, Path]:
+    text = str(spec)
+    name, sep, path = text.partition("=")
+    if sep and name and not Path(text).exists():
+        return name, Path(path)
+    return None, Path(text)
+
+
+def _load(specs: Sequence[str | Path]) -> list[Arm]:
+    arms: list[Arm] = []
+    for spec in specs:
+        label, path = _split(spec)
+        if path.is_dir():
+            path = path / "results.json"
+        if not path.is_file():
+            raise AnalysisError(f"no results file at {path}")
+        arms.append(load_arm(path, label))
+    seen: dict[str, int] = {}
+    unique = []
+    for arm in arms:  # two files with one default label: tell them apart by their agent model
+        count = seen.get(arm.label, 0)
+        seen[arm.label] = count + 1
+        if count:
+            arm = Arm(f"{arm.label}#{count + 1}", arm.path, arm.info, arm.episodes, arm.provenance)
+        unique.append(arm)
+    return unique
+
+
+def _resolve(name: str, arms: Sequence[Arm]) -> str:
+    for arm in arms:
+        if name == arm.label:
+            return arm.label
+    for arm in arms:  # a pair may name an arm by its path too
+        if Path(name).resolve() in (arm.path.resolve(), arm.path.parent.resolve()):
+            return arm.label
+    labels = ", ".join(arm.label for arm in arms)
+    raise AnalysisError(f"--pair names {name!r}, which is none of the arms ({labels})")
+
+
+def analyze(
+    paths: Sequence[str | Path],
+    pairs: Sequence[tuple[str, str]] | None,
+    out_dir: Path,
+    title: str = "repairproxy analysis",
+) -> Summary:
+    """Read the arms, compare the pairs (default: each cell's mode off vs its other modes), and
+    write summary.json, report.md, report.html and the PNG figures into ``out_dir``."""
+    arms = _load(paths)
+    if not arms:
+        raise AnalysisError("no results files given")
+    chosen = [(_resolve(r, arms), _resolve(c, arms)) for r, c in pairs] if pairs else []
+    summary = build_summary(arms, chosen or default_pairs(arms))
+    write_report(summary, out_dir, title)
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m evals.analyze", description=__doc__)
+    parser.add_argument("results", nargs="+", help="results.json files (or NAME=PATH)")
+    parser.add_argument(
+        "--pair",
+        nargs=2,
+        action="append",
+        metavar=("REFERENCE", "COMPARED"),
+        help="compare two arms (labels or paths); repeatable",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--title", default="repairproxy analysis")
+    args = parser.parse_args(argv)
+    try:
+        summary = analyze(args.results, [tuple(p) for p in args.pair or []], args.out, args.title)
+    except AnalysisError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for arm in summary.arms.values():
+        print(f"{arm.label}: {arm.scored} episodes")
+    print(f"{len(summary.pairs)} pair(s); report in {args.out / 'report.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

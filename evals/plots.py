@@ -1,0 +1,183 @@
+"""The report's figures as PNG files (matplotlib's Agg canvas; no pyplot, no global state).
+
+Each function draws one figure from a ``Summary`` and returns the path it wrote, or None when the
+data has nothing to draw (the report then says why). Undefined values are left out of a figure,
+never drawn as 0.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from evals.analysis import BUDGETS, ENV_CHANNELS, ArmSummary, PairSummary, Summary
+from evals.stats import EQUIVALENCE_MARGIN, Interval, average_ranks
+
+__all__ = [
+    "channel_rates",
+    "differences",
+    "name_ranks",
+    "repair_effect",
+    "slug",
+    "sweep",
+]
+
+_DPI = 110
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:80] or "x"
+
+
+def _save(figure: Figure, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=_DPI)
+    return path
+
+
+def _band(arm: ArmSummary) -> tuple[list[int], list[float], list[float], list[float]]:
+    ks, mid, low, high = [], [], [], []
+    for k in BUDGETS:
+        value = arm.sweep[k]
+        if isinstance(value, Interval):
+            ks.append(k)
+            mid.append(value.estimate)
+            low.append(value.low)
+            high.append(value.high)
+    return ks, mid, low, high
+
+
+def sweep(summary: Summary, pair: PairSummary, path: Path) -> Path | None:
+    """Success@K' of both arms of a pair, with Wilson 95% bands."""
+    arms = [summary.arms[pair.reference], summary.arms[pair.compared]]
+    if not any(_band(arm)[0] for arm in arms):
+        return None
+    figure = Figure(figsize=(6.4, 4.0))
+    axes = figure.subplots()
+    for arm, colour in zip(arms, ("tab:blue", "tab:orange"), strict=True):
+        ks, mid, low, high = _band(arm)
+        axes.plot(ks, mid, marker="o", color=colour, label=arm.label)
+        axes.fill_between(ks, low, high, color=colour, alpha=0.18, linewidth=0)
+    budgets = {arm.max_errors for arm in arms if arm.max_errors is not None}
+    for budget in budgets:
+        axes.axvline(budget, color="grey", linestyle=":", linewidth=1)
+    axes.set_xticks(list(BUDGETS))
+    axes.set_xlabel("error budget K' (episode fails once failed tool calls reach K')")
+    axes.set_ylabel("success rate")
+    axes.set_ylim(0, 1)
+    axes.set_title(f"Success vs budget: {pair.reference} vs {pair.compared}", fontsize=10)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8, loc="lower right")
+    return _save(figure, path)
+
+
+def channel_rates(summary: Summary, path: Path) -> Path | None:
+    """Failed agent calls per agent tool call, by channel, plus the raw hallucination rate."""
+    arms = list(summary.arms.values())
+    series = [*ENV_CHANNELS, "raw hallucinated (proxy + env)"]
+    if not arms:
+        return None
+    figure = Figure(figsize=(max(6.4, 1.4 * len(arms) + 2), 4.2))
+    axes = figure.subplots()
+    width = 0.8 / len(series)
+    for s, name in enumerate(series):
+        xs, heights = [], []
+        for a, arm in enumerate(arms):
+            value = arm.channel_rates[name] if name in ENV_CHANNELS else arm.raw_hallucination_rate
+            if isinstance(value, float):
+                xs.append(a + (s - (len(series) - 1) / 2) * width)
+                heights.append(value)
+        axes.bar(xs, heights, width=width, label=name.replace("_", " "))
+    axes.set_xticks(range(len(arms)))
+    axes.set_xticklabels([arm.label for arm in arms], rotation=20, ha="right", fontsize=8)
+    axes.set_ylabel("share of agent tool calls")
+    axes.set_title("Failed agent tool calls by channel", fontsize=10)
+    axes.grid(axis="y", alpha=0.3)
+    axes.legend(fontsize=7)
+    return _save(figure, path)
+
+
+def name_ranks(summary: Summary, pair: PairSummary, path: Path) -> Path | None:
+    """Rank of each hallucinated name in both arms (1 = most frequent; ties share a rank)."""
+    ref = summary.arms[pair.reference].names
+    cmp = summary.arms[pair.compared].names
+    union = sorted(set(ref) | set(cmp))
+    if not union:
+        return None
+    # Negated counts so that the most frequent name gets rank 1.
+    ref_ranks = average_ranks([-ref.get(n, 0) for n in union])
+    cmp_ranks = average_ranks([-cmp.get(n, 0) for n in union])
+    figure = Figure(figsize=(5.2, 5.0))
+    axes = figure.subplots()
+    axes.scatter(ref_ranks, cmp_ranks, alpha=0.7)
+    top = sorted(union, key=lambda n: -(ref.get(n, 0) + cmp.get(n, 0)))[:12]
+    for name in top:
+        i = union.index(name)
+        axes.annotate(name, (ref_ranks[i], cmp_ranks[i]), fontsize=7, alpha=0.8)
+    limit = len(union) + 0.5
+    axes.plot([0.5, limit], [0.5, limit], color="grey", linestyle=":", linewidth=1)
+    axes.set_xlim(0.5, limit)
+    axes.set_ylim(0.5, limit)
+    axes.invert_xaxis()
+    axes.invert_yaxis()
+    axes.set_xlabel(f"rank in {pair.reference}")
+    axes.set_ylabel(f"rank in {pair.compared}")
+    axes.set_title("Hallucinated tool names: rank by count", fontsize=10)
+    return _save(figure, path)
+
+
+def differences(pairs: Sequence[PairSummary], path: Path) -> Path | None:
+    """Paired success difference per pair with its 95% interval and the ±7.5-point band."""
+    rows = [(p, p.difference) for p in pairs if isinstance(p.difference, Interval)]
+    if not rows:
+        return None
+    figure = Figure(figsize=(6.4, 1.2 + 0.45 * len(rows)))
+    axes = figure.subplots()
+    for y, (_, interval) in enumerate(rows):
+        axes.plot([interval.low, interval.high], [y, y], color="tab:blue")
+        axes.plot([interval.estimate], [y], marker="o", color="tab:blue")
+    axes.axvspan(-EQUIVALENCE_MARGIN, EQUIVALENCE_MARGIN, color="tab:green", alpha=0.12)
+    axes.axvline(0, color="grey", linewidth=1)
+    axes.set_yticks(range(len(rows)))
+    axes.set_yticklabels([f"{p.compared} − {p.reference}" for p, _ in rows], fontsize=8)
+    axes.set_xlabel("success difference (95% CI); green: ±7.5-point equivalence band")
+    axes.set_title("Paired success difference", fontsize=10)
+    axes.grid(axis="x", alpha=0.3)
+    return _save(figure, path)
+
+
+def repair_effect(summary: Summary, path: Path) -> Path | None:
+    """Success by repair mode within each grid cell, with Wilson 95% error bars."""
+    cells: dict[str, list[ArmSummary]] = {}
+    for arm in summary.arms.values():
+        if arm.cell is not None:
+            cells.setdefault(arm.cell, []).append(arm)
+    cells = {cell: arms for cell, arms in cells.items() if len(arms) > 1}
+    if not cells:
+        return None
+    modes = sorted({arm.mode for arms in cells.values() for arm in arms if arm.mode})
+    figure = Figure(figsize=(max(6.4, 1.6 * len(cells) + 2), 4.2))
+    axes = figure.subplots()
+    width = 0.8 / len(modes)
+    for m, mode in enumerate(modes):
+        xs, heights, lows, highs = [], [], [], []
+        for c, arms in enumerate(cells.values()):
+            found = next((a for a in arms if a.mode == mode), None)
+            if found is None or not isinstance(found.success, Interval):
+                continue
+            xs.append(c + (m - (len(modes) - 1) / 2) * width)
+            heights.append(found.success.estimate)
+            lows.append(found.success.estimate - found.success.low)
+            highs.append(found.success.high - found.success.estimate)
+        axes.bar(xs, heights, width=width, yerr=[lows, highs], capsize=3, label=mode)
+    axes.set_xticks(range(len(cells)))
+    axes.set_xticklabels(list(cells), rotation=20, ha="right", fontsize=8)
+    axes.set_ylim(0, 1)
+    axes.set_ylabel("success rate at the run's budget")
+    axes.set_title("Repair effect per cell", fontsize=10)
+    axes.grid(axis="y", alpha=0.3)
+    axes.legend(fontsize=8)
+    return _save(figure, path)

@@ -1,0 +1,540 @@
+"""Write an analysis: ``summary.json`` (every number), ``report.md`` and a self-contained
+``report.html`` (the PNG figures embedded as base64), from one ``Summary``.
+
+Rates are fractions in [0, 1] in the JSON and percentages in the text. An undefined statistic is
+``{"value": "n/a", "reason": ...}`` in the JSON and "n/a (reason)" in the text.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evals import plots
+from evals.analysis import (
+    BUDGETS,
+    ENV_CHANNELS,
+    PROXY_CHANNELS,
+    ArmSummary,
+    PairSummary,
+    ProxyView,
+    RepairCost,
+    Summary,
+)
+from evals.stats import EQUIVALENCE_MARGIN, Interval, NotAvailable, Tost
+
+__all__ = ["Figure", "Section", "summary_to_json", "write_report"]
+
+SCHEMA = "repairproxy.analysis/1"
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON
+
+
+def _value(value: Any) -> Any:
+    if isinstance(value, NotAvailable):
+        return {"value": "n/a", "reason": value.reason}
+    if isinstance(value, Interval):
+        return {"estimate": value.estimate, "low": value.low, "high": value.high}
+    return value
+
+
+def _tost(value: Tost | NotAvailable, holm_p: float | NotAvailable) -> Any:
+    if isinstance(value, NotAvailable):
+        return _value(value)
+    return {
+        "margin": value.margin,
+        "difference": value.difference,
+        "standard_error": value.standard_error,
+        "p_lower": value.p_lower,
+        "p_upper": value.p_upper,
+        "p": value.p,
+        "ci90": _value(value.ci90),
+        "equivalent": value.equivalent(),
+        "p_holm": _value(holm_p),
+        "equivalent_holm": isinstance(holm_p, float) and holm_p < 0.05,
+    }
+
+
+def _proxy(view: ProxyView) -> dict[str, Any]:
+    return {
+        "answers_recorded": view.answers_recorded,
+        "caught_calls": view.caught_calls,
+        "caught_answers": view.caught_answers,
+        "fixed_answers": view.fixed_answers,
+        "fixed_share": _value(view.fixed_share),
+        "repairs": view.repairs,
+        "repair_failures": view.repair_failures,
+    }
+
+
+def _cost(cost: RepairCost) -> dict[str, Any]:
+    return {
+        "episodes_with_headers": cost.episodes_with_headers,
+        "extra_upstream_calls_per_episode": _value(cost.extra_upstream_calls),
+        "repair_prompt_tokens_per_episode": _value(cost.prompt_tokens),
+        "repair_completion_tokens_per_episode": _value(cost.completion_tokens),
+        "repair_seconds_per_episode": _value(cost.seconds),
+        "overhead_ms_per_answer": _value(cost.overhead_ms_per_answer),
+    }
+
+
+def _arm(arm: ArmSummary) -> dict[str, Any]:
+    recovered, followed, failed = arm.recovery_counts
+    return {
+        "path": arm.path,
+        "agent_model": arm.agent_model,
+        "cell": arm.cell,
+        "mode": arm.mode,
+        "max_errors": arm.max_errors,
+        "episodes": arm.episodes,
+        "scored_episodes": arm.scored,
+        "nl_unjudged_episodes": arm.nl_unjudged,
+        "episodes_without_reward": arm.no_reward,
+        "success": _value(arm.success),
+        "success_at_budget": {str(k): _value(v) for k, v in arm.sweep.items()},
+        "trajectory_messages_mean": _value(arm.messages_mean),
+        "trajectory_messages_median": _value(arm.messages_median),
+        "failed_calls_per_episode_mean": _value(arm.failed_calls_mean),
+        "termination_reasons": arm.termination,
+        "agent_tool_calls": arm.agent_tool_calls,
+        "user_failed_calls": arm.user_failed_calls,
+        "channel_counts": arm.channel_counts,
+        "channel_rates": {k: _value(v) for k, v in arm.channel_rates.items()},
+        "raw_hallucinated_calls": arm.raw_hallucinated_calls,
+        "raw_hallucination_rate": _value(arm.raw_hallucination_rate),
+        "hallucinated_names": arm.names,
+        "hallucinated_names_env": arm.names_env,
+        "hallucinated_names_proxy": arm.names_proxy,
+        "recovery_rate": _value(arm.recovery),
+        "recovery": {"recovered": recovered, "followed": followed, "failed_agent_calls": failed},
+        "proxy": _proxy(arm.proxy),
+        "repair_cost": _cost(arm.repair_cost),
+        "provenance": arm.provenance,
+    }
+
+
+def _pair(pair: PairSummary) -> dict[str, Any]:
+    novel: Any
+    if isinstance(pair.novel, NotAvailable):
+        novel = _value(pair.novel)
+    else:
+        novel = {
+            "novel": pair.novel[0],
+            "total": pair.novel[1],
+            "share": pair.novel[0] / pair.novel[1],
+        }
+    table = pair.table
+    return {
+        "reference": pair.reference,
+        "compared": pair.compared,
+        "paired_episodes": pair.paired,
+        "unpaired_reference": pair.unpaired_reference,
+        "unpaired_compared": pair.unpaired_compared,
+        "table": {
+            "both": table.both,
+            "reference_only": table.reference_only,
+            "compared_only": table.compared_only,
+            "neither": table.neither,
+        },
+        "difference": _value(pair.difference),
+        "mcnemar_p": _value(pair.mcnemar_p),
+        "mcnemar_p_holm": _value(pair.mcnemar_p_holm),
+        "tost": _tost(pair.tost, pair.tost_p_holm),
+        "sweep_gap": {str(k): _value(v) for k, v in pair.sweep_gap.items()},
+        "spearman_names": _value(pair.spearman),
+        "spearman_name_count": pair.spearman_names,
+        "novel_name_share": novel,
+    }
+
+
+def summary_to_json(summary: Summary) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "equivalence_margin": EQUIVALENCE_MARGIN,
+        "budgets": list(BUDGETS),
+        "arms": {label: _arm(arm) for label, arm in summary.arms.items()},
+        "pairs": [_pair(p) for p in summary.pairs],
+        "notes": summary.notes,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Text
+
+
+def _na(value: NotAvailable) -> str:
+    return f"n/a ({value.reason})"
+
+
+def pct(value: float | NotAvailable, digits: int = 1) -> str:
+    return _na(value) if isinstance(value, NotAvailable) else f"{100 * value:.{digits}f}%"
+
+
+def points(value: Interval | NotAvailable) -> str:
+    """A difference of rates in percentage points with its interval."""
+    if isinstance(value, NotAvailable):
+        return _na(value)
+    return f"{100 * value.estimate:+.1f} [{100 * value.low:+.1f}, {100 * value.high:+.1f}]"
+
+
+def estimate(value: Interval | NotAvailable) -> str:
+    return _na(value) if isinstance(value, NotAvailable) else pct(value.estimate)
+
+
+def interval(value: Interval | NotAvailable) -> str:
+    if isinstance(value, NotAvailable):
+        return _na(value)
+    return f"{100 * value.estimate:.1f}% [{100 * value.low:.1f}, {100 * value.high:.1f}]"
+
+
+def number(value: float | NotAvailable, digits: int = 2) -> str:
+    return _na(value) if isinstance(value, NotAvailable) else f"{value:.{digits}f}"
+
+
+def p_value(value: float | NotAvailable) -> str:
+    if isinstance(value, NotAvailable):
+        return _na(value)
+    return "<0.001" if value < 0.001 else f"{value:.3f}"
+
+
+@dataclass(frozen=True)
+class Figure:
+    title: str
+    path: Path
+
+
+@dataclass
+class Section:
+    title: str
+    paragraphs: list[str] = field(default_factory=list)
+    header: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+
+
+def _arm_sections(summary: Summary) -> list[Section]:
+    arms = list(summary.arms.values())
+    overview = Section(
+        "Arms",
+        ["Success = reward 1 at the run's own error budget; Wilson 95% interval."],
+        [
+            "arm",
+            "agent model",
+            "budget",
+            "episodes",
+            "success",
+            "messages (mean / median)",
+            "failed calls / episode",
+            "NL unjudged",
+            "no reward",
+        ],
+    )
+    for a in arms:
+        overview.rows.append(
+            [
+                a.label,
+                a.agent_model or "?",
+                str(a.max_errors),
+                str(a.scored),
+                interval(a.success),
+                f"{number(a.messages_mean, 1)} / {number(a.messages_median, 1)}",
+                number(a.failed_calls_mean),
+                str(a.nl_unjudged),
+                str(a.no_reward),
+            ]
+        )
+    termination = Section("Termination reasons", header=["arm", "reasons"])
+    for a in arms:
+        termination.rows.append(
+            [a.label, ", ".join(f"{reason} {n}" for reason, n in a.termination.items()) or "none"]
+        )
+    sweep = Section(
+        "Budget sweep: success@K'",
+        [
+            "success@K' = reward 1 AND failed tool calls (agent's and user's) < K', recomputed "
+            "from the messages; exact, because τ²-bench ends an episode when its errors reach "
+            "the budget."
+        ],
+        ["arm", *[f"K'={k}" for k in BUDGETS]],
+    )
+    for a in arms:
+        sweep.rows.append([a.label, *[estimate(a.sweep[k]) for k in BUDGETS]])
+    channels = Section(
+        "Failed agent tool calls by channel",
+        [
+            "Rates per agent tool call the environment ran. 'raw hallucinated' adds the invented "
+            "names the proxy caught (and repaired) before the agent saw them, so a repaired arm "
+            "still shows its raw volume; per answer the larger of the two views counts."
+        ],
+        [
+            "arm",
+            "agent calls",
+            *[c.replace("_", " ") for c in ENV_CHANNELS],
+            "any",
+            "raw hallucinated",
+            "user failed calls",
+            "recovery",
+        ],
+    )
+    for a in arms:
+        followed = a.recovery_counts[1]
+        channels.rows.append(
+            [
+                a.label,
+                str(a.agent_tool_calls),
+                *[f"{a.channel_counts[c]} ({pct(a.channel_rates[c])})" for c in ENV_CHANNELS],
+                f"{a.channel_counts['any']} ({pct(a.channel_rates['any'])})",
+                f"{a.raw_hallucinated_calls} ({pct(a.raw_hallucination_rate)})",
+                str(a.user_failed_calls),
+                f"{pct(a.recovery)} of {followed}",
+            ]
+        )
+    proxy = Section(
+        "What the proxy caught and fixed",
+        [
+            "Calls caught in the model's first answer per channel (from the recorded "
+            "x-repairproxy-* headers); an answer counts as fixed when it was re-asked and what "
+            "reached the agent ran without a failed call."
+        ],
+        ["arm", "answers", *PROXY_CHANNELS, "caught answers", "fixed", "re-asks", "re-ask failed"],
+    )
+    cost = Section(
+        "Repair cost per episode",
+        header=[
+            "arm",
+            "episodes with headers",
+            "extra upstream calls",
+            "prompt tokens",
+            "completion tokens",
+            "seconds",
+            "proxy overhead ms / answer",
+        ],
+    )
+    for a in arms:
+        view = a.proxy
+        proxy.rows.append(
+            [
+                a.label,
+                str(view.answers_recorded),
+                *[str(view.caught_calls[c]) for c in PROXY_CHANNELS],
+                str(view.caught_answers),
+                f"{view.fixed_answers} ({pct(view.fixed_share)})",
+                str(view.repairs),
+                str(view.repair_failures),
+            ]
+        )
+        c = a.repair_cost
+        cost.rows.append(
+            [
+                a.label,
+                str(c.episodes_with_headers),
+                number(c.extra_upstream_calls),
+                number(c.prompt_tokens, 0),
+                number(c.completion_tokens, 0),
+                number(c.seconds),
+                number(c.overhead_ms_per_answer),
+            ]
+        )
+    names = Section("Hallucinated tool names (top 15 per arm)", header=["arm", "name → calls"])
+    for a in arms:
+        top = list(a.names.items())[:15]
+        names.rows.append([a.label, ", ".join(f"{n} {k}" for n, k in top) or "none"])
+    return [overview, termination, sweep, channels, proxy, cost, names]
+
+
+def _pair_sections(summary: Summary) -> list[Section]:
+    if not summary.pairs:
+        return [Section("Pairs", ["No pairs were compared (give --pair REF COMPARED)."])]
+    section = Section(
+        "Pairs: compared − reference",
+        [
+            f"Paired by task id and trial. Difference with Newcombe's 95% interval; exact McNemar "
+            f"p; TOST equivalence at ±{100 * EQUIVALENCE_MARGIN:.1f} points (alpha 0.05); Holm "
+            f"adjusts each family of p-values across the {len(summary.pairs)} pair(s) of this "
+            "report. Spearman: rank correlation of per-name hallucination counts over the union "
+            "of names (zero-filled, average ranks). Novel share: compared-arm hallucinated calls "
+            "whose name never occurs in the reference arm."
+        ],
+        [
+            "reference",
+            "compared",
+            "pairs",
+            "difference (points)",
+            "McNemar p (Holm)",
+            "TOST p (Holm)",
+            "equivalent",
+            "Spearman",
+            "novel names",
+        ],
+    )
+    gaps = Section(
+        "Sweep gap: success@K' difference (points)",
+        header=["reference", "compared", *[f"K'={k}" for k in BUDGETS]],
+    )
+    for p in summary.pairs:
+        if isinstance(p.tost, Tost):
+            tost_text = f"{p_value(p.tost.p)} ({p_value(p.tost_p_holm)})"
+            equivalent = (
+                "yes" if isinstance(p.tost_p_holm, float) and p.tost_p_holm < 0.05 else "no"
+            )
+        else:
+            tost_text, equivalent = _na(p.tost), "n/a"
+        if isinstance(p.novel, NotAvailable):
+            novel = _na(p.novel)
+        else:
+            novel = f"{p.novel[0]}/{p.novel[1]} ({pct(p.novel[0] / p.novel[1])})"
+        rho = _na(p.spearman) if isinstance(p.spearman, NotAvailable) else f"{p.spearman:.3f}"
+        section.rows.append(
+            [
+                p.reference,
+                p.compared,
+                str(p.paired),
+                points(p.difference),
+                f"{p_value(p.mcnemar_p)} ({p_value(p.mcnemar_p_holm)})",
+                tost_text,
+                equivalent,
+                f"{rho} over {p.spearman_names} names",
+                novel,
+            ]
+        )
+        gaps.rows.append([p.reference, p.compared, *[points(p.sweep_gap[k]) for k in BUDGETS]])
+    return [section, gaps]
+
+
+def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(value, Mapping):
+        out: list[tuple[str, str]] = []
+        for key, inner in value.items():
+            out.extend(_flatten(inner, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return [(prefix, json.dumps(value) if not isinstance(value, str) else value)]
+
+
+def _provenance_section(summary: Summary) -> Section:
+    section = Section("Provenance", header=["arm", "key", "value"])
+    for arm in summary.arms.values():
+        if not arm.provenance:
+            section.rows.append([arm.label, "provenance.json", "absent"])
+            continue
+        for key, value in _flatten(arm.provenance):
+            section.rows.append([arm.label, key, value])
+    return section
+
+
+def _figures(summary: Summary, out_dir: Path) -> Section:
+    section = Section("Figures")
+    drawn: list[tuple[str, Path | None]] = []
+    for i, pair in enumerate(summary.pairs, 1):
+        name = plots.slug(f"{pair.reference}__vs__{pair.compared}")
+        drawn.append(
+            (
+                f"Success vs K': {pair.compared} vs {pair.reference}",
+                plots.sweep(summary, pair, out_dir / f"sweep_{i:02d}_{name}.png"),
+            )
+        )
+    drawn.append(("Channel rates per arm", plots.channel_rates(summary, out_dir / "channels.png")))
+    for i, pair in enumerate(summary.pairs, 1):
+        name = plots.slug(f"{pair.reference}__vs__{pair.compared}")
+        drawn.append(
+            (
+                f"Name-count ranks: {pair.compared} vs {pair.reference}",
+                plots.name_ranks(summary, pair, out_dir / f"names_{i:02d}_{name}.png"),
+            )
+        )
+    drawn.append(
+        ("Repair effect per cell", plots.repair_effect(summary, out_dir / "repair_effect.png"))
+    )
+    drawn.append(
+        ("Paired differences", plots.differences(summary.pairs, out_dir / "differences.png"))
+    )
+    for title, path in drawn:
+        if path is None:
+            section.paragraphs.append(f"{title}: nothing to draw for this data.")
+        else:
+            section.figures.append(Figure(title, path))
+    return section
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _markdown(sections: Sequence[Section], title: str) -> str:
+    lines = [f"# {title}", ""]
+    for section in sections:
+        lines += [f"## {section.title}", ""]
+        for paragraph in section.paragraphs:
+            lines += [paragraph, ""]
+        if section.header:
+            lines.append("| " + " | ".join(_md_cell(h) for h in section.header) + " |")
+            lines.append("|" + "---|" * len(section.header))
+            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in section.rows]
+            lines.append("")
+        for figure in section.figures:
+            lines += [f"![{figure.title}]({figure.path.name})", ""]
+    return "\n".join(lines)
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.85em; }
+th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
+figure { display: inline-block; margin: 0.5em 1em 1em 0; }
+figcaption { font-size: 0.85em; color: #555; }
+img { max-width: 100%; }
+"""
+
+
+def _html(sections: Sequence[Section], title: str) -> str:
+    out = [
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+    ]
+    for section in sections:
+        out.append(f"<h2>{html.escape(section.title)}</h2>")
+        out += [f"<p>{html.escape(p)}</p>" for p in section.paragraphs]
+        if section.header:
+            out.append("<table><tr>")
+            out += [f"<th>{html.escape(h)}</th>" for h in section.header]
+            out.append("</tr>")
+            for row in section.rows:
+                out.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>")
+            out.append("</table>")
+        for figure in section.figures:
+            data = base64.b64encode(figure.path.read_bytes()).decode("ascii")
+            out.append(
+                f'<figure><img alt="{html.escape(figure.title)}" '
+                f'src="data:image/png;base64,{data}"><figcaption>'
+                f"{html.escape(figure.title)}</figcaption></figure>"
+            )
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def write_report(summary: Summary, out_dir: Path, title: str = "repairproxy analysis") -> None:
+    """summary.json, the PNG figures, report.md and report.html into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").write_text(
+        json.dumps(summary_to_json(summary), indent=2, ensure_ascii=False, allow_nan=False) + "\n",
+        encoding="utf-8",
+    )
+    sections = [
+        *_arm_sections(summary),
+        *_pair_sections(summary),
+        _figures(summary, out_dir),
+        _provenance_section(summary),
+    ]
+    if summary.notes:
+        sections.insert(0, Section("Notes", list(summary.notes)))
+    (out_dir / "report.md").write_text(_markdown(sections, title) + "\n", encoding="utf-8")
+    (out_dir / "report.html").write_text(_html(sections, title) + "\n", encoding="utf-8")
