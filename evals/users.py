@@ -9,8 +9,7 @@ time the agent asks, and answers anything else with ``###STOP###``.
 
 from __future__ import annotations
 
-import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from evals.agents import ModelConfig, action_blocks
 from evals.chat import complete_turn, to_openai_messages
 from evals.logs import Message, ToolCall, ToolMessage, UserMessage
 from evals.participants import STOP, EpisodeContext, UserError
+from evals.tasks import UserScenario
 
 __all__ = [
     "GoldUser",
@@ -34,37 +34,16 @@ def load_guidelines(data_dir: Path, *, with_tools: bool) -> str:
     return (data_dir / "tau2" / "user_simulator" / name).read_text(encoding="utf-8")
 
 
-_SCENARIO_FIELDS = (
-    ("domain", "Domain"),
-    ("reason_for_call", "Reason for call"),
-    ("known_info", "Known info"),
-    ("unknown_info", "Unknown info"),
-    ("task_instructions", "Task instructions"),
-)
+def render_scenario(scenario: UserScenario | Mapping[str, Any]) -> str:
+    """A task's ``user_scenario`` as text, exactly τ²-bench's ``UserScenario.__str__`` (tabs)."""
+    typed = (
+        scenario if isinstance(scenario, UserScenario) else UserScenario.model_validate(scenario)
+    )
+    return str(typed)
 
 
-def render_scenario(scenario: dict[str, Any]) -> str:
-    """A task's ``user_scenario`` as text, in τ²-bench's ``UserScenario.__str__`` layout."""
-    lines = []
-    if scenario.get("persona"):
-        lines += ["Persona:", textwrap.indent(str(scenario["persona"]), "  ")]
-    instructions = scenario.get("instructions")
-    if isinstance(instructions, dict):
-        parts = []
-        for key, label in _SCENARIO_FIELDS:
-            value = instructions.get(key)
-            if value is None:
-                continue
-            if key == "domain":
-                parts.append(f"{label}: {value}")
-            else:
-                parts += [f"{label}:", textwrap.indent(str(value), "  ")]
-        instructions = "\n".join(parts)
-    lines += ["Instructions:", textwrap.indent(str(instructions), "  ")]
-    return "\n".join(lines)
-
-
-def user_system_prompt(guidelines: str, scenario: dict[str, Any]) -> str:
+def user_system_prompt(guidelines: str, scenario: UserScenario | Mapping[str, Any]) -> str:
+    """τ²-bench's user system prompt (no runtime persona config: the placeholder goes empty)."""
     guidelines = guidelines.replace("<PERSONA_GUIDELINES>", "")
     return f"{guidelines}\n\n<scenario>\n{render_scenario(scenario)}\n</scenario>"
 

@@ -199,7 +199,7 @@ def test_render_scenario_structured(tau2_data_dir: Path) -> None:
 
     tasks = json.loads((tau2_data_dir / "tau2/domains/telecom/tasks.json").read_text())
     text = render_scenario(tasks[0]["user_scenario"])
-    assert text.startswith("Instructions:\n  Domain: telecom\n  Reason for call:\n")
+    assert text.startswith("Instructions:\n\tDomain: telecom\n\tReason for call:\n\t\t")
     assert tasks[0]["user_scenario"]["instructions"]["known_info"] in text
 
 

@@ -1,0 +1,110 @@
+"""Our engine's prompts and requests are byte-identical to τ²-bench v1.0.1's, task by task.
+
+``golden/tau2_v1_0_1.json`` holds sha256 digests of the requests τ²-bench v1.0.1 itself sent in
+the same scripted opening (made by ``golden/make_golden.py`` with τ²-bench installed apart). Here
+our LLM agent and LLM user play that opening against a scripted upstream on loopback, and the
+digests of what the upstream received must match: agent and user system prompts, the tool schemas
+each side sees, the first messages, and ``tool_choice`` / ``temperature`` / ``seed``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from evals.agents import LLMAgent, ModelConfig
+from evals.domains import load_domain
+from evals.orchestrator import OrchestratorConfig, run_episode
+from evals.users import LLMUserSimulator, load_guidelines
+from tests.support.scripted_upstream import ScriptedUpstream, completion
+
+pytestmark = pytest.mark.anyio
+
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "tau2_v1_0_1.json").read_text())
+SCRIPT = GOLDEN["script"]
+PARAMS = ("tool_choice", "temperature", "seed")
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def _digests(request: dict[str, Any]) -> dict[str, Any]:
+    """The same digests as ``make_golden.request_digests`` (no ``None`` values on either side)."""
+    messages = [{k: v for k, v in m.items() if v is not None} for m in request["messages"]]
+    tools = request.get("tools")
+    return {
+        "system_prompt": _sha256(messages[0]["content"]),
+        "messages": _sha256(_canonical(messages)),
+        "tools": _sha256(_canonical(tools)) if tools else None,
+        "tool_names": [t["function"]["name"] for t in tools] if tools else [],
+        "params": {k: request.get(k) for k in PARAMS},
+    }
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[ScriptedUpstream]:
+    with ScriptedUpstream() as server:
+        yield server
+
+
+@pytest.mark.parametrize("domain_name", ["retail", "telecom"])
+async def test_requests_match_tau2_v1_0_1(
+    domain_name: str, tau2_data_dir: Path, upstream: ScriptedUpstream
+) -> None:
+    golden = GOLDEN["domains"][domain_name]
+    domain = load_domain(domain_name, tau2_data_dir)
+    tasks = domain.tasks("base")
+    assert sorted(str(t["id"]) for t in tasks) == sorted(golden["tasks"])
+    agent_model = ModelConfig(
+        model="golden-agent", base_url=upstream.base_url, temperature=SCRIPT["temperature"]
+    )
+    user_model = ModelConfig(
+        model="golden-user", base_url=upstream.base_url, temperature=SCRIPT["temperature"]
+    )
+    guidelines = {t: load_guidelines(tau2_data_dir, with_tools=t) for t in (False, True)}
+    mismatches: list[str] = []
+    async with openai.AsyncOpenAI(base_url=upstream.base_url, api_key="x", max_retries=0) as c:
+        for task in tasks:
+            before = len(upstream.chat_requests)
+            upstream.push(
+                completion(content=SCRIPT["user_opening"]),
+                completion(content=SCRIPT["agent_reply"]),
+                completion(content="###STOP###"),
+            )
+            episode = await run_episode(
+                domain=domain,
+                task=task,
+                make_agent=lambda ctx: LLMAgent(c, agent_model, ctx),
+                make_user=lambda ctx: LLMUserSimulator(
+                    c, user_model, guidelines[bool(ctx.user_tools)], ctx
+                ),
+                config=OrchestratorConfig(),
+                seed=SCRIPT["seed"],
+            )
+            assert episode.run.termination_reason == "user_stop"
+            user_first, agent_first = upstream.chat_requests[before : before + 2]
+            user, agent = _digests(user_first), _digests(agent_first)
+            want = golden["tasks"][str(task["id"])]
+            got = {
+                "user_first_request": {k: user[k] for k in want["user_first_request"]},
+                "agent_first_request_messages": agent["messages"],
+            }
+            if got != want:
+                mismatches.append(f"{task['id']}: {got} != {want}")
+            assert agent["system_prompt"] == golden["agent_system_prompt"]
+            assert agent["tool_names"] == golden["agent_tool_names"]
+            assert agent["tools"] == golden["agent_tools"]
+            assert agent["params"] == golden["agent_params"]
+            assert user["tool_names"] == golden["user_tool_names"]
+    assert not mismatches, f"{len(mismatches)} tasks differ; first: {mismatches[0]}"
