@@ -1,27 +1,46 @@
-"""Reflexive repair: pure builders of the repair turns, and the one bounded async re-ask loop.
+"""Repair: promotion of calls written as text, pure builders of the repair turns, and the one
+bounded async re-ask loop.
 
-The client never sees a repair turn. Valid calls that came in the same turn as a broken one are
-*kept by the proxy*: the model is told they are kept and asked to re-issue only the failed calls;
-the final answer carries the kept calls (original ids, original order) followed by the repaired
-ones, dropping any re-issued duplicate of a kept call (same name, same arguments). If the model
-answers the repair with text only, the kept calls are returned without that text.
+Step 0 costs no upstream call: a call the model wrote as text that names a declared tool with
+valid arguments is promoted to a real ``tool_calls`` entry (``textcalls``). What remains invalid is
+re-asked (reflexive, constrained). The client never sees a repair turn. Valid calls that came in the
+same turn as a broken one are *kept by the proxy*: the model is told they are kept and asked to
+re-issue only the failed calls; the final answer carries the kept calls (original ids, original
+order) followed by the repaired ones, dropping any re-issued duplicate of a kept call (same name,
+same arguments) and renaming any repeated id. If the model answers the repair with text only, the
+kept calls are returned without that text. A model that repeats the same invalid answer gets a
+different next attempt: its call quoted back with the exact correction expected, a lower
+temperature, and (constrained) the tool it named forced. A failed re-ask never loses the answer
+held so far: it is delivered under the ``on_exhausted`` policy with ``repair_failed`` set.
 """
 
 from __future__ import annotations
 
-import copy
 import enum
 import importlib.resources
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from repairproxy.errors import RepairExhaustedError
-from repairproxy.validation import CallVerdict, Channel, CompiledTools, MessageVerdict
+from repairproxy.errors import (
+    RepairExhaustedError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
+from repairproxy.events import CaughtCall
+from repairproxy.textcalls import fresh_call_id, message_text, promote_calls
+from repairproxy.upstream import UpstreamStatusError
+from repairproxy.validation import (
+    CallVerdict,
+    Channel,
+    CompiledTools,
+    MessageVerdict,
+    text_calls_allowed,
+)
 
 __all__ = [
     "DEFAULT_TEMPLATE",
@@ -32,7 +51,9 @@ __all__ = [
     "RepairTemplate",
     "SendFn",
     "build_repair_turn",
+    "caught_calls",
     "escalated_tool_choice",
+    "promote",
     "repair_completion",
     "with_repair_instruction",
 ]
@@ -43,6 +64,7 @@ SendFn = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 class RepairMode(enum.StrEnum):
     OFF = "off"  # observe only
     PROMPT = "prompt"  # add the instruction to the system prompt; forward answers unchanged
+    PROMOTE = "promote"  # promote calls written as text; no re-ask, no instruction
     REFLEXIVE = "reflexive"  # instruction + re-ask with a diagnosis per failed call
     CONSTRAINED = "constrained"  # reflexive, and attempt >= 2 forces the intended tool
 
@@ -64,6 +86,12 @@ TEMPLATE_SECTIONS = (
     "tool_call_in_content",
     "empty_output",
 )
+# Sections a template may leave out, and the section used in their place.
+OPTIONAL_SECTIONS = {
+    "text_unknown_tool": "tool_call_in_content",
+    "text_invalid_arguments": "tool_call_in_content",
+    "repeated": None,  # None: the channel's own section
+}
 # Every placeholder a section may use; a template using another one is rejected when loaded.
 _PLACEHOLDERS = dict.fromkeys(
     (
@@ -76,6 +104,8 @@ _PLACEHOLDERS = dict.fromkeys(
         "version",
         "attempt",
         "max_repairs",
+        "quote",
+        "expected",
     ),
     "x",
 )
@@ -114,13 +144,16 @@ class RepairTemplate:
     def render(self, section: str, **values: Any) -> str:
         return self.sections[section].format(version=self.version, **values)
 
+    def has(self, section: str) -> bool:
+        return bool(self.sections.get(section))
+
     @property
     def instruction(self) -> str:
         return self.sections["instruction"]
 
 
 DEFAULT_TEMPLATE = RepairTemplate.parse(
-    importlib.resources.files("repairproxy").joinpath("templates/repair_v1.txt").read_text("utf-8")
+    importlib.resources.files("repairproxy").joinpath("templates/repair_v2.txt").read_text("utf-8")
 )
 
 
@@ -142,17 +175,37 @@ class RepairPolicy:
     def re_asks(self) -> bool:
         return self.mode in (RepairMode.REFLEXIVE, RepairMode.CONSTRAINED)
 
+    @property
+    def promotes(self) -> bool:
+        return self.mode in (RepairMode.PROMOTE, RepairMode.REFLEXIVE, RepairMode.CONSTRAINED)
+
 
 @dataclass(frozen=True, slots=True)
 class RepairOutcome:
+    """What ``repair_completion`` did to one answer.
+
+    With ``n > 1`` every choice is repaired; the verdict fields (``first_verdict``, ``caught``,
+    ``caught_calls``, ``delivered_invalid*``) are choice 0's, the one agents act on and the budget
+    charges, while the work fields (``attempts``, ``promoted``, repair tokens, ``repair_failed``)
+    count every choice.
+    """
+
     response: dict[str, Any]
     attempts: int
-    caught: tuple[Channel, ...]
+    caught: tuple[Channel, ...]  # every invalid channel seen: first answer, then each re-ask's
     first_verdict: MessageVerdict
     exhausted: bool
     # Ids of invalid calls in the returned answer (they reach the client): pass them to
     # ErrorBudget.observe_answer(delivered_call_ids=...) so their error results are not recounted.
     delivered_invalid_call_ids: tuple[str, ...] = ()
+    promoted: int = 0  # calls written as text returned as real tool calls
+    caught_calls: tuple[CaughtCall, ...] = ()  # the first answer's invalid calls, with detail
+    delivered_invalid: tuple[CallVerdict, ...] = ()  # invalid calls the client still receives
+    repair_prompt_tokens: int = 0  # usage of the re-asks alone
+    repair_completion_tokens: int = 0
+    # A re-ask failed upstream ("400", "503", "timeout", "unavailable", "bad_answer"): the answer
+    # is the best one held before it.
+    repair_failed: str | None = None
 
 
 # --- the system instruction ----------------------------------------------------------------------
@@ -192,6 +245,11 @@ def with_repair_instruction(body: Mapping[str, Any], template: RepairTemplate) -
 
 # --- the repair turn -----------------------------------------------------------------------------
 
+# A call quoted back to the model is cut at this many characters.
+MAX_QUOTE_CHARS = 1200
+# Each repeated invalid answer halves the temperature of the next re-ask (absent means 1.0).
+REPEAT_TEMPERATURE_FACTOR = 0.5
+
 
 def _describe_parameters(schema: Mapping[str, Any] | None) -> str:
     """A one-line summary of the top-level parameters: name (type, required), enums listed."""
@@ -208,11 +266,31 @@ def _describe_parameters(schema: Mapping[str, Any] | None) -> str:
         if isinstance(kind, list):
             kind = " or ".join(map(str, kind))
         if isinstance(spec.get("enum"), list):
-            kind = "one of " + ", ".join(orjson.dumps(v).decode() for v in spec["enum"])
+            kind = "one of " + ", ".join(_json(v) for v in spec["enum"])
         elif kind == "array" and isinstance(spec.get("items"), Mapping):
             kind = f"array of {spec['items'].get('type', 'items')}"
         described.append(f"{name} ({kind}{', required' if name in required else ''})")
     return "; ".join(described)
+
+
+def _json(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # too deep, or not JSON
+        return "(unreadable)"
+
+
+def _section_for(verdict: CallVerdict, template: RepairTemplate) -> str:
+    if verdict.text_call is not None and verdict.name:
+        if verdict.inner is Channel.UNKNOWN_TOOL:
+            wanted = "text_unknown_tool"
+        elif verdict.inner in (Channel.SCHEMA_VIOLATION, Channel.INVALID_JSON):
+            wanted = "text_invalid_arguments"
+        else:
+            wanted = ""
+        if wanted and template.has(wanted):
+            return wanted
+    return str(verdict.channel)
 
 
 def _render_call_diagnosis(
@@ -221,35 +299,76 @@ def _render_call_diagnosis(
     template: RepairTemplate,
     attempt: int,
     max_repairs: int,
+    *,
+    repeated: bool = False,
 ) -> str:
     name = verdict.name or ""
-    return template.render(
-        str(verdict.channel),
-        name=name,
-        closest=verdict.closest_tool or "",
-        declared=", ".join(tools.names) or "(none)",
-        diagnosis=verdict.diagnosis,
-        errors="; ".join(verdict.error_paths) or verdict.diagnosis,
-        parameters=_describe_parameters(tools.schema_for(name)),
-        attempt=attempt,
-        max_repairs=max_repairs,
+    values = {
+        "name": name,
+        "closest": verdict.closest_tool or "",
+        "declared": ", ".join(tools.names) or "(none)",
+        "diagnosis": verdict.diagnosis,
+        "errors": "; ".join(verdict.error_paths) or verdict.diagnosis,
+        "parameters": _describe_parameters(tools.schema_for(name)),
+        "attempt": attempt,
+        "max_repairs": max_repairs,
+    }
+    if repeated and template.has("repeated"):
+        return template.render(
+            "repeated", quote=_quote(verdict), expected=_expected(verdict, tools), **values
+        )
+    return template.render(_section_for(verdict, template), **values)
+
+
+def _quote(verdict: CallVerdict) -> str:
+    """The failing call as the model wrote it."""
+    if verdict.text_call is not None:
+        text = verdict.text_call.source
+    elif verdict.channel is Channel.EMPTY_OUTPUT:
+        text = "(an empty answer)"
+    else:
+        text = _json({"name": verdict.name, "arguments": verdict.arguments})
+    return text if len(text) <= MAX_QUOTE_CHARS else text[: MAX_QUOTE_CHARS - 3] + "..."
+
+
+def _expected(verdict: CallVerdict, tools: CompiledTools) -> str:
+    """The exact correction: the intended tool with the model's own arguments when they fit."""
+    if verdict.channel is Channel.EMPTY_OUTPUT:
+        return "a reply to the user, or a call to one of the listed tools."
+    target = verdict.closest_tool or (tools.names[0] if tools.names else "")
+    arguments = verdict.text_call.arguments if verdict.text_call else verdict.arguments
+    if isinstance(arguments, str):
+        try:
+            arguments = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            arguments = None
+    if isinstance(arguments, dict) and tools.check_call(target, arguments).channel is Channel.VALID:
+        return _json({"name": target, "arguments": arguments})
+    return _json({"name": target, "arguments": _skeleton(tools.schema_for(target))}) + (
+        f" (fill in real values; parameters: {_describe_parameters(tools.schema_for(target))})"
     )
 
 
-def _as_text(arguments: Any) -> str:
-    if arguments is None:
-        return ""
-    try:
-        return orjson.dumps(arguments).decode()
-    except TypeError:
-        return str(arguments)
+def _skeleton(schema: Mapping[str, Any] | None) -> dict[str, str]:
+    properties = schema.get("properties") if schema else None
+    if not isinstance(properties, Mapping):
+        return {}
+    required = (
+        [name for name in schema.get("required") or () if name in properties] if schema else []
+    )
+    return {
+        name: f"<{properties[name].get('type', 'value')}>"
+        if isinstance(properties[name], Mapping)
+        else "<value>"
+        for name in required
+    }
 
 
 def _assistant_turn(message: Mapping[str, Any], attempt: int) -> dict[str, Any]:
     """The model's answer as a history entry: role, content, calls (ids filled in when missing)."""
     turn: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
     tool_calls = message.get("tool_calls")
-    if tool_calls:
+    if isinstance(tool_calls, list) and tool_calls:
         calls = []
         for index, call in enumerate(tool_calls):
             call = dict(call) if isinstance(call, Mapping) else {}
@@ -262,7 +381,7 @@ def _assistant_turn(message: Mapping[str, Any], attempt: int) -> dict[str, Any]:
             arguments = function.get("arguments")
             if not isinstance(arguments, str):
                 # Upstreams and chat templates expect a string; re-encode what the model sent.
-                function["arguments"] = _as_text(arguments)
+                function["arguments"] = "" if arguments is None else _json(arguments)
             call["function"] = function
             calls.append(call)
         turn["tool_calls"] = calls
@@ -279,59 +398,103 @@ def build_repair_turn(
     *,
     attempt: int = 1,
     max_repairs: int = 1,
+    repeated: bool = False,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The messages to append after an invalid answer, and the valid calls the proxy keeps.
 
     Tool calls: the assistant turn, then one ``role: tool`` message per call with the same id
     (a diagnosis for a failed call, "kept" for a valid one). Legacy ``function_call``: a
-    ``role: function`` message. Silent failures (no call to answer): a ``role: user`` message.
+    ``role: function`` message. Calls written as text and silent failures (no call to answer):
+    one ``role: user`` message. ``repeated``: the model sent the same invalid answer again, so
+    each failed call is quoted back with the exact correction expected.
     """
     turn = _assistant_turn(message, attempt)
-    render = _render_call_diagnosis
+
+    def render(call_verdict: CallVerdict) -> str:
+        return _render_call_diagnosis(
+            call_verdict, tools, template, attempt, max_repairs, repeated=repeated
+        )
+
+    structured = [v for v in verdict.calls if v.text_call is None]
+    in_text = [v for v in verdict.calls if v.text_call is not None]
+    replies: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
     if "tool_calls" in turn:
-        kept: list[dict[str, Any]] = []
-        replies: list[dict[str, Any]] = []
-        for call, call_verdict in zip(turn["tool_calls"], verdict.calls, strict=True):
+        for call, call_verdict in zip(turn["tool_calls"], structured, strict=True):
             if call_verdict.channel is Channel.VALID:
                 kept.append(call)
                 content = template.render("valid_sibling")
             else:
-                content = render(call_verdict, tools, template, attempt, max_repairs)
+                content = render(call_verdict)
             replies.append({"role": "tool", "tool_call_id": call["id"], "content": content})
-        return [turn, *replies], kept
-    (only,) = verdict.calls
-    content = render(only, tools, template, attempt, max_repairs)
-    if "function_call" in turn:
-        reply = {
-            "role": "function",
-            "name": turn["function_call"].get("name") or "",
-            "content": content,
-        }
-        return [turn, reply], []
-    if only.channel is Channel.EMPTY_OUTPUT:
+    elif "function_call" in turn and structured:
+        name = turn["function_call"].get("name")
+        replies.append(
+            {
+                "role": "function",
+                "name": name if isinstance(name, str) else "",
+                "content": render(structured[0]),
+            }
+        )
+    elif structured and structured[0].channel is Channel.EMPTY_OUTPUT:
         # An empty assistant turn is rejected by some chat templates; the user turn says it all.
-        return [{"role": "user", "content": content}], []
-    return [turn, {"role": "user", "content": content}], []
+        return [{"role": "user", "content": render(structured[0])}], []
+    failed_text = [v for v in in_text if v.channel is not Channel.VALID]
+    if failed_text:
+        replies.append({"role": "user", "content": "\n\n".join(map(render, failed_text))})
+    return [turn, *replies], kept
+
+
+def _declared_mentions(text: str, tools: CompiledTools) -> list[str]:
+    """Declared tool names the text mentions as words, in order of first mention."""
+    found = []
+    for name in tools.names:
+        match = re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", text)
+        if match:
+            found.append((match.start(), name))
+    return [name for _, name in sorted(found)]
+
+
+def _intended_tool(call: CallVerdict, tools: CompiledTools, mentions: Sequence[str]) -> str | None:
+    """The tool the model named when it named a declared one, else the closest by spelling."""
+    if call.name is not None and tools.schema_for(call.name) is not None:
+        return call.name
+    if mentions:
+        return mentions[0]
+    return call.closest_tool
 
 
 def escalated_tool_choice(
-    body: Mapping[str, Any], verdict: MessageVerdict, attempt: int, policy: RepairPolicy
+    body: Mapping[str, Any],
+    verdict: MessageVerdict,
+    attempt: int,
+    policy: RepairPolicy,
+    message: Mapping[str, Any] | None = None,
+    tools: CompiledTools | None = None,
 ) -> Any | None:
     """The ``tool_choice`` to force on this attempt (constrained mode, attempt >= 2), else None.
 
-    The closest declared tool when every failed call points at the same one, otherwise
-    ``"required"``; nothing for an empty answer (text may be the right answer) or when the client
-    said ``tool_choice: "none"``.
+    The tool every failed call points at, when it is one: the declared tool the model named (in
+    the call, or else in the answer's text), otherwise the closest declared name; ``"required"``
+    when they point at different tools. Nothing for an empty answer (text may be the right
+    answer) or when the client said ``tool_choice: "none"``.
     """
     if policy.mode is not RepairMode.CONSTRAINED or attempt < 2:
         return None
-    if body.get("tool_choice") == "none" or body.get("function_call") == "none":
+    if not text_calls_allowed(body):
         return None
     failed = [call for call in verdict.calls if call.channel is not Channel.VALID]
     if not failed or all(call.channel is Channel.EMPTY_OUTPUT for call in failed):
         return None
+    mentions = (
+        _declared_mentions(message_text(message), tools)
+        if message is not None and tools is not None
+        else []
+    )
     intended = {
-        call.closest_tool if call.channel in _POINTS_BY_CLOSEST else call.name for call in failed
+        _intended_tool(call, tools, mentions) if tools is not None else _closest_or_name(call)
+        for call in failed
+        if call.channel is not Channel.EMPTY_OUTPUT
     }
     if len(intended) == 1 and None not in intended:
         (name,) = intended
@@ -339,11 +502,17 @@ def escalated_tool_choice(
     return "required"
 
 
-_POINTS_BY_CLOSEST = (Channel.UNKNOWN_TOOL, Channel.TOOL_CALL_IN_CONTENT)
+def _closest_or_name(call: CallVerdict) -> str | None:
+    if call.channel in (Channel.UNKNOWN_TOOL, Channel.TOOL_CALL_IN_CONTENT):
+        return call.closest_tool
+    return call.name
 
 
 def _repair_request(
-    body: Mapping[str, Any], history: Sequence[Mapping[str, Any]], tool_choice: Any | None
+    body: Mapping[str, Any],
+    history: Sequence[Mapping[str, Any]],
+    tool_choice: Any | None,
+    temperature: float | None = None,
 ) -> dict[str, Any]:
     request = dict(body)
     request["messages"] = [*(body.get("messages") or ()), *history]
@@ -352,6 +521,8 @@ def _repair_request(
     request.pop("stream_options", None)
     if "n" in request:
         request["n"] = 1
+    if temperature is not None:
+        request["temperature"] = temperature
     if tool_choice is None:
         return request
     if body.get("tools") is None:
@@ -363,11 +534,76 @@ def _repair_request(
     return request
 
 
+def _lowered(temperature: Any) -> float:
+    current = float(temperature) if isinstance(temperature, int | float) else 1.0
+    return max(current, 0.0) * REPEAT_TEMPERATURE_FACTOR
+
+
+# --- promotion -----------------------------------------------------------------------------------
+
+
+def promote(message: Mapping[str, Any], verdict: MessageVerdict) -> tuple[Mapping[str, Any], int]:
+    """``message`` with every call written as text that validates promoted to a tool call.
+
+    Calls written together (one JSON list, one tag) are promoted together or not at all.
+    Returns the message (the same object when nothing was promoted) and how many were promoted.
+    """
+    text_calls = [v for v in verdict.calls if v.text_call is not None]
+    if not text_calls:
+        return message, 0
+    spans: dict[tuple[int, int], list[CallVerdict]] = {}
+    for call in text_calls:
+        assert call.text_call is not None
+        spans.setdefault((call.text_call.start, call.text_call.end), []).append(call)
+    chosen = [
+        call.text_call
+        for group in spans.values()
+        if all(call.inner is Channel.VALID for call in group)
+        for call in group
+        if call.text_call is not None
+    ]
+    if not chosen:
+        return message, 0
+    promoted = promote_calls(message, chosen)
+    count = len(promoted.get("tool_calls") or ()) - len(message.get("tool_calls") or ())
+    return promoted, count
+
+
+def caught_calls(verdict: MessageVerdict) -> tuple[CaughtCall, ...]:
+    """Each invalid call of a verdict, with its form, invented name, and inner problem."""
+    caught = []
+    for call in verdict.calls:
+        if call.channel is Channel.VALID:
+            continue
+        invented = call.channel is Channel.UNKNOWN_TOOL or call.inner is Channel.UNKNOWN_TOOL
+        caught.append(
+            CaughtCall(
+                str(call.channel),
+                call.form,
+                call.name if invented and call.name else None,
+                _DETAIL.get(call.inner) if call.inner is not None else None,
+            )
+        )
+    return tuple(caught)
+
+
+_DETAIL = {
+    Channel.UNKNOWN_TOOL: "unknown_tool",
+    Channel.SCHEMA_VIOLATION: "schema",
+    Channel.INVALID_JSON: "invalid_json",
+}
+
+
 # --- assembling the final answer -----------------------------------------------------------------
 
 
-def _first_message(response: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def _choices(response: Mapping[str, Any]) -> list[Any]:
     choices = response.get("choices")
+    return choices if isinstance(choices, list) else []
+
+
+def _first_message(response: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    choices = _choices(response)
     if not choices or not isinstance(choices[0], Mapping):
         return None
     message = choices[0].get("message")
@@ -398,6 +634,11 @@ def _add_counts(into: dict[str, Any], usage: Mapping[str, Any]) -> dict[str, Any
     return into
 
 
+def _tokens(usage: Mapping[str, Any] | None, key: str) -> int:
+    value = usage.get(key) if usage is not None else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def _call_key(call: Mapping[str, Any]) -> tuple[str, str]:
     function = call.get("function") or {}
     arguments = function.get("arguments")
@@ -405,59 +646,209 @@ def _call_key(call: Mapping[str, Any]) -> tuple[str, str]:
         parsed = orjson.loads(arguments) if isinstance(arguments, str) else arguments
         canonical = orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode()
     except (orjson.JSONDecodeError, TypeError):
-        canonical = str(arguments)
+        canonical = arguments if isinstance(arguments, str) else repr(type(arguments))
     return str(function.get("name")), canonical
 
 
-def _final_response(
-    last: Mapping[str, Any],
+def _copied_call(call: Any) -> Any:
+    # Copy the path the proxy may change (the call and its function), never deep structures.
+    if not isinstance(call, Mapping):
+        return call
+    copied = dict(call)
+    if isinstance(call.get("function"), Mapping):
+        copied["function"] = dict(call["function"])
+    return copied
+
+
+def _unique_ids(calls: list[Any]) -> list[Any]:
+    """Kept and repaired calls merged: a repeated id (upstreams reuse "0") gets a fresh one."""
+    seen: set[str] = set()
+    for call in calls:
+        if not isinstance(call, dict) or not isinstance(call.get("id"), str):
+            continue
+        if call["id"] in seen:
+            call["id"] = fresh_call_id()
+        seen.add(call["id"])
+    return calls
+
+
+def _final_choice(
+    last_choice: Mapping[str, Any],
+    message: Mapping[str, Any],
     kept: Sequence[dict[str, Any]],
     verdict: MessageVerdict,
     strip_invalid: bool,
-    usage: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    response = copy.deepcopy(dict(last))
-    if usage is not None:
-        response["usage"] = usage
-    message = _first_message(response)
-    if message is None:
-        return response
-    assert isinstance(message, dict)
-    calls = list(message.get("tool_calls") or ())
+    choice = dict(last_choice)
+    final = dict(message)
+    choice["message"] = final
+    raw_calls = final.get("tool_calls")
+    calls = [_copied_call(c) for c in raw_calls] if isinstance(raw_calls, list) else []
     if strip_invalid:
-        invalid = {c.index for c in verdict.calls if c.channel is not Channel.VALID and calls}
+        invalid = {
+            c.index for c in verdict.calls if c.channel is not Channel.VALID and c.text_call is None
+        }
         calls = [call for index, call in enumerate(calls) if index not in invalid]
-        if isinstance(message.get("function_call"), Mapping) and not verdict.ok:
-            del message["function_call"]
+        if isinstance(final.get("function_call"), Mapping) and not verdict.ok:
+            del final["function_call"]
     if kept:
         if not calls:
             # Text written in reply to a repair turn the client never sees would not make sense to
             # it, and τ²-bench rejects a message holding both text and tool calls.
-            message["content"] = None
+            final["content"] = None
         seen = {_call_key(call) for call in kept}
-        calls = [*copy.deepcopy(list(kept)), *(c for c in calls if _call_key(c) not in seen)]
-    choice = response["choices"][0]
+        calls = [*map(_copied_call, kept), *(c for c in calls if _call_key(c) not in seen)]
     if calls:
-        message["tool_calls"] = calls
+        final["tool_calls"] = _unique_ids(calls)
         choice["finish_reason"] = "tool_calls"
-    elif "tool_calls" in message:
-        del message["tool_calls"]  # every call was stripped
+    elif "tool_calls" in final:
+        del final["tool_calls"]  # every call was stripped
         choice["finish_reason"] = "stop"
     elif (
         strip_invalid
-        and "function_call" not in message
+        and "function_call" not in final
         and choice.get("finish_reason") == ("function_call")
     ):
         choice["finish_reason"] = "stop"
-    return response
+    return choice
 
 
 # --- the loop ------------------------------------------------------------------------------------
 
 
-def _verdict_of(tools: CompiledTools, response: Mapping[str, Any]) -> MessageVerdict:
-    message = _first_message(response)
-    return tools.check_message(message) if message is not None else MessageVerdict(())
+def _failure_reason(exc: Exception) -> str:
+    if isinstance(exc, UpstreamStatusError):
+        return str(exc.reply.status_code)
+    if isinstance(exc, UpstreamTimeoutError):
+        return "timeout"
+    return "unavailable"
+
+
+def _signature(verdict: MessageVerdict) -> tuple[tuple[str, str | None, str], ...]:
+    """What makes two invalid answers "the same": each failed call's channel, name and text."""
+    return tuple(
+        sorted(
+            (str(call.channel), call.name, _quote(call))
+            for call in verdict.calls
+            if call.channel is not Channel.VALID
+        )
+    )
+
+
+@dataclass(slots=True)
+class _ChoiceRepair:
+    """The repair of one choice: the state of the loop, then its result."""
+
+    choice: dict[str, Any]
+    top: Mapping[str, Any]  # the completion whose metadata (id, model...) the answer carries
+    first_verdict: MessageVerdict
+    verdict: MessageVerdict
+    caught: list[Channel] = field(default_factory=list)
+    attempts: int = 0
+    promoted: int = 0
+    exhausted: bool = False
+    repair_failed: str | None = None
+    reask_usages: list[Any] = field(default_factory=list)
+
+
+async def _repair_choice(
+    body: Mapping[str, Any],
+    top: Mapping[str, Any],
+    choice: Mapping[str, Any],
+    tools: CompiledTools,
+    policy: RepairPolicy,
+    send: SendFn,
+) -> _ChoiceRepair:
+    message = choice.get("message")
+    if not isinstance(message, Mapping):
+        empty = MessageVerdict(())
+        return _ChoiceRepair(dict(choice), top, empty, empty)
+    text_ok = text_calls_allowed(body)
+    first_verdict = tools.check_message(message, text_calls=text_ok)
+    state = _ChoiceRepair(dict(choice), top, first_verdict, first_verdict)
+    state.caught.extend(first_verdict.error_channels)
+    if first_verdict.ok or not policy.promotes or not text_ok:
+        # Observing modes, and tool_choice "none" (no call expected: nothing to re-ask).
+        return state
+
+    last_choice: Mapping[str, Any] = choice
+    message, state.promoted = _promoted(message, first_verdict, tools, state)
+    history: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
+    previous: tuple[Any, ...] = ()
+    temperature: float | None = None
+    attempt_start = 0
+    while policy.re_asks and not state.verdict.ok and state.attempts < policy.max_repairs:
+        attempt = state.attempts + 1
+        signature = _signature(state.verdict)
+        repeated = signature == previous
+        previous = signature
+        turn, newly_kept = build_repair_turn(
+            message,
+            state.verdict,
+            tools,
+            policy.template,
+            attempt=attempt,
+            max_repairs=policy.max_repairs,
+            repeated=repeated,
+        )
+        if repeated:
+            # Show the mistake once, with the quote and the correction, and sample cooler.
+            del history[attempt_start:]
+            temperature = _lowered(body.get("temperature") if temperature is None else temperature)
+        attempt_start = len(history)
+        tool_choice = escalated_tool_choice(body, state.verdict, attempt, policy, message, tools)
+        request = _repair_request(body, [*history, *turn], tool_choice, temperature)
+        try:
+            reply = await send(request)
+        except (UpstreamStatusError, UpstreamTimeoutError, UpstreamUnavailableError) as exc:
+            state.repair_failed = _failure_reason(exc)
+            break
+        reply_choices = _choices(reply)
+        reply_message = _first_message(reply)
+        if reply_message is None:
+            state.repair_failed = "bad_answer"
+            break
+        state.attempts = attempt
+        history.extend(turn)
+        kept.extend(newly_kept)
+        state.reask_usages.append(reply.get("usage"))
+        verdict = tools.check_message(reply_message)
+        state.caught.extend(verdict.error_channels)
+        state.verdict = verdict
+        message, promoted = _promoted(reply_message, verdict, tools, state)
+        state.promoted += promoted
+        last_choice, state.top = reply_choices[0], reply
+
+    state.exhausted = not state.verdict.ok
+    if state.exhausted and policy.on_exhausted is OnExhausted.ERROR:
+        failed = f"; the re-ask failed ({state.repair_failed})" if state.repair_failed else ""
+        raise RepairExhaustedError(
+            f"no valid tool call after {state.attempts} repair attempt(s): "
+            + ", ".join(map(str, state.verdict.error_channels))
+            + failed,
+            attempts=state.attempts,
+            channels=tuple(map(str, state.caught)),
+        )
+    strip = state.exhausted and policy.on_exhausted is OnExhausted.STRIP
+    state.choice = _final_choice(last_choice, message, kept, state.verdict, strip)
+    state.choice["index"] = choice.get("index", 0)
+    final_message = state.choice["message"]
+    state.verdict = tools.check_message(final_message)  # what the client actually receives
+    return state
+
+
+def _promoted(
+    message: Mapping[str, Any],
+    verdict: MessageVerdict,
+    tools: CompiledTools,
+    state: _ChoiceRepair,
+) -> tuple[Mapping[str, Any], int]:
+    """Step 0: promote text calls that validate; the verdict in ``state`` follows the message."""
+    promoted, count = promote(message, verdict)
+    if count:
+        state.verdict = tools.check_message(promoted)
+    return promoted, count
 
 
 async def repair_completion(
@@ -467,62 +858,56 @@ async def repair_completion(
     policy: RepairPolicy,
     send: SendFn,
 ) -> RepairOutcome:
-    """Validate the upstream's answer and, while it holds an invalid call, re-ask (bounded).
+    """Validate the upstream's answer; promote calls written as text; re-ask for the rest.
 
     ``body`` is the request as it went upstream; ``send`` posts a non-streaming request upstream
-    and returns the completion JSON (it raises on upstream failure). In OFF/PROMPT modes the answer
-    is only validated. With ``OnExhausted.ERROR`` the error carries every channel caught; the
-    first answer's verdict is ``tools.check_message`` of ``first_response``'s message.
+    and returns the completion JSON (it raises ``UpstreamStatusError`` / ``UpstreamTimeoutError``
+    / ``UpstreamUnavailableError`` on failure: the answer held so far is then delivered, with
+    ``repair_failed`` set). OFF/PROMPT only validate; PROMOTE promotes and never re-asks;
+    REFLEXIVE/CONSTRAINED promote, then re-ask (bounded). With ``tool_choice: "none"`` text is not
+    classified and nothing is re-asked. With ``OnExhausted.ERROR`` the error carries every
+    channel caught. Every choice of an ``n > 1`` answer is repaired on its own.
     """
-    verdict = first_verdict = _verdict_of(tools, first_response)
-    caught = list(first_verdict.error_channels)
-    if not policy.re_asks or first_verdict.ok:
-        return RepairOutcome(
-            dict(first_response),
-            0,
-            tuple(caught),
-            first_verdict,
-            False,
-            first_verdict.error_call_ids,
-        )
-
-    last: Mapping[str, Any] = first_response
-    usages: list[Any] = [first_response.get("usage")]
-    history: list[dict[str, Any]] = []
-    kept: list[dict[str, Any]] = []
-    attempts = 0
-    while not verdict.ok and attempts < policy.max_repairs:
-        attempts += 1
-        message = _first_message(last)
-        assert message is not None  # an invalid verdict always comes from a message
-        turn, newly_kept = build_repair_turn(
-            message,
-            verdict,
-            tools,
-            policy.template,
-            attempt=attempts,
-            max_repairs=policy.max_repairs,
-        )
-        history.extend(turn)
-        kept.extend(newly_kept)
-        tool_choice = escalated_tool_choice(body, verdict, attempts, policy)
-        last = await send(_repair_request(body, history, tool_choice))
-        usages.append(last.get("usage"))
-        verdict = _verdict_of(tools, last)
-        caught.extend(verdict.error_channels)
-
-    usage = _sum_usage(usages)
-    if verdict.ok:
-        response = _final_response(last, kept, verdict, False, usage)
-        return RepairOutcome(response, attempts, tuple(caught), first_verdict, False)
-    if policy.on_exhausted is OnExhausted.ERROR:
-        raise RepairExhaustedError(
-            f"no valid tool call after {attempts} repair attempt(s): "
-            + ", ".join(map(str, verdict.error_channels)),
-            attempts=attempts,
-            channels=tuple(map(str, caught)),
-        )
-    strip = policy.on_exhausted is OnExhausted.STRIP
-    response = _final_response(last, kept, verdict, strip, usage)
-    delivered = () if strip else verdict.error_call_ids
-    return RepairOutcome(response, attempts, tuple(caught), first_verdict, True, delivered)
+    choices = _choices(first_response)
+    if not choices:
+        empty = MessageVerdict(())
+        return RepairOutcome(dict(first_response), 0, (), empty, False)
+    results = [
+        await _repair_choice(body, first_response, choice, tools, policy, send)
+        if isinstance(choice, Mapping)
+        else None
+        for choice in choices
+    ]
+    head = results[0]
+    if head is None:
+        empty = MessageVerdict(())
+        return RepairOutcome(dict(first_response), 0, (), empty, False)
+    reask_usages = [u for r in results if r is not None for u in r.reask_usages]
+    changed = any(r is not None and (r.attempts or r.promoted) for r in results)
+    if not changed and not any(r is not None and r.exhausted for r in results):
+        response = dict(first_response)
+    else:
+        response = dict(head.top if len(choices) == 1 else first_response)
+        response["choices"] = [
+            r.choice if r is not None else choice
+            for r, choice in zip(results, choices, strict=True)
+        ]
+        usage = _sum_usage([first_response.get("usage"), *reask_usages])
+        if usage is not None:
+            response["usage"] = usage
+    reask_usage = _sum_usage(reask_usages)
+    delivered = tuple(c for c in head.verdict.calls if c.channel is not Channel.VALID)
+    return RepairOutcome(
+        response,
+        sum(r.attempts for r in results if r is not None),
+        tuple(head.caught),
+        head.first_verdict,
+        head.exhausted,
+        tuple(c.call_id for c in delivered if c.call_id is not None),
+        promoted=sum(r.promoted for r in results if r is not None),
+        caught_calls=caught_calls(head.first_verdict),
+        delivered_invalid=delivered,
+        repair_prompt_tokens=_tokens(reask_usage, "prompt_tokens"),
+        repair_completion_tokens=_tokens(reask_usage, "completion_tokens"),
+        repair_failed=next((r.repair_failed for r in results if r and r.repair_failed), None),
+    )

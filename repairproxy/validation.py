@@ -70,6 +70,8 @@ class CallVerdict:
     # would have had as a structured call (valid: it can be promoted as it is).
     text_call: TextCall | None = None
     inner: Channel | None = None
+    # The arguments as the model sent them (kept for invalid calls only, to quote them back).
+    arguments: Any = None
 
     @property
     def form(self) -> str:
@@ -240,6 +242,7 @@ class CompiledTools:
                 Channel.UNKNOWN_TOOL,
                 f"Tool {_short(shown)!r} does not exist.{hint} Declared tools: {declared}.",
                 closest_tool=closest,
+                arguments=arguments,
             )
         if isinstance(arguments, Mapping):
             parsed: Any = arguments
@@ -257,6 +260,7 @@ class CompiledTools:
                     Channel.INVALID_JSON,
                     f"The arguments of {name!r} are not valid JSON ({exc}). "
                     "Send the arguments as one JSON object, e.g. {} when there are none.",
+                    arguments=arguments,
                 )
         if type(parsed) is not dict and not isinstance(parsed, Mapping):
             return CallVerdict(
@@ -265,12 +269,18 @@ class CompiledTools:
                 name,
                 Channel.INVALID_JSON,
                 f"The arguments of {name!r} must be a JSON object, not {type(parsed).__name__}.",
+                arguments=arguments,
             )
         try:
             valid = validator.is_valid(parsed)
         except (ValueError, TypeError, RecursionError):
             return CallVerdict(
-                index, call_id, name, Channel.INVALID_JSON, "The arguments hold non-JSON values."
+                index,
+                call_id,
+                name,
+                Channel.INVALID_JSON,
+                "The arguments hold non-JSON values.",
+                arguments=arguments,
             )
         if valid:
             return CallVerdict(index, call_id, name, Channel.VALID, "")
@@ -285,6 +295,7 @@ class CompiledTools:
             Channel.SCHEMA_VIOLATION,
             f"The arguments of {name!r} do not match its parameters schema: " + "; ".join(paths),
             error_paths=paths,
+            arguments=arguments,
         )
 
     def check_message(
