@@ -4,7 +4,12 @@ The public surface is small: ``create_app(settings)`` for embedding the ASGI app
 for its frozen configuration; ``python -m repairproxy serve --upstream URL`` runs it.
 """
 
+from typing import TYPE_CHECKING
+
 from repairproxy.settings import Settings
+
+if TYPE_CHECKING:
+    from repairproxy.app import create_app
 
 __all__ = ["Settings", "__version__", "create_app"]
 

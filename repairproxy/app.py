@@ -1,23 +1,21 @@
 """``create_app(settings)``: the proxy as one ASGI app whose lifespan owns the upstream pool.
 
-Everything a request needs (upstream pool, tools cache, episode store, repair policies, logger) is
-built here from the frozen Settings and handed to the routes; nothing lives in module globals.
+Everything a request needs (upstream pool, tools cache, episode store, repair policies, the chat
+pipeline, metrics, logger) is built here from the frozen Settings and handed to the routes;
+nothing lives in module globals.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import IO, Any
 
+from repairproxy.asgi import Message, Receive, Send
+from repairproxy.events import NullObserver, PipelineObserver
 from repairproxy.logging import configure_logging
-from repairproxy.repair import (
-    DEFAULT_TEMPLATE,
-    OnExhausted,
-    RepairMode,
-    RepairPolicy,
-    RepairTemplate,
-)
+from repairproxy.pipeline import ChatPipeline
+from repairproxy.repair import DEFAULT_TEMPLATE, RepairMode, RepairPolicy, RepairTemplate
 from repairproxy.routes import Proxy
 from repairproxy.sessions import ErrorBudget, MemoryEpisodeStore
 from repairproxy.settings import Settings
@@ -25,10 +23,6 @@ from repairproxy.upstream import Upstream
 from repairproxy.validation import ToolsCache
 
 __all__ = ["RepairProxyApp", "create_app"]
-
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 
 def _load_template(settings: Settings) -> RepairTemplate:
@@ -70,27 +64,42 @@ class RepairProxyApp:
             mode: RepairPolicy(
                 mode=mode,
                 max_repairs=settings.max_repairs,
-                on_exhausted=OnExhausted(settings.on_exhausted),
+                on_exhausted=settings.on_exhausted,
                 template=template,
             )
             for mode in RepairMode
         }
+        store = MemoryEpisodeStore(settings.max_episodes, settings.episode_idle_ttl)
         budget = ErrorBudget(
-            MemoryEpisodeStore(settings.max_episodes, settings.episode_idle_ttl),
+            store,
             default_budget=settings.budget,
-            tool_error_pattern=settings.tool_error_pattern,
+            tool_error_pattern=settings.tool_error_pattern or r"^Error",
         )
+        tools = ToolsCache(
+            settings.tools_cache_size, forbid_extra_arguments=settings.forbid_extra_arguments
+        )
+        metrics = self._metrics(store.__len__)
+        observer: PipelineObserver = metrics if metrics is not None else NullObserver()
         return Proxy(
             settings,
             upstream,
-            ToolsCache(
-                settings.tools_cache_size,
-                forbid_extra_arguments=settings.forbid_extra_arguments,
-            ),
-            budget,
-            policies,
+            ChatPipeline(settings, tools, budget, policies),
+            observer,
             configure_logging(settings.log_level, self._log_stream),
+            metrics,
         )
+
+    def _metrics(self, active_episodes: Callable[[], int]) -> Any:
+        """The Prometheus metrics (``repairproxy.metrics``), built once per app, or None."""
+        if not self.settings.metrics:
+            return None
+        try:
+            from repairproxy.metrics import Metrics
+        except ImportError:  # the metrics module has not landed in this checkout
+            return None
+        metrics = Metrics(self.settings)
+        metrics.bind_active_episodes(active_episodes)
+        return metrics
 
     async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
         kind = scope["type"]

@@ -5,25 +5,34 @@
     │   ├── InvalidJSONBodyError      400 the request body is not JSON
     │   └── InvalidToolsError         400 a tool is not a valid JSON Schema (names it)
     ├── AuthenticationError           401 missing or wrong client API key
+    ├── NotFoundError                 404 no such route
     ├── PayloadTooLargeError          413 body over the configured limit
-    ├── BudgetExhaustedError          429 episode spent its budget (--on-budget-exhausted reject)
+    ├── BudgetExhaustedError          403 episode spent its budget (--on-budget-exhausted reject);
+    │                                     403, not 429: clients (the openai SDK) retry 429
     ├── RepairExhaustedError          502 no valid answer after --max-repairs (--on-exhausted error)
     └── UpstreamError                 the upstream failed us
-        ├── UpstreamUnavailableError  502 connection refused / reset
-        └── UpstreamTimeoutError      504 no answer within --upstream-timeout
+        ├── UpstreamUnavailableError  502 connection refused / reset / truncated body
+        ├── UpstreamBadAnswerError    502 a 2xx whose body is not what the API promises
+        ├── UpstreamTimeoutError      504 no answer within --upstream-timeout
+        └── UpstreamStatusError       the upstream's own non-2xx answer to a re-ask: its reply
+                                      is passed through as it is
 
 Upstream 4xx/5xx *responses* are not exceptions: they pass through to the client as they are.
+Each class also names the request ``outcome`` metrics count it under.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from repairproxy.events import Outcome
+
 
 class RepairProxyError(Exception):
     status_code: int = 500
     error_type: str = "server_error"
     code: str | None = None
+    outcome: Outcome = Outcome.UPSTREAM_ERROR
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -47,6 +56,7 @@ class RepairProxyError(Exception):
 class BadRequestError(RepairProxyError):
     status_code = 400
     error_type = "invalid_request_error"
+    outcome = Outcome.CLIENT_ERROR
 
 
 class InvalidJSONBodyError(BadRequestError):
@@ -67,18 +77,28 @@ class AuthenticationError(RepairProxyError):
     status_code = 401
     error_type = "authentication_error"
     code = "invalid_api_key"
+    outcome = Outcome.CLIENT_ERROR
+
+
+class NotFoundError(RepairProxyError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "not_found"
+    outcome = Outcome.CLIENT_ERROR
 
 
 class PayloadTooLargeError(RepairProxyError):
     status_code = 413
     error_type = "invalid_request_error"
     code = "payload_too_large"
+    outcome = Outcome.CLIENT_ERROR
 
 
 class BudgetExhaustedError(RepairProxyError):
-    status_code = 429
+    status_code = 403
     error_type = "error_budget_exhausted"
     code = "error_budget_exhausted"
+    outcome = Outcome.BUDGET_REJECTED
 
 
 class RepairExhaustedError(RepairProxyError):
@@ -87,6 +107,7 @@ class RepairExhaustedError(RepairProxyError):
     status_code = 502
     error_type = "repair_exhausted"
     code = "repair_exhausted"
+    outcome = Outcome.REPAIR_EXHAUSTED
 
     def __init__(self, message: str, *, attempts: int, channels: tuple[str, ...] = ()) -> None:
         super().__init__(message)
@@ -106,3 +127,16 @@ class UpstreamUnavailableError(UpstreamError):
 class UpstreamTimeoutError(UpstreamError):
     status_code = 504
     code = "upstream_timeout"
+
+
+class UpstreamBadAnswerError(UpstreamError):
+    code = "upstream_bad_answer"
+
+
+class UpstreamStatusError(UpstreamError):
+    """A re-ask got a non-2xx answer; the route passes ``reply`` (an UpstreamReply) through."""
+
+    def __init__(self, reply: Any) -> None:
+        super().__init__(f"upstream answered {reply.status_code}")
+        self.reply = reply
+        self.status_code = int(reply.status_code)

@@ -1,4 +1,5 @@
-"""Frozen proxy settings: the only place flags and ``REPAIRPROXY_<FLAG>`` env vars are read.
+"""Frozen proxy settings, declared once: each field carries its flag's help, and argparse is built
+from the fields, so a setting's name, type, default, env var and help live in one place.
 
 Every flag of ``repairproxy serve`` has an env var twin (``--upstream-timeout`` ->
 ``REPAIRPROXY_UPSTREAM_TIMEOUT``); a flag given on the command line wins over the env var.
@@ -7,236 +8,260 @@ Every flag of ``repairproxy serve`` has an env var twin (``--upstream-timeout`` 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import enum
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from repairproxy.repair import OnExhausted, RepairMode
 
 __all__ = [
-    "BUDGET_POLICIES",
     "DEFAULT_MAX_BODY_BYTES",
-    "EXHAUSTED_POLICIES",
-    "REPAIR_MODES",
+    "BudgetPolicy",
     "Settings",
     "add_serve_arguments",
     "settings_from_args",
     "settings_from_namespace",
 ]
 
-REPAIR_MODES = ("off", "prompt", "reflexive", "constrained")
-EXHAUSTED_POLICIES = ("pass", "strip", "error")
-BUDGET_POLICIES = ("annotate", "reject")
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 _ENV_PREFIX = "REPAIRPROXY_"
 _TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+class BudgetPolicy(enum.StrEnum):
+    """What happens to an episode's requests once its error budget is spent."""
+
+    ANNOTATE = "annotate"  # answer as usual; headers say the budget is exhausted
+    REJECT = "reject"  # refuse further requests of episodes with an explicit id
+
+
+def _truthy(text: str) -> bool:
+    return text.strip().lower() in _TRUE
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+
+
+def _opt(
+    help: str,
+    *,
+    parse: Callable[[str], Any] | None = None,
+    switch: bool = False,
+    flag: str | None = None,
+    metavar: str | None = None,
+) -> dict[str, Any]:
+    """Field metadata for one flag: how to parse its text (flag or env var) and its help."""
+    return {"help": help, "parse": parse, "switch": switch, "flag": flag, "metavar": metavar}
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything the proxy process is configured with; built once, passed explicitly."""
 
-    upstream: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8080
-    upstream_api_key: str | None = None
-    api_keys: tuple[str, ...] = ()
-    upstream_timeout: float = 600.0
-    max_connections: int = 512
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    repair: str = "reflexive"
-    max_repairs: int = 2
-    on_exhausted: str = "pass"
-    repair_template: Path | None = None
-    budget: int = 10
-    on_budget_exhausted: str = "annotate"
-    episode_header: str = "x-episode-id"
-    tool_error_pattern: str = r"^Error"
-    max_episodes: int = 100_000
-    episode_idle_ttl: float = 3600.0
-    tools_cache_size: int = 256
-    forbid_extra_arguments: bool = False
-    log_bodies: bool = False
-    log_level: str = "info"
+    upstream: str | None = field(
+        default=None,
+        metadata=_opt(
+            "OpenAI-compatible base URL (http://host:port, .../v1, or any base path); "
+            "omitted: the embedded CPU model",
+            metavar="URL",
+        ),
+    )
+    embedded_arm: str = field(
+        default="q4_k_m",
+        metadata=_opt("embedded model arm served when no --upstream is given (default q4_k_m)"),
+    )
+    host: str = field(default="127.0.0.1", metadata=_opt("listen address (default 127.0.0.1)"))
+    port: int = field(default=8080, metadata=_opt("listen port (default 8080)", parse=int))
+    upstream_api_key: str | None = field(
+        default=None, metadata=_opt("key sent upstream instead of the client's Authorization")
+    )
+    api_keys: tuple[str, ...] = field(
+        default=(),
+        metadata=_opt(
+            "a client key the proxy accepts (repeatable; env: comma-separated)", flag="--api-key"
+        ),
+    )
+    upstream_timeout: float = field(
+        default=600.0,
+        metadata=_opt(
+            "seconds to wait for upstream bytes before answering 504 (default 600)", parse=float
+        ),
+    )
+    max_connections: int = field(
+        default=512, metadata=_opt("upstream connection pool size (default 512)", parse=int)
+    )
+    max_body_bytes: int = field(
+        default=DEFAULT_MAX_BODY_BYTES,
+        metadata=_opt("larger request bodies get 413 (default 16 MiB)", parse=int),
+    )
+    repair: RepairMode = field(
+        default=RepairMode.REFLEXIVE,
+        metadata=_opt(
+            "off: observe; prompt: add the repair instruction; promote: turn tool calls written "
+            "as text into real ones; reflexive: also re-ask with a diagnosis; constrained: also "
+            "force the intended tool from attempt 2 (default reflexive)",
+            parse=RepairMode,
+        ),
+    )
+    max_repairs: int = field(default=2, metadata=_opt("re-asks per answer (default 2)", parse=int))
+    on_exhausted: OnExhausted = field(
+        default=OnExhausted.PASS,
+        metadata=_opt(
+            "when re-asks run out: pass the last answer, strip its invalid calls, or 502",
+            parse=OnExhausted,
+        ),
+    )
+    repair_template: Path | None = field(
+        default=None,
+        metadata=_opt(
+            "file replacing the versioned repair texts (see repairproxy/templates)", parse=Path
+        ),
+    )
+    budget: int = field(
+        default=10,
+        metadata=_opt(
+            "tool errors an episode may make, counted like tau2-bench (default 10)", parse=int
+        ),
+    )
+    on_budget_exhausted: BudgetPolicy = field(
+        default=BudgetPolicy.ANNOTATE,
+        metadata=_opt(
+            "annotate the answer, or reject further requests of episodes with an explicit id",
+            parse=BudgetPolicy,
+        ),
+    )
+    episode_header: str = field(
+        default="x-episode-id",
+        metadata=_opt("request header naming the episode (default X-Episode-ID)"),
+    )
+    tool_error_pattern: str | None = field(
+        default=None,
+        metadata=_opt(
+            "regex marking a role:tool message as a failed call (default: the known formats of "
+            "tau2-bench, LangGraph, the OpenAI Agents SDK, pydantic-ai and LangChain)"
+        ),
+    )
+    max_episodes: int = field(
+        default=100_000, metadata=_opt("episodes remembered (LRU, default 100000)", parse=int)
+    )
+    episode_idle_ttl: float = field(
+        default=3600.0, metadata=_opt("seconds an idle episode is kept (default 3600)", parse=float)
+    )
+    tools_cache_size: int = field(
+        default=256, metadata=_opt("distinct tools lists kept compiled (default 256)", parse=int)
+    )
+    forbid_extra_arguments: bool = field(
+        default=False,
+        metadata=_opt(
+            "undeclared argument names are schema violations even where the schema allows "
+            "them (tau2-bench's Python tools reject unexpected keyword arguments)",
+            switch=True,
+        ),
+    )
+    metrics: bool = field(
+        default=True,
+        metadata=_opt("export Prometheus metrics at GET /metrics (default on)", parse=_truthy),
+    )
+    metrics_port: int | None = field(
+        default=None,
+        metadata=_opt("serve /metrics on this port instead of the proxy's own", parse=int),
+    )
+    metrics_api_key: str | None = field(
+        default=None, metadata=_opt("require this bearer key on /metrics (default: open)")
+    )
+    max_tool_labels: int = field(
+        default=50,
+        metadata=_opt(
+            "distinct invented tool names labelled per model; the rest are _other", parse=int
+        ),
+    )
+    max_model_labels: int = field(
+        default=20, metadata=_opt("distinct model label values; the rest are _other", parse=int)
+    )
+    budget_ladder: tuple[int, ...] = field(
+        default=(1, 2, 5, 10),
+        metadata=_opt(
+            "error counts k counted in episodes_over_budget_total (default 1,2,5,10)", parse=_ints
+        ),
+    )
+    margin_probe: bool = field(
+        default=False,
+        metadata=_opt(
+            "ask the upstream for logprobs on tool requests and record the tool-name margin",
+            switch=True,
+        ),
+    )
+    log_bodies: bool = field(
+        default=False, metadata=_opt("include prompt and answer text in the log lines", switch=True)
+    )
+    log_level: str = field(default="info", metadata=_opt("default info"))
 
     def __post_init__(self) -> None:
-        # Fail at start-up, not on the first request.
-        _check_choice("repair", self.repair, REPAIR_MODES)
-        _check_choice("on_exhausted", self.on_exhausted, EXHAUSTED_POLICIES)
-        _check_choice("on_budget_exhausted", self.on_budget_exhausted, BUDGET_POLICIES)
+        # Fail at start-up, not on the first request. Strings (tests, embedders) become enums.
+        object.__setattr__(self, "repair", RepairMode(self.repair))
+        object.__setattr__(self, "on_exhausted", OnExhausted(self.on_exhausted))
+        object.__setattr__(self, "on_budget_exhausted", BudgetPolicy(self.on_budget_exhausted))
+        object.__setattr__(self, "episode_header", self.episode_header.lower())
+        object.__setattr__(self, "log_level", self.log_level.lower())
         if self.max_repairs < 0 or self.budget < 0:
             raise ValueError("--max-repairs and --budget must be >= 0")
         if self.upstream_timeout <= 0 or self.max_body_bytes <= 0:
             raise ValueError("--upstream-timeout and --max-body-bytes must be > 0")
+        if self.max_tool_labels < 1 or self.max_model_labels < 1:
+            raise ValueError("--max-tool-labels and --max-model-labels must be >= 1")
 
 
-def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+def _flag_name(spec: dataclasses.Field[Any]) -> str:
+    return spec.metadata.get("flag") or "--" + spec.name.replace("_", "-")
 
 
 def _env(environ: Mapping[str, str], flag: str) -> str | None:
-    return environ.get(_ENV_PREFIX + flag.upper().replace("-", "_"))
+    return environ.get(_ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_"))
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    """Declare the ``serve`` flags; each default comes from its ``REPAIRPROXY_<FLAG>`` env var."""
-    d = Settings()
-
-    def default(flag: str, fallback: object) -> object:
-        value = _env(environ, flag)
-        return fallback if value is None else value
-
-    add = parser.add_argument
-    add(
-        "--upstream",
-        default=default("upstream", None),
-        help="OpenAI-compatible base URL (http://host:port or .../v1); omitted: embedded CPU model",
-    )
-    add("--host", default=default("host", d.host), help="listen address (default 127.0.0.1)")
-    add("--port", type=int, default=default("port", d.port), help="listen port (default 8080)")
-    add(
-        "--upstream-api-key",
-        default=default("upstream-api-key", None),
-        help="key sent upstream instead of the client's Authorization",
-    )
-    # append would extend a non-empty default, so env keys live apart and apply only without flags.
-    env_keys = _env(environ, "api-key")
-    parser.set_defaults(env_api_keys=tuple(k for k in (env_keys or "").split(",") if k))
-    add(
-        "--api-key",
-        dest="api_keys",
-        action="append",
-        default=None,
-        help="a client key the proxy accepts (repeatable; env: comma-separated)",
-    )
-    add(
-        "--upstream-timeout",
-        type=float,
-        default=default("upstream-timeout", d.upstream_timeout),
-        help="seconds to wait for upstream bytes before answering 504 (default 600)",
-    )
-    add(
-        "--max-connections",
-        type=int,
-        default=default("max-connections", d.max_connections),
-        help="upstream connection pool size (default 512)",
-    )
-    add(
-        "--max-body-bytes",
-        type=int,
-        default=default("max-body-bytes", d.max_body_bytes),
-        help="larger request bodies get 413 (default 16 MiB)",
-    )
-    add(
-        "--repair",
-        choices=REPAIR_MODES,
-        default=default("repair", d.repair),
-        help="off: observe; prompt: add the repair instruction; reflexive: also re-ask with a "
-        "diagnosis; constrained: also force the intended tool from attempt 2 (default reflexive)",
-    )
-    add(
-        "--max-repairs",
-        type=int,
-        default=default("max-repairs", d.max_repairs),
-        help="re-asks per answer (default 2)",
-    )
-    add(
-        "--on-exhausted",
-        choices=EXHAUSTED_POLICIES,
-        default=default("on-exhausted", d.on_exhausted),
-        help="when re-asks run out: pass the last answer, strip its invalid calls, or 502",
-    )
-    add(
-        "--repair-template",
-        type=Path,
-        default=default("repair-template", None),
-        help="file replacing the versioned repair texts (see repairproxy/templates)",
-    )
-    add(
-        "--budget",
-        type=int,
-        default=default("budget", d.budget),
-        help="tool errors an episode may make, counted like tau2-bench (default 10)",
-    )
-    add(
-        "--on-budget-exhausted",
-        choices=BUDGET_POLICIES,
-        default=default("on-budget-exhausted", d.on_budget_exhausted),
-        help="annotate the answer, or reject the episode's further requests with 429",
-    )
-    add(
-        "--episode-header",
-        default=default("episode-header", d.episode_header),
-        help="request header naming the episode (default X-Episode-ID)",
-    )
-    add(
-        "--tool-error-pattern",
-        default=default("tool-error-pattern", d.tool_error_pattern),
-        help="regex marking a role:tool message as a failed call (default ^Error)",
-    )
-    add(
-        "--max-episodes",
-        type=int,
-        default=default("max-episodes", d.max_episodes),
-        help="episodes remembered (LRU, default 100000)",
-    )
-    add(
-        "--episode-idle-ttl",
-        type=float,
-        default=default("episode-idle-ttl", d.episode_idle_ttl),
-        help="seconds an idle episode is kept (default 3600)",
-    )
-    add(
-        "--tools-cache-size",
-        type=int,
-        default=default("tools-cache-size", d.tools_cache_size),
-        help="distinct tools lists kept compiled (default 256)",
-    )
-    env_extra = _env(environ, "forbid-extra-arguments")
-    add(
-        "--forbid-extra-arguments",
-        action="store_true",
-        default=env_extra is not None and env_extra.lower() in _TRUE,
-        help="undeclared argument names are schema violations even where the schema allows "
-        "them (tau2-bench's Python tools reject unexpected keyword arguments)",
-    )
-    env_bodies = _env(environ, "log-bodies")
-    add(
-        "--log-bodies",
-        action="store_true",
-        default=env_bodies is not None and env_bodies.lower() in _TRUE,
-        help="include prompt and answer text in the log lines",
-    )
-    add("--log-level", default=default("log-level", d.log_level), help="default info")
+    """Declare the ``serve`` flags from Settings' fields; defaults come from the env vars."""
+    for spec in dataclasses.fields(Settings):
+        meta = spec.metadata
+        flag = _flag_name(spec)
+        env = _env(environ, flag)
+        if spec.name == "api_keys":
+            # append would extend a non-empty default: env keys apply only without flags.
+            parser.set_defaults(env_api_keys=tuple(k for k in (env or "").split(",") if k))
+            parser.add_argument(
+                flag, dest="api_keys", action="append", default=None, help=meta["help"]
+            )
+            continue
+        if meta["switch"]:
+            default = _truthy(env) if env is not None else spec.default
+            parser.add_argument(
+                flag, dest=spec.name, action="store_true", default=default, help=meta["help"]
+            )
+            continue
+        parse = meta["parse"] or str
+        choices = list(parse) if isinstance(parse, type) and issubclass(parse, enum.Enum) else None
+        parser.add_argument(
+            flag,
+            dest=spec.name,
+            type=parse,
+            choices=choices,
+            default=parse(env) if env is not None else spec.default,
+            metavar=meta["metavar"],
+            help=meta["help"],
+        )
 
 
 def settings_from_namespace(ns: argparse.Namespace) -> Settings:
-    """Turn parsed ``serve`` arguments into Settings (argparse leaves env defaults as strings)."""
-    template = ns.repair_template
-    return Settings(
-        upstream=ns.upstream or None,
-        host=ns.host,
-        port=int(ns.port),
-        upstream_api_key=ns.upstream_api_key or None,
-        api_keys=tuple(ns.api_keys or getattr(ns, "env_api_keys", ())),
-        upstream_timeout=float(ns.upstream_timeout),
-        max_connections=int(ns.max_connections),
-        max_body_bytes=int(ns.max_body_bytes),
-        repair=ns.repair,
-        max_repairs=int(ns.max_repairs),
-        on_exhausted=ns.on_exhausted,
-        repair_template=Path(template) if template else None,
-        budget=int(ns.budget),
-        on_budget_exhausted=ns.on_budget_exhausted,
-        episode_header=ns.episode_header.lower(),
-        tool_error_pattern=ns.tool_error_pattern,
-        max_episodes=int(ns.max_episodes),
-        episode_idle_ttl=float(ns.episode_idle_ttl),
-        tools_cache_size=int(ns.tools_cache_size),
-        forbid_extra_arguments=bool(ns.forbid_extra_arguments),
-        log_bodies=bool(ns.log_bodies),
-        log_level=str(ns.log_level).lower(),
-    )
+    """Turn parsed ``serve`` arguments into Settings."""
+    values = {spec.name: getattr(ns, spec.name) for spec in dataclasses.fields(Settings)}
+    values["api_keys"] = tuple(ns.api_keys or getattr(ns, "env_api_keys", ()))
+    values["upstream"] = values["upstream"] or None
+    return Settings(**values)
 
 
 def settings_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:

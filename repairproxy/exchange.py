@@ -1,0 +1,148 @@
+"""What one HTTP exchange reports: the ``X-Repairproxy-*`` headers, the SSE trailer comment, the
+one JSON log line, and the ``RequestRecord`` handed to the observer when the exchange ends."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from repairproxy.events import RequestRecord
+from repairproxy.sessions import BudgetSnapshot
+from repairproxy.streaming import comment_event
+from repairproxy.upstream import HeaderList, UpstreamTimer
+
+__all__ = ["Exchange"]
+
+# Invented names go into a header: keep them short and free of separators and non-Latin-1 text.
+_MAX_HEADER_NAMES = 16
+_MAX_NAME_CHARS = 64
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.:/-]")
+
+
+def _header_name(name: str) -> str:
+    return _NAME_UNSAFE.sub("_", name[:_MAX_NAME_CHARS])
+
+
+@dataclass(slots=True)
+class Exchange:
+    """Per-request state of the routes; the pipeline fills ``record`` as it decides."""
+
+    started: float
+    method: str
+    path: str
+    timer: UpstreamTimer = field(default_factory=UpstreamTimer)
+    record: RequestRecord = field(default_factory=RequestRecord)
+    episode_id: str | None = None  # for the log line, even before a snapshot exists
+    chained_episode: bool = False  # no episode header: the episode came from the history
+    mode: str | None = None
+    channels: tuple[str, ...] = ()
+    repairs: int = 0
+    repair_failed: str | None = None
+    status: int = 0
+    snapshot: BudgetSnapshot | None = None
+    request_body: bytes | None = None
+    response_body: bytes | None = None
+
+    def overhead_ms(self) -> float:
+        return max((time.perf_counter() - self.started - self.timer.seconds) * 1000.0, 0.0)
+
+    def proxy_headers(self, *, verdict: bool = True) -> HeaderList:
+        """``X-Repairproxy-*`` headers; without ``verdict`` only what was known pre-answer."""
+        out: HeaderList = []
+        record = self.record
+        if verdict:
+            out.append((b"x-repairproxy-tool-errors", ",".join(self.channels).encode()))
+            out.append((b"x-repairproxy-repairs", str(self.repairs).encode()))
+            if record.promoted:
+                out.append((b"x-repairproxy-promoted", str(record.promoted).encode()))
+            invented = [c.tool for c in record.caught if c.tool]
+            if invented:
+                shown = ",".join(_header_name(n) for n in invented[:_MAX_HEADER_NAMES])
+                out.append((b"x-repairproxy-unknown-tools", shown.encode()))
+            if self.repair_failed:
+                out.append((b"x-repairproxy-repair-failed", self.repair_failed.encode()))
+            if record.repair_attempts:
+                out.append(
+                    (b"x-repairproxy-repair-prompt-tokens", b"%d" % record.repair_prompt_tokens)
+                )
+                out.append(
+                    (
+                        b"x-repairproxy-repair-completion-tokens",
+                        b"%d" % record.repair_completion_tokens,
+                    )
+                )
+                out.append(
+                    (b"x-repairproxy-repair-seconds", f"{record.repair_seconds:.3f}".encode())
+                )
+            out.append((b"x-repairproxy-upstream-calls", str(self.timer.calls).encode()))
+        snapshot = self.snapshot
+        if snapshot is not None:
+            out.append(
+                (b"x-repairproxy-episode-id", snapshot.episode_id.encode("latin-1", "replace"))
+            )
+            out.append((b"x-repairproxy-episode-errors", str(snapshot.errors).encode()))
+            out.append((b"x-repairproxy-budget-remaining", str(snapshot.remaining).encode()))
+            if snapshot.exhausted:
+                out.append((b"x-repairproxy-budget-exhausted", b"true"))
+        out.append((b"x-repairproxy-overhead-ms", f"{self.overhead_ms():.3f}".encode()))
+        return out
+
+    def trailer_comment(self) -> bytes:
+        """The verdict for a stream whose headers left before it was known."""
+        fields = {
+            "tool-errors": ",".join(self.channels),
+            "repairs": str(self.repairs),
+            "overhead-ms": f"{self.overhead_ms():.3f}",
+        }
+        if self.record.promoted:
+            fields["promoted"] = str(self.record.promoted)
+        if self.repair_failed:
+            fields["repair-failed"] = self.repair_failed
+        if self.snapshot is not None:
+            fields["episode-errors"] = str(self.snapshot.errors)
+            fields["budget-remaining"] = str(self.snapshot.remaining)
+        return comment_event("x-repairproxy " + " ".join(f"{k}={v}" for k, v in fields.items()))
+
+    def log_event(self, status: int, *, log_bodies: bool) -> dict[str, Any]:
+        """The canonical log line's fields."""
+        record = self.record
+        event: dict[str, Any] = {
+            "method": self.method,
+            "path": self.path,
+            "api": record.api.value,
+            "status": status,
+            "model": record.model,
+            "episode_id": self.episode_id,
+            "stream": record.stream,
+            "mode": self.mode,
+            "outcome": record.outcome.value,
+            "channels": list(self.channels),
+            "repairs": self.repairs,
+            "latency_ms": round((time.perf_counter() - self.started) * 1000.0, 3),
+            "overhead_ms": round(self.overhead_ms(), 3),
+            "upstream_calls": self.timer.calls,
+        }
+        if record.caught:
+            event["caught"] = [
+                {"channel": c.channel, "form": c.form, "tool": c.tool, "detail": c.detail}
+                for c in record.caught
+            ]
+        if record.promoted:
+            event["promoted"] = record.promoted
+        if self.repair_failed:
+            event["repair_failed"] = self.repair_failed
+        if record.env_errors:
+            event["env_errors"] = list(record.env_errors)
+        if self.snapshot is not None:
+            event["episode_errors"] = self.snapshot.errors
+            event["budget_remaining"] = self.snapshot.remaining
+        if log_bodies:
+            event["request_body"] = (
+                self.request_body.decode("utf-8", "replace") if self.request_body else None
+            )
+            event["response_body"] = (
+                self.response_body.decode("utf-8", "replace") if self.response_body else None
+            )
+        return event

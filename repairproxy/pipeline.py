@@ -1,0 +1,318 @@
+"""One chat completion, decided: instruction -> upstream -> validate -> promote -> repair ->
+charge the budget -> one event for the observer.
+
+The routes frame HTTP (auth, body, headers, SSE, the log line); this module decides what the
+answer is. Buffered and streamed answers meet here the same way: the stream gate hands over the
+assembled completion, and ``judge`` returns the answer to send. Like inspect_ai's
+``Solver(state, generate)``, a step of work is given a way to call the model (``Send``) and never
+owns the transport. The chat-completions shape is read here only through small accessors
+(``first_message``), so an adapter for ``/v1/responses`` can reuse the same steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import orjson
+
+from repairproxy.errors import (
+    BadRequestError,
+    BudgetExhaustedError,
+    InvalidJSONBodyError,
+    RepairExhaustedError,
+)
+from repairproxy.events import CaughtCall, EpisodeRecord, Outcome, RepairResult, RepairResultKind
+from repairproxy.events import RequestRecord as Record
+from repairproxy.repair import RepairMode, RepairPolicy, repair_completion, with_repair_instruction
+from repairproxy.sessions import BudgetSnapshot, ErrorBudget, episode_id_for
+from repairproxy.settings import BudgetPolicy, Settings
+from repairproxy.validation import Channel, CompiledTools, MessageVerdict, ToolsCache
+from repairproxy.wire import ChatCompletion, ChatRequestBody, first_message
+
+__all__ = ["ChatOutcome", "ChatPipeline", "ChatRequest", "Send"]
+
+Send = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+REPAIR_HEADER = "x-repairproxy-repair"
+BUDGET_HEADER = "x-repairproxy-budget"
+# Modes whose answers the proxy may change (promotion and/or re-asks); "promote" joins them when
+# the repair module defines it.
+_CHANGES_ANSWERS = frozenset(
+    mode for mode in RepairMode if mode.value in ("promote", "reflexive", "constrained")
+)
+# Modes that add the repair instruction to the system prompt.
+_INSTRUCTS = frozenset(
+    mode for mode in RepairMode if mode.value in ("prompt", "reflexive", "constrained")
+)
+_MODES = {mode.value: mode for mode in RepairMode}  # by-value lookup without Enum's slow path
+_FIXED_BY_REPAIR = RepairResultKind.FIXED
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    """A parsed chat-completion request and what the proxy decided about it before answering."""
+
+    body: ChatRequestBody
+    raw: bytes
+    tools: CompiledTools | None
+    mode: RepairMode
+    budget: int | None  # per-request override of the episode budget
+    episode_id: str | None = None
+    explicit_episode: bool = False
+    snapshot: BudgetSnapshot | None = None
+    forward: ChatRequestBody | None = None  # the body as it goes upstream
+    forward_raw: bytes = b""
+
+    @property
+    def stream(self) -> bool:
+        return self.body.get("stream") is True
+
+    @property
+    def include_usage(self) -> bool:
+        options = self.body.get("stream_options")
+        return isinstance(options, dict) and bool(options.get("include_usage"))
+
+    def reask_body(self) -> dict[str, Any]:
+        """What repair re-asks start from: the forwarded body, never streamed."""
+        forward = self.forward if self.forward is not None else self.body
+        return {k: v for k, v in forward.items() if k not in ("stream", "stream_options")}
+
+
+@dataclass(frozen=True, slots=True)
+class ChatOutcome:
+    """What ``judge`` decided: the answer to send and what it took."""
+
+    answer: ChatCompletion
+    changed: bool
+    first_verdict: MessageVerdict | None
+    caught: tuple[str, ...]
+    repairs: int
+    promoted: int = 0
+    repair_failed: str | None = None
+
+
+class ChatPipeline:
+    """Validation, repair and budget rules for chat completions, built once per app."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        tools_cache: ToolsCache,
+        budget: ErrorBudget,
+        policies: Mapping[RepairMode, RepairPolicy],
+    ) -> None:
+        self.settings = settings
+        self.tools_cache = tools_cache
+        self.budget = budget
+        self.policies = policies
+
+    # -- before the upstream ----------------------------------------------------------------------
+
+    def parse(self, raw: bytes, headers: Mapping[str, str], record: Record) -> ChatRequest:
+        """The request body and per-request options; malformed input is a 400, never a 500."""
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidJSONBodyError(f"the request body is not valid JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise InvalidJSONBodyError("the request body must be a JSON object")
+        for name in ("messages", "tools", "functions"):
+            value = body.get(name)
+            if value is not None and not isinstance(value, list):
+                raise BadRequestError(f"'{name}' must be an array", param=name)
+        model = body.get("model")
+        record.model = model if isinstance(model, str) else None
+        record.stream = body.get("stream") is True
+        tools = self.tools_cache.compile(body)
+        return ChatRequest(
+            cast(ChatRequestBody, body), raw, tools, self._mode(headers), self._budget(headers)
+        )
+
+    async def admit(self, request: ChatRequest, headers: Mapping[str, str], record: Record) -> None:
+        """Find the episode, count the error results the history reports, and apply the policy."""
+        request.episode_id = episode_id_for(headers, request.body, self.settings.episode_header)
+        request.explicit_episode = self.settings.episode_header in headers
+        before = await self.budget.snapshot(request.episode_id, request.budget)
+        snapshot = await self.budget.observe_request(
+            request.episode_id, request.body, request.budget
+        )
+        request.snapshot = snapshot
+        record.episode = _episode_record(before, snapshot, request.explicit_episode)
+        if (
+            snapshot.exhausted
+            and request.explicit_episode
+            and self.settings.on_budget_exhausted is BudgetPolicy.REJECT
+        ):
+            record.outcome = Outcome.BUDGET_REJECTED
+            raise BudgetExhaustedError(
+                f"episode {request.episode_id} spent its error budget "
+                f"({snapshot.errors} errors, budget {snapshot.budget})"
+            )
+
+    def prepare_forward(self, request: ChatRequest) -> None:
+        """The body as it goes upstream: byte for byte unless the instruction is added."""
+        request.forward = request.body
+        request.forward_raw = request.raw
+        if request.tools is None or request.mode not in _INSTRUCTS:
+            return
+        forward = with_repair_instruction(request.body, self.policies[request.mode].template)
+        try:
+            request.forward_raw = orjson.dumps(forward)
+        except (TypeError, orjson.JSONEncodeError) as exc:  # nested deeper than orjson writes
+            raise BadRequestError(f"the request body cannot be re-encoded: {exc}") from exc
+        request.forward = cast(ChatRequestBody, forward)
+
+    # -- after the upstream -----------------------------------------------------------------------
+
+    async def judge(
+        self, request: ChatRequest, completion: ChatCompletion, send: Send, record: Record
+    ) -> ChatOutcome:
+        """Validate (and maybe repair) one answer; charge the episode; fill the record."""
+        tools = request.tools
+        message = first_message(completion)
+        if tools is None or message is None or _tool_choice_none(request.body):
+            return ChatOutcome(completion, False, None, (), 0)
+        verdict = tools.check_message(message)
+        record.tool_calls = _calls_seen(verdict)
+        if verdict.ok or request.mode not in _CHANGES_ANSWERS:
+            record.caught = _caught(verdict)
+            await self._charge(request, verdict, _invalid_ids(verdict), record)
+            return ChatOutcome(completion, False, verdict, _channels(verdict), 0)
+        started = time.perf_counter()
+        policy = self.policies[request.mode]
+        try:
+            repaired = await repair_completion(
+                request.reask_body(), completion, tools, policy, send
+            )
+        except RepairExhaustedError as exc:
+            record.caught = _caught(verdict)
+            record.repair_attempts = exc.attempts
+            record.repairs = [RepairResult(c, RepairResultKind.FAILED) for c in _channels(verdict)]
+            record.outcome = Outcome.REPAIR_EXHAUSTED
+            record.repair_seconds = time.perf_counter() - started
+            await self._charge(request, verdict, (), record)  # the client gets an error, no calls
+            raise
+        record.repair_seconds = time.perf_counter() - started
+        record.caught = _caught(repaired.first_verdict)
+        record.repair_attempts = repaired.attempts
+        promoted = int(getattr(repaired, "promoted", 0))
+        record.promoted = promoted
+        fixed = not repaired.exhausted
+        kind = _FIXED_BY_REPAIR if fixed else RepairResultKind.FAILED
+        record.repairs = [RepairResult(c, kind) for c in _channels(repaired.first_verdict)]
+        record.outcome = Outcome.REPAIRED if fixed else Outcome.REPAIR_EXHAUSTED
+        await self._charge(
+            request, repaired.first_verdict, repaired.delivered_invalid_call_ids, record
+        )
+        changed = repaired.attempts > 0 or repaired.response != completion
+        return ChatOutcome(
+            cast(ChatCompletion, repaired.response),
+            changed,
+            repaired.first_verdict,
+            tuple(c.value for c in repaired.caught),
+            repaired.attempts,
+            promoted,
+            getattr(repaired, "repair_failed", None),
+        )
+
+    async def _charge(
+        self,
+        request: ChatRequest,
+        first: MessageVerdict,
+        delivered_invalid: tuple[str, ...],
+        record: Record,
+    ) -> None:
+        """Charge the first answer's errors; remember invalid calls the client will still see."""
+        if request.episode_id is None:
+            return
+        snapshot = await self.budget.observe_answer(
+            request.episode_id,
+            first.error_channels,
+            request.budget,
+            delivered_call_ids=delivered_invalid,
+        )
+        if record.episode is not None:
+            record.episode = EpisodeRecord(
+                new=record.episode.new,
+                explicit=record.episode.explicit,
+                errors_before=record.episode.errors_before,
+                errors_after=snapshot.errors,
+                budget=snapshot.budget,
+                exhausted=snapshot.exhausted,
+            )
+        request.snapshot = snapshot
+
+    # -- per-request options ----------------------------------------------------------------------
+
+    def _mode(self, headers: Mapping[str, str]) -> RepairMode:
+        override = headers.get(REPAIR_HEADER)
+        if not override:
+            return self.settings.repair
+        mode = _MODES.get(override.strip().lower())
+        if mode is not None:
+            return mode
+        raise BadRequestError(
+            f"X-Repairproxy-Repair must be one of {', '.join(_MODES)}", param=REPAIR_HEADER
+        )
+
+    @staticmethod
+    def _budget(headers: Mapping[str, str]) -> int | None:
+        override = headers.get(BUDGET_HEADER)
+        if override is None:
+            return None
+        value = override.strip()
+        if not value.isdigit():
+            raise BadRequestError(
+                "X-Repairproxy-Budget must be a non-negative integer", param=BUDGET_HEADER
+            )
+        return int(value)
+
+
+def _tool_choice_none(body: Mapping[str, Any]) -> bool:
+    """The client asked for no tool call: text is text, nothing to classify or repair."""
+    return body.get("tool_choice") == "none" or body.get("function_call") == "none"
+
+
+def _channels(verdict: MessageVerdict) -> tuple[str, ...]:
+    return tuple(c.value for c in verdict.error_channels)
+
+
+def _invalid_ids(verdict: MessageVerdict) -> tuple[str, ...]:
+    return verdict.error_call_ids
+
+
+def _calls_seen(verdict: MessageVerdict) -> int:
+    return sum(1 for c in verdict.calls if c.channel is not Channel.EMPTY_OUTPUT)
+
+
+def _caught(verdict: MessageVerdict) -> list[CaughtCall]:
+    caught = []
+    for call in verdict.calls:
+        if call.channel is Channel.VALID:
+            continue
+        text = call.channel is Channel.TOOL_CALL_IN_CONTENT
+        invented = call.channel is Channel.UNKNOWN_TOOL or (
+            text and call.name is not None and call.closest_tool != call.name
+        )
+        caught.append(
+            CaughtCall(
+                call.channel.value,
+                "text" if text else "structured",
+                call.name if invented else None,
+            )
+        )
+    return caught
+
+
+def _episode_record(before: BudgetSnapshot, after: BudgetSnapshot, explicit: bool) -> EpisodeRecord:
+    return EpisodeRecord(
+        new=before.errors == 0 and not before.by_channel and after.errors == 0,
+        explicit=explicit,
+        errors_before=before.errors,
+        errors_after=after.errors,
+        budget=after.budget,
+        exhausted=after.exhausted,
+    )
