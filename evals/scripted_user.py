@@ -252,7 +252,8 @@ class ScriptedUser:
         return f"I did that. This is what I see: {seen}"
 
     def _answer(self, text: str) -> UserMessage:
-        lowered = " ".join(text.lower().split())
+        # Tool names may be spelled out ("toggle_airplane_mode"): underscores read as spaces.
+        lowered = " ".join(text.lower().replace("_", " ").split())
         if _TRANSFER.search(lowered):
             return UserMessage(content=TRANSFER)
         tools = requested_tools(lowered, self._tools)

@@ -1,0 +1,155 @@
+"""Start, health-check and stop the servers a grid needs: model servers and proxies.
+
+Each server is a child process with its output in a log file. On Linux the child is asked to
+receive SIGTERM when the runner dies, so a killed grid run leaves no server holding a port or a GPU
+behind (the next run starts fresh ones and resumes from the results files).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+__all__ = ["LaunchError", "ManagedProcess", "free_port", "proxy_command"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+class LaunchError(RuntimeError):
+    """A server did not start, or did not become healthy in time (the message has its log tail)."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now (the child binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def proxy_command(upstream: str, port: int, args: Sequence[str] = ()) -> list[str]:
+    """``python -m repairproxy serve`` in front of ``upstream`` on loopback ``port``."""
+    command = [sys.executable, "-m", "repairproxy", "serve", "--upstream", upstream]
+    return [*command, "--host", "127.0.0.1", "--port", str(port), *args]
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    parent = os.getpid()
+
+    def arrange() -> None:  # runs in the child between fork and exec
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return arrange
+
+
+class ManagedProcess:
+    """One server child: ``start()`` waits until ``health_url`` answers 200, ``stop()`` ends it."""
+
+    def __init__(
+        self,
+        name: str,
+        command: Sequence[str],
+        health_url: str,
+        log_path: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        ready_timeout_s: float = 60.0,
+    ) -> None:
+        self.name = name
+        self.command = list(command)
+        self.health_url = health_url
+        self.log_path = log_path
+        self._env = None if env is None else {**os.environ, **env}
+        self._ready_timeout_s = ready_timeout_s
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            try:
+                self._process = subprocess.Popen(
+                    self.command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self._env,
+                    preexec_fn=_die_with_parent(),  # prctl only: safe between fork and exec
+                )
+            except OSError as exc:
+                raise LaunchError(f"{self.name}: cannot run {self.command[0]!r}: {exc}") from exc
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> None:
+        assert self._process is not None
+        deadline = time.monotonic() + self._ready_timeout_s
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
+            while time.monotonic() < deadline:
+                code = self._process.poll()
+                if code is not None:
+                    raise LaunchError(
+                        f"{self.name} exited with {code} before it was healthy:\n{self.log_tail()}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(self.health_url).status_code == 200:
+                        return
+                time.sleep(0.1)
+        raise LaunchError(
+            f"{self.name} was not healthy at {self.health_url} within "
+            f"{self._ready_timeout_s:.0f} s:\n{self.log_tail()}"
+        )
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout_s``; the exit code (None if never started)."""
+        process, self._process = self._process, None
+        if process is None:
+            return None
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        return process.returncode
+
+    def __enter__(self) -> ManagedProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()

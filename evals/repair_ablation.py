@@ -1,0 +1,497 @@
+"""``python -m evals.repair_ablation GRID.toml --out runs/NAME``: the repair ablation grid.
+
+For each arm it reaches (or starts) the model server and starts one proxy in front of it; every
+cell x repair mode then runs through ``evals.run`` in this process, with the mode chosen per request
+(``X-Repairproxy-Repair``) and the proxy's budget set to the cell's ``max_errors``. Each run writes
+``<out>/<cell>/<mode>/results.json`` (τ²-bench's layout) and ``provenance.json`` beside it. A killed
+grid resumes where it stopped: finished runs are skipped, partial ones resume episode by episode.
+It ends by handing every results file and the pairs to compare to ``evals.analysis``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import hashlib
+import importlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from evals.agents import ModelConfig
+from evals.data import ChecksumError, DataNotFoundError, resolve_data_dir
+from evals.domains import load_domain
+from evals.domains.base import Domain, domain_dir
+from evals.grid import (
+    ArmSpec,
+    CellSpec,
+    EmbeddedLaunch,
+    Grid,
+    GridError,
+    VllmLaunch,
+    cell_name,
+    load_grid,
+)
+from evals.launch import LaunchError, ManagedProcess, free_port, proxy_command
+from evals.logs import SimulationRun, load_results
+from evals.run import RESULTS_FILE, RunConfig, run
+
+__all__ = [
+    "BUDGET_HEADER",
+    "PROVENANCE_FILE",
+    "REPAIR_HEADER",
+    "PlannedRun",
+    "analysis_pairs",
+    "main",
+    "plan_runs",
+    "run_grid",
+]
+
+REPAIR_HEADER = "X-Repairproxy-Repair"
+BUDGET_HEADER = "X-Repairproxy-Budget"
+PROVENANCE_FILE = "provenance.json"
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One cell in one repair mode: its folder, its episodes and how many are already saved."""
+
+    cell: CellSpec
+    mode: str
+    out_dir: Path
+    task_ids: tuple[str, ...]
+    done: int
+
+    @property
+    def episodes(self) -> int:
+        return len(self.task_ids) * self.cell.trials
+
+    @property
+    def results_path(self) -> Path:
+        return self.out_dir / RESULTS_FILE
+
+
+def _cell_task_ids(cell: CellSpec, domain: Domain) -> tuple[str, ...]:
+    if cell.task_ids is not None:
+        known = {str(t["id"]) for t in domain.tasks(None)}
+        missing = [i for i in cell.task_ids if i not in known]
+        if missing:
+            raise GridError(f"cell {cell.name}: unknown task ids {missing}")
+        return cell.task_ids
+    ids = tuple(str(t["id"]) for t in domain.tasks(cell.split))
+    return ids if cell.task_count is None else ids[: cell.task_count]
+
+
+def _saved_episodes(path: Path, task_ids: Sequence[str], trials: int) -> int:
+    if not path.exists():
+        return 0
+    wanted = set(task_ids)
+    saved = {
+        (s.task_id, s.trial)
+        for s in load_results(path).simulations
+        if s.task_id in wanted and s.trial is not None and s.trial < trials
+    }
+    return len(saved)
+
+
+def plan_runs(grid: Grid, cells: Sequence[CellSpec], out: Path, data_dir: Path) -> list[PlannedRun]:
+    """Every (cell, mode) to run, in grid order, with what is already on disk."""
+    domains: dict[str, Domain] = {}
+    planned = []
+    for cell in cells:
+        domain = domains.get(cell.domain) or load_domain(cell.domain, data_dir)
+        domains[cell.domain] = domain
+        task_ids = _cell_task_ids(cell, domain)
+        for mode in cell.modes:
+            out_dir = out / cell.name / mode
+            done = _saved_episodes(out_dir / RESULTS_FILE, task_ids, cell.trials)
+            planned.append(PlannedRun(cell, mode, out_dir, task_ids, done))
+    return planned
+
+
+def analysis_pairs(grid: Grid, planned: Sequence[PlannedRun]) -> list[tuple[Path, Path]]:
+    """What the analysis compares: each repair mode against ``off`` in the same cell, and each
+    arm against its ``reference`` arm in the same domain, user, budget and mode."""
+    by_key = {(p.cell.name, p.mode): p.results_path for p in planned}
+    pairs: list[tuple[Path, Path]] = []
+    for p in planned:
+        if p.mode != "off" and (p.cell.name, "off") in by_key:
+            pairs.append((by_key[(p.cell.name, "off")], p.results_path))
+    for p in planned:
+        reference = grid.arms[p.cell.arm].reference
+        if reference is None:
+            continue
+        ref_name = cell_name(p.cell.domain, reference, p.cell.user, p.cell.max_errors)
+        if (ref_name, p.mode) in by_key:
+            pairs.append((by_key[(ref_name, p.mode)], p.results_path))
+    return list(dict.fromkeys(pairs))
+
+
+# --- provenance ---------------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 16), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _git(*args: str) -> str:
+    try:
+        done = subprocess.run(
+            ["git", *args],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip()
+
+
+def _repair_template(proxy_args: Sequence[str]) -> dict[str, Any]:
+    from repairproxy.repair import RepairTemplate
+
+    path: Path | None = None
+    for index, arg in enumerate(proxy_args):
+        if arg == "--repair-template" and index + 1 < len(proxy_args):
+            path = Path(proxy_args[index + 1])
+        elif arg.startswith("--repair-template="):
+            path = Path(arg.split("=", 1)[1])
+    if path is None:
+        import repairproxy
+
+        path = Path(repairproxy.__file__).parent / "templates" / "repair_v1.txt"
+    try:
+        template = RepairTemplate.from_file(path)
+    except (OSError, ValueError) as exc:
+        return {"file": str(path), "error": str(exc)}
+    return {"file": str(path), "version": template.version, "sha256": _sha256(path)}
+
+
+def _data_pins(data_dir: Path, domain: str) -> dict[str, str]:
+    folder = domain_dir(data_dir, domain)
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    files += sorted((data_dir / "tau2" / "user_simulator").glob("*.md"))
+    return {str(p.relative_to(data_dir)): _sha256(p) for p in files}
+
+
+def _provenance(
+    grid: Grid, planned: PlannedRun, endpoint: ArmEndpoint, data_dir: Path, concurrency: int
+) -> dict[str, Any]:
+    cell = planned.cell
+    return {
+        "written_at": datetime.now(UTC).isoformat(),
+        "grid": {
+            "name": grid.name,
+            "file": str(grid.source) if grid.source else None,
+            "sha256": _sha256(grid.source) if grid.source else None,
+        },
+        "cell": dataclasses.asdict(cell),
+        "mode": planned.mode,
+        "task_ids": list(planned.task_ids),
+        "episodes": planned.episodes,
+        "episodes_saved_before_this_start": planned.done,
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "arm": grid.arms[cell.arm].describe(),
+        "proxy": {
+            "url": endpoint.proxy_url,
+            "command": endpoint.proxy_command,
+            "request_headers": endpoint.headers(planned.mode, cell.max_errors),
+        },
+        "repair_template": _repair_template([*grid.proxy_args, *grid.arms[cell.arm].proxy_args]),
+        "user": grid.users[cell.user].describe(),
+        "tau2_data": {"dir": str(data_dir), "sha256": _data_pins(data_dir, cell.domain)},
+        "seeds": {"run_seed": cell.seed, "llm_seed": grid.llm_seed},
+        "concurrency": concurrency,
+        "python": sys.version.split()[0],
+    }
+
+
+# --- arms ---------------------------------------------------------------------------------------
+
+
+class ArmEndpoint:
+    """An arm made reachable for a while: its model server (if launched) and its proxy."""
+
+    def __init__(self, grid: Grid, arm: ArmSpec, logs: Path) -> None:
+        self.arm = arm
+        self._grid = grid
+        self._logs = logs
+        self._stack = ExitStack()
+        self.upstream_url = ""
+        self.proxy_url = ""
+        self.proxy_command: list[str] | str = "external"
+        self.processes: list[ManagedProcess] = []
+
+    def headers(self, mode: str, max_errors: int) -> dict[str, str]:
+        return {REPAIR_HEADER: mode, BUDGET_HEADER: str(max_errors)}
+
+    def open(self) -> ArmEndpoint:
+        arm = self.arm
+        if arm.arm_dir is not None:
+            raise GridError(f"arms.{arm.name}: arm = DIR (a made arm.json) is not supported yet")
+        if len(arm.upstreams) > 1:
+            raise GridError(f"arms.{arm.name}: several upstreams per arm are not supported yet")
+        if arm.launch is not None:
+            self.upstream_url = self._launch(arm.launch)
+        else:
+            self.upstream_url = arm.upstreams[0]
+        if arm.proxy is not None:
+            self.proxy_url = arm.proxy
+            return self
+        port = free_port()
+        command = proxy_command(self.upstream_url, port, [*self._grid.proxy_args, *arm.proxy_args])
+        env = None
+        if arm.api_key_env and arm.api_key_env in os.environ:
+            # The upstream key travels in the environment, never on a command line or in a log.
+            env = {"REPAIRPROXY_UPSTREAM_API_KEY": os.environ[arm.api_key_env]}
+        proxy = ManagedProcess(
+            f"proxy for {arm.name}",
+            command,
+            f"http://127.0.0.1:{port}/healthz",
+            self._logs / f"proxy-{arm.name}.log",
+            env=env,
+        )
+        self._start(proxy)
+        self.proxy_command = command
+        self.proxy_url = f"http://127.0.0.1:{port}/v1"
+        return self
+
+    def _launch(self, launch: VllmLaunch | EmbeddedLaunch) -> str:
+        port = launch.port or free_port(launch.host)
+        kind = "vllm" if isinstance(launch, VllmLaunch) else "embedded"
+        server = ManagedProcess(
+            f"{kind} server for {self.arm.name}",
+            launch.command(port),
+            f"http://{launch.host}:{port}{launch.health_path}",
+            self._logs / f"{kind}-{self.arm.name}.log",
+            ready_timeout_s=launch.ready_timeout_s,
+        )
+        self._start(server)
+        return f"http://{launch.host}:{port}/v1"
+
+    def _start(self, process: ManagedProcess) -> None:
+        process.start()
+        self.processes.append(process)
+        self._stack.callback(process.stop)
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> ArmEndpoint:
+        try:
+            return self.open()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- running ------------------------------------------------------------------------------------
+
+
+def _api_key(env_name: str | None, environ: Mapping[str, str]) -> str:
+    return environ.get(env_name, "EMPTY") if env_name else "EMPTY"
+
+
+def _run_config(
+    grid: Grid,
+    planned: PlannedRun,
+    endpoint: ArmEndpoint,
+    data_dir: Path,
+    concurrency: int,
+    environ: Mapping[str, str],
+) -> RunConfig:
+    cell, arm = planned.cell, grid.arms[planned.cell.arm]
+    user = grid.users[cell.user]
+    agent_model = ModelConfig(
+        model=arm.model,
+        base_url=endpoint.proxy_url,
+        temperature=arm.temperature,
+        seed=grid.llm_seed,
+        max_tokens=arm.max_tokens,
+        extra_headers=endpoint.headers(planned.mode, cell.max_errors),
+    )
+    user_model = None
+    if user.kind == "llm":
+        assert user.model is not None and user.base_url is not None
+        user_model = ModelConfig(
+            model=user.model,
+            base_url=user.base_url,
+            api_key=_api_key(user.api_key_env, environ),
+            temperature=user.temperature,
+            seed=grid.llm_seed,
+        )
+    return RunConfig(
+        domain=cell.domain,
+        data_dir=data_dir,
+        save_to=planned.out_dir,
+        agent="llm",
+        user=user.kind,
+        agent_model=agent_model,
+        user_model=user_model,
+        num_trials=cell.trials,
+        max_errors=cell.max_errors,
+        max_steps=cell.max_steps,
+        task_ids=planned.task_ids,
+        split=cell.split,
+        concurrency=concurrency,
+        seed=cell.seed,
+        progress=False,
+    )
+
+
+@contextmanager
+def _grid_bar(planned: Sequence[PlannedRun], enabled: bool) -> Iterator[tqdm[Any]]:
+    total = sum(p.episodes for p in planned)
+    done = sum(p.done for p in planned)
+    bar = tqdm(total=total, initial=done, desc="grid", unit="episode", disable=not enabled)
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+async def run_grid(
+    grid: Grid,
+    planned: Sequence[PlannedRun],
+    *,
+    out: Path,
+    data_dir: Path,
+    concurrency: int,
+    progress: bool = True,
+    environ: Mapping[str, str] | None = None,
+) -> None:
+    """Run every pending episode of ``planned``, one arm endpoint at a time."""
+    environ = os.environ if environ is None else environ
+    arm_order = list(dict.fromkeys(p.cell.arm for p in planned))
+    with _grid_bar(planned, progress) as bar:
+
+        def saved(simulation: SimulationRun) -> None:
+            bar.set_postfix_str(f"last: task {simulation.task_id}", refresh=False)
+            bar.update(1)
+
+        for arm_name in arm_order:
+            pending = [p for p in planned if p.cell.arm == arm_name and p.done < p.episodes]
+            if not pending:
+                continue
+            with ArmEndpoint(grid, grid.arms[arm_name], out / "logs") as endpoint:
+                for item in pending:
+                    item.out_dir.mkdir(parents=True, exist_ok=True)
+                    provenance = _provenance(grid, item, endpoint, data_dir, concurrency)
+                    (item.out_dir / PROVENANCE_FILE).write_text(
+                        json.dumps(provenance, indent=2) + "\n", encoding="utf-8"
+                    )
+                    bar.set_description(f"{item.cell.name}/{item.mode}")
+                    config = _run_config(grid, item, endpoint, data_dir, concurrency, environ)
+                    await run(config, on_episode=saved)
+
+
+def _print_plan(grid: Grid, planned: Sequence[PlannedRun], out: Path) -> None:
+    print(f"grid {grid.name}: {len(planned)} runs into {out}")
+    print(
+        f"{'cell':40} {'mode':12} {'user':10} {'tasks':>5} {'trials':>6} {'K':>3} "
+        f"{'episodes':>8} {'saved':>6}"
+    )
+    for p in planned:
+        c = p.cell
+        print(
+            f"{c.name:40} {p.mode:12} {c.user:10} {len(p.task_ids):>5} {c.trials:>6} "
+            f"{c.max_errors:>3} {p.episodes:>8} {p.done:>6}"
+        )
+    total = sum(p.episodes for p in planned)
+    print(f"episodes: {total} planned, {sum(p.done for p in planned)} already saved")
+    for arm_name in dict.fromkeys(p.cell.arm for p in planned):
+        arm = grid.arms[arm_name]
+        if arm.launch is not None:
+            port = arm.launch.port or 0
+            command = " ".join(arm.launch.command(port))
+            print(f"arm {arm_name}: start {command}  (port 0: a free one)")
+        else:
+            print(f"arm {arm_name}: upstream {', '.join(arm.upstreams) or arm.arm_dir}")
+        if arm.proxy:
+            print(f"  proxy: {arm.proxy} (already running)")
+        else:
+            args = [*grid.proxy_args, *arm.proxy_args]
+            print(f"  proxy: {' '.join(proxy_command('<upstream>', 0, args))}")
+
+
+def _analyze(grid: Grid, planned: Sequence[PlannedRun], out: Path) -> None:
+    paths = [p.results_path for p in planned if p.results_path.exists()]
+    pairs = [pair for pair in analysis_pairs(grid, planned) if all(p.exists() for p in pair)]
+    try:
+        analysis = importlib.import_module("evals.analysis")
+        analyze = analysis.analyze
+    except (ImportError, AttributeError) as exc:
+        print(f"analysis unavailable ({exc}); results: {', '.join(map(str, paths))}")
+        return
+    analyze(paths, pairs, out / "analysis")
+    print(f"analysis: {out / 'analysis'}")
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m evals.repair_ablation", description=__doc__)
+    parser.add_argument("grid", type=Path, help="grid file (TOML), e.g. evals/grids/cpu.toml")
+    parser.add_argument("--out", type=Path, required=True, help="folder of the run, e.g. runs/cpu")
+    parser.add_argument("--only", nargs="+", default=None, help="cell names or patterns")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    parser.add_argument("--concurrency", type=int, default=None, help="episodes at once per run")
+    parser.add_argument("--tau2-data", type=Path, default=None, help="τ²-bench data/ folder")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-analysis", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        grid = load_grid(args.grid)
+        cells = grid.select(args.only)
+        data_dir = resolve_data_dir(args.tau2_data or grid.tau2_data, os.environ)
+        planned = plan_runs(grid, cells, args.out, data_dir)
+    except (GridError, ChecksumError, DataNotFoundError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        _print_plan(grid, planned, args.out)
+        return 0
+    concurrency = args.concurrency or grid.concurrency
+    try:
+        asyncio.run(
+            run_grid(
+                grid,
+                planned,
+                out=args.out,
+                data_dir=data_dir,
+                concurrency=concurrency,
+                progress=not args.no_progress,
+            )
+        )
+    except (GridError, LaunchError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not args.no_analysis:
+        _analyze(grid, plan_runs(grid, cells, args.out, data_dir), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
