@@ -1,0 +1,227 @@
+"""evals.analysis on results files shaped like τ²-bench v1.0.1's, numbers worked out by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from evals.analysis import (
+    Arm,
+    build_summary,
+    classify_error,
+    default_pairs,
+    load_arm,
+    read_episodes,
+    success_at,
+    summarize_arm,
+)
+from evals.stats import Interval, NotAvailable
+from tests.evals.fixtures_tau2 import Call, Turn, episode, not_found, results, write
+from tests.evals.fixtures_tau2.scenario import MISSING_REASON, build
+
+
+@pytest.mark.parametrize(
+    ("content", "channel", "name"),
+    [
+        (not_found("lookup_order"), "hallucinated_name", "lookup_order"),
+        ("Error: Tool 'a'b' not found.", "hallucinated_name", "a'b"),
+        (MISSING_REASON, "argument", None),
+        ("Error: f() got an unexpected keyword argument 'x'", "argument", None),
+        ("Error: Order not found", "entity_not_found", None),
+        ("Error: Item 123 not found or available", "entity_not_found", None),
+        ("Error: Non-pending order cannot be cancelled", "other", None),
+        (None, "other", None),
+    ],
+)
+def test_classify_error(content: str | None, channel: str, name: str | None) -> None:
+    assert classify_error(content) == (channel, name)
+
+
+def test_errors_are_counted_from_messages_including_multi_tool_and_user_calls() -> None:
+    data = results(
+        [
+            episode(
+                "t",
+                0,
+                [
+                    Turn((Call("a", "Error: x"), Call("b"), Call("c", "Error: y"))),
+                    Turn((Call("toggle", "Error: z"),), requestor="user"),
+                ],
+            )
+        ]
+    )
+    simulation = data["simulations"][0]
+    assert "num_errors" not in simulation
+    assert any("tool_messages" in m for m in simulation["messages"])
+    (ep,) = read_episodes(data)
+    assert ep.failed_calls == 3
+    assert [(c.name, c.requestor, c.error) for c in ep.calls] == [
+        ("a", "assistant", True),
+        ("b", "assistant", False),
+        ("c", "assistant", True),
+        ("toggle", "user", True),
+    ]
+
+
+def test_results_without_call_ids_are_matched_in_order() -> None:
+    data = results([episode("t", 0, [Turn((Call("a"), Call("b", not_found("b"))))])])
+    for message in data["simulations"][0]["messages"]:
+        for call in message.get("tool_calls") or []:
+            call["id"] = ""
+        for inner in message.get("tool_messages", []):
+            inner["id"] = ""
+    (ep,) = read_episodes(data)
+    assert [(c.name, c.error, c.channel) for c in ep.calls] == [
+        ("a", False, None),
+        ("b", True, "hallucinated_name"),
+    ]
+
+
+def test_sweep_boundary_k_equal_to_errors_fails() -> None:
+    data = results(
+        [episode("t", 0, [Turn((Call("x", "Error: a"),)), Turn((Call("y", "Error: b"),))])]
+    )
+    (ep,) = read_episodes(data)
+    assert ep.failed_calls == 2 and ep.success
+    assert [success_at(ep, k) for k in (1, 2, 3, 10)] == [False, False, True, True]
+
+
+def test_dir_format_reads_simulations_folder(tmp_path: Path) -> None:
+    data = results([episode("t", 0, []), episode("t", 1, [], reward=0.0)])
+    for simulation in data["simulations"]:
+        write(tmp_path / "simulations" / f"{simulation['id']}.json", simulation)
+    data["simulations"] = []
+    arm = load_arm(write(tmp_path / "results.json", data), "dir")
+    summary = summarize_arm(arm)
+    assert summary.episodes == 2
+    assert isinstance(summary.success, Interval) and summary.success.estimate == 0.5
+
+
+def test_scenario_arms_by_hand(tmp_path: Path) -> None:
+    off_path, reflexive_path = build(tmp_path)
+    off, reflexive = load_arm(off_path), load_arm(reflexive_path)
+    assert (off.label, reflexive.label) == ("retail/off", "retail/reflexive")
+    assert default_pairs([off, reflexive]) == [("retail/off", "retail/reflexive")]
+
+    a = summarize_arm(off)
+    assert isinstance(a.success, Interval) and a.success.estimate == pytest.approx(0.8)
+    sweep = {k: v.estimate for k, v in a.sweep.items() if isinstance(v, Interval)}
+    assert sweep == pytest.approx({1: 0.4, 2: 0.6, 3: 0.6, **{k: 0.8 for k in range(4, 11)}})
+    assert a.agent_tool_calls == 12
+    assert a.channel_counts == {
+        "hallucinated_name": 4,
+        "argument": 1,
+        "entity_not_found": 1,
+        "other": 0,
+        "any": 6,
+    }
+    assert a.channel_rates["hallucinated_name"] == pytest.approx(4 / 12)
+    assert a.names == {"lookup_order": 3, "search_orders": 1}
+    assert a.raw_hallucinated_calls == 4
+    assert a.recovery_counts == (2, 5, 6) and a.recovery == pytest.approx(0.4)
+    assert a.proxy.caught_calls["unknown_tool"] == 3
+    assert a.proxy.caught_calls["schema_violation"] == 1
+    assert (a.proxy.caught_answers, a.proxy.fixed_answers) == (4, 0)
+    assert a.proxy.fixed_share == 0.0
+    assert a.repair_cost.extra_upstream_calls == 0.0
+    assert a.termination == {"user_stop": 5}
+    assert a.cell == "retail" and a.mode == "off"
+
+    b = summarize_arm(reflexive)
+    assert (b.episodes, b.scored, b.nl_unjudged) == (5, 4, 1)
+    assert isinstance(b.success, Interval) and b.success.estimate == 1.0
+    assert isinstance(b.sweep[1], Interval) and b.sweep[1].estimate == 0.75
+    assert b.agent_tool_calls == 7 and b.channel_counts["any"] == 0
+    assert b.user_failed_calls == 1
+    assert b.names == {"lookup_order": 2, "fetch_order": 1}
+    assert b.raw_hallucination_rate == pytest.approx(3 / 7)
+    assert b.recovery == NotAvailable("no failed agent call was followed by another")
+    assert (b.proxy.caught_answers, b.proxy.fixed_answers, b.proxy.repairs) == (3, 3, 3)
+    assert b.proxy.fixed_share == 1.0
+    cost = b.repair_cost
+    assert cost.episodes_with_headers == 5
+    assert cost.extra_upstream_calls == pytest.approx(0.6)
+    assert cost.prompt_tokens == pytest.approx(600)
+    assert cost.completion_tokens == pytest.approx(16)
+    assert cost.seconds == pytest.approx(0.5)
+    assert cost.overhead_ms_per_answer == pytest.approx(7.0 / 8)
+    assert b.provenance is not None and b.provenance["user_simulator"] == "scripted"
+
+
+def test_scenario_pair_by_hand(tmp_path: Path) -> None:
+    off_path, reflexive_path = build(tmp_path)
+    arms = [load_arm(off_path), load_arm(reflexive_path)]
+    summary = build_summary(arms, [("retail/off", "retail/reflexive")])
+    (pair,) = summary.pairs
+    assert pair.paired == 4 and pair.unpaired_reference == 1 and pair.unpaired_compared == 0
+    assert (pair.table.both, pair.table.reference_only, pair.table.compared_only) == (3, 0, 1)
+    assert isinstance(pair.difference, Interval) and pair.difference.estimate == 0.25
+    assert pair.mcnemar_p == 1.0 and pair.mcnemar_p_holm == 1.0
+    gaps = {k: v.estimate for k, v in pair.sweep_gap.items() if isinstance(v, Interval)}
+    assert gaps == pytest.approx({1: 0.5, 2: 0.5, 3: 0.5, **{k: 0.25 for k in range(4, 11)}})
+    assert pair.spearman == pytest.approx(0.5)
+    assert pair.novel == (1, 3)
+    assert any("counted apart" in note for note in summary.notes)
+
+
+def test_spearman_and_novel_share_undefined_when_no_names(tmp_path: Path) -> None:
+    clean = results([episode("t", 0, [Turn((Call("get_order"),))])])
+    first = load_arm(write(tmp_path / "a" / "x" / "results.json", clean), "a")
+    second = load_arm(write(tmp_path / "b" / "x" / "results.json", clean), "b")
+    (pair,) = build_summary([first, second], [("a", "b")]).pairs
+    assert pair.spearman == NotAvailable("neither arm invented a tool name")
+    assert pair.novel == NotAvailable("the compared arm invented no tool names")
+    assert isinstance(pair.tost, NotAvailable)
+
+
+# --- property: success@10 from the sweep is the run's own success when max_errors was 10 ---
+
+_turn = st.lists(
+    st.tuples(st.booleans(), st.sampled_from(["assistant", "user"])), min_size=1, max_size=3
+)
+
+
+def _simulate(turns: list[list[tuple[bool, str]]], reward: float) -> tuple[dict[str, Any], int]:
+    """Play the turns as τ²-bench would with max_errors 10: stop at the 10th failed call.
+
+    Returns the simulation and how many calls failed in it.
+    """
+    played: list[Turn] = []
+    errors = 0
+    for turn in turns:
+        requestor = turn[0][1]  # one participant per turn
+        calls = tuple(Call("t", "Error: failed" if failed else None) for failed, _ in turn)
+        played.append(Turn(calls, requestor=requestor))
+        errors += sum(failed for failed, _ in turn)
+        if errors >= 10:
+            # τ²-bench ends the episode and its evaluator gives 0 to a too_many_errors episode.
+            return episode("t", 0, played, reward=0.0, termination="too_many_errors"), errors
+    return episode("t", 0, played, reward=reward), errors
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(st.lists(_turn, max_size=8), st.sampled_from([0.0, 0.5, 1.0, 1.0 - 1e-7])),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_success_at_10_equals_the_runs_success(cases: list[tuple[list[Any], float]]) -> None:
+    played = [_simulate(turns, reward) for turns, reward in cases]
+    data = json.loads(json.dumps(results([p[0] for p in played], max_errors=10)))
+    for i, simulation in enumerate(data["simulations"]):
+        simulation["trial"] = i
+    episodes = read_episodes(data)
+    own = [abs(s["reward_info"]["reward"] - 1.0) <= 1e-6 for s in data["simulations"]]
+    assert [e.failed_calls for e in episodes] == [p[1] for p in played]
+    assert [success_at(e, 10) for e in episodes] == own
+    arm = summarize_arm(Arm("arm", Path("arm/results.json"), data["info"], tuple(episodes)))
+    assert arm.sweep[10] == arm.success
+    assert isinstance(arm.success, Interval)
+    assert arm.success.estimate == pytest.approx(sum(own) / len(own))
