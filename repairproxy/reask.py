@@ -1,0 +1,379 @@
+"""Pure builders of what a repair re-ask says: the versioned texts, the system instruction, the
+repair turn after an invalid answer, and the re-ask request itself (Instructor's ``reask.py``).
+
+No I/O and no loop here: ``repair`` runs the bounded loop and calls these.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from repairproxy.validation import CallVerdict, Channel, CompiledTools, MessageVerdict
+
+__all__ = [
+    "DEFAULT_TEMPLATE",
+    "MAX_QUOTE_CHARS",
+    "REPEAT_TEMPERATURE_FACTOR",
+    "RepairTemplate",
+    "build_repair_turn",
+    "lowered_temperature",
+    "quote_call",
+    "repair_request",
+    "with_repair_instruction",
+]
+
+_SECTION = re.compile(r"^=== (\w+) ===[ \t]*$", re.MULTILINE)
+_VERSION = re.compile(r"^version\s*=\s*(\S+)\s*$", re.MULTILINE)
+TEMPLATE_SECTIONS = (
+    "instruction",
+    "unknown_tool",
+    "invalid_json",
+    "schema_violation",
+    "valid_sibling",
+    "tool_call_in_content",
+    "empty_output",
+)
+# Sections a template may leave out, and the section used in their place.
+OPTIONAL_SECTIONS = {
+    "text_unknown_tool": "tool_call_in_content",
+    "text_invalid_arguments": "tool_call_in_content",
+    "repeated": None,  # None: the channel's own section
+}
+# Every placeholder a section may use; a template using another one is rejected when loaded.
+_PLACEHOLDERS = dict.fromkeys(
+    (
+        "name",
+        "closest",
+        "declared",
+        "diagnosis",
+        "errors",
+        "parameters",
+        "version",
+        "attempt",
+        "max_repairs",
+        "quote",
+        "expected",
+    ),
+    "x",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RepairTemplate:
+    """The versioned repair texts: the system instruction and one diagnosis per channel."""
+
+    version: str
+    sections: Mapping[str, str]
+
+    @classmethod
+    def parse(cls, text: str) -> RepairTemplate:
+        parts = _SECTION.split(text)
+        version = _VERSION.search(parts[0])
+        if version is None:
+            raise ValueError("repair template: missing 'version = ...' line before the sections")
+        sections = {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+        missing = [name for name in TEMPLATE_SECTIONS if not sections.get(name)]
+        if missing:
+            raise ValueError(f"repair template: missing sections {missing}")
+        for name, body in sections.items():
+            try:
+                body.format(**_PLACEHOLDERS)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(
+                    f"repair template: section {name!r}: bad placeholder {exc}"
+                ) from exc
+        return cls(version.group(1), sections)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> RepairTemplate:
+        return cls.parse(Path(path).read_text(encoding="utf-8"))
+
+    def render(self, section: str, **values: Any) -> str:
+        return self.sections[section].format(version=self.version, **values)
+
+    def has(self, section: str) -> bool:
+        return bool(self.sections.get(section))
+
+    @property
+    def instruction(self) -> str:
+        return self.sections["instruction"]
+
+
+DEFAULT_TEMPLATE = RepairTemplate.parse(
+    importlib.resources.files("repairproxy").joinpath("templates/repair_v2.txt").read_text("utf-8")
+)
+
+
+# --- the system instruction ----------------------------------------------------------------------
+
+
+def with_repair_instruction(body: Mapping[str, Any], template: RepairTemplate) -> dict[str, Any]:
+    """A copy of ``body`` whose system prompt ends with the repair instruction.
+
+    Requests without tools (a user simulator, a summariser) are returned unchanged: the instruction
+    is about tool calls. Only the touched path is copied; the input is never mutated.
+    """
+    result = dict(body)
+    if body.get("tools") is None and body.get("functions") is None:
+        return result
+    if not isinstance(body.get("messages"), list):
+        return result  # malformed: let the upstream answer it as it would without the proxy
+    instruction = template.instruction
+    messages = list(body["messages"])
+    first = messages[0] if messages and isinstance(messages[0], Mapping) else None
+    if first is not None and first.get("role") in ("system", "developer"):
+        content = first.get("content")
+        system = dict(first)
+        if isinstance(content, str):
+            if instruction in content:
+                return result
+            system["content"] = f"{content}\n\n{instruction}" if content else instruction
+        elif isinstance(content, list):
+            system["content"] = [*content, {"type": "text", "text": instruction}]
+        else:
+            system["content"] = instruction
+        messages[0] = system
+    else:
+        messages.insert(0, {"role": "system", "content": instruction})
+    result["messages"] = messages
+    return result
+
+
+# --- the repair turn -----------------------------------------------------------------------------
+
+# A call quoted back to the model is cut at this many characters.
+MAX_QUOTE_CHARS = 1200
+# Each repeated invalid answer halves the temperature of the next re-ask (absent means 1.0).
+REPEAT_TEMPERATURE_FACTOR = 0.5
+
+
+def _describe_parameters(schema: Mapping[str, Any] | None) -> str:
+    """A one-line summary of the top-level parameters: name (type, required), enums listed."""
+    if not schema:
+        return "(none)"
+    properties = schema.get("properties")
+    if not isinstance(properties, Mapping) or not properties:
+        return "(none)"
+    required = set(schema.get("required") or ())
+    described = []
+    for name, spec in properties.items():
+        spec = spec if isinstance(spec, Mapping) else {}
+        kind = spec.get("type") or ("object" if "$ref" in spec else "any")
+        if isinstance(kind, list):
+            kind = " or ".join(map(str, kind))
+        if isinstance(spec.get("enum"), list):
+            kind = "one of " + ", ".join(_json(v) for v in spec["enum"])
+        elif kind == "array" and isinstance(spec.get("items"), Mapping):
+            kind = f"array of {spec['items'].get('type', 'items')}"
+        described.append(f"{name} ({kind}{', required' if name in required else ''})")
+    return "; ".join(described)
+
+
+def _json(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # too deep, or not JSON
+        return "(unreadable)"
+
+
+def _section_for(verdict: CallVerdict, template: RepairTemplate) -> str:
+    if verdict.text_call is not None and verdict.name:
+        if verdict.inner is Channel.UNKNOWN_TOOL:
+            wanted = "text_unknown_tool"
+        elif verdict.inner in (Channel.SCHEMA_VIOLATION, Channel.INVALID_JSON):
+            wanted = "text_invalid_arguments"
+        else:
+            wanted = ""
+        if wanted and template.has(wanted):
+            return wanted
+    return str(verdict.channel)
+
+
+def _render_call_diagnosis(
+    verdict: CallVerdict,
+    tools: CompiledTools,
+    template: RepairTemplate,
+    attempt: int,
+    max_repairs: int,
+    *,
+    repeated: bool = False,
+) -> str:
+    name = verdict.name or ""
+    values = {
+        "name": name,
+        "closest": verdict.closest_tool or "",
+        "declared": ", ".join(tools.names) or "(none)",
+        "diagnosis": verdict.diagnosis,
+        "errors": "; ".join(verdict.error_paths) or verdict.diagnosis,
+        "parameters": _describe_parameters(tools.schema_for(name)),
+        "attempt": attempt,
+        "max_repairs": max_repairs,
+    }
+    if repeated and template.has("repeated"):
+        return template.render(
+            "repeated", quote=quote_call(verdict), expected=_expected(verdict, tools), **values
+        )
+    return template.render(_section_for(verdict, template), **values)
+
+
+def quote_call(verdict: CallVerdict) -> str:
+    """The failing call as the model wrote it."""
+    if verdict.text_call is not None:
+        text = verdict.text_call.source
+    elif verdict.channel is Channel.EMPTY_OUTPUT:
+        text = "(an empty answer)"
+    else:
+        text = _json({"name": verdict.name, "arguments": verdict.arguments})
+    return text if len(text) <= MAX_QUOTE_CHARS else text[: MAX_QUOTE_CHARS - 3] + "..."
+
+
+def _expected(verdict: CallVerdict, tools: CompiledTools) -> str:
+    """The exact correction: the intended tool with the model's own arguments when they fit."""
+    if verdict.channel is Channel.EMPTY_OUTPUT:
+        return "a reply to the user, or a call to one of the listed tools."
+    target = verdict.closest_tool or (tools.names[0] if tools.names else "")
+    arguments = verdict.text_call.arguments if verdict.text_call else verdict.arguments
+    if isinstance(arguments, str):
+        try:
+            arguments = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            arguments = None
+    if isinstance(arguments, dict) and tools.check_call(target, arguments).channel is Channel.VALID:
+        return _json({"name": target, "arguments": arguments})
+    return _json({"name": target, "arguments": _skeleton(tools.schema_for(target))}) + (
+        f" (fill in real values; parameters: {_describe_parameters(tools.schema_for(target))})"
+    )
+
+
+def _skeleton(schema: Mapping[str, Any] | None) -> dict[str, str]:
+    properties = schema.get("properties") if schema else None
+    if not isinstance(properties, Mapping):
+        return {}
+    required = (
+        [name for name in schema.get("required") or () if name in properties] if schema else []
+    )
+    return {
+        name: f"<{properties[name].get('type', 'value')}>"
+        if isinstance(properties[name], Mapping)
+        else "<value>"
+        for name in required
+    }
+
+
+def _assistant_turn(message: Mapping[str, Any], attempt: int) -> dict[str, Any]:
+    """The model's answer as a history entry: role, content, calls (ids filled in when missing)."""
+    turn: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    tool_calls = message.get("tool_calls")
+    if isinstance(tool_calls, list) and tool_calls:
+        calls = []
+        for index, call in enumerate(tool_calls):
+            call = dict(call) if isinstance(call, Mapping) else {}
+            if not isinstance(call.get("id"), str) or not call["id"]:
+                call["id"] = f"call_repair{attempt}_{index}"
+            call.setdefault("type", "function")
+            function = call.get("function")
+            function = dict(function) if isinstance(function, Mapping) else {}
+            function["name"] = function.get("name") if isinstance(function.get("name"), str) else ""
+            arguments = function.get("arguments")
+            if not isinstance(arguments, str):
+                # Upstreams and chat templates expect a string; re-encode what the model sent.
+                function["arguments"] = "" if arguments is None else _json(arguments)
+            call["function"] = function
+            calls.append(call)
+        turn["tool_calls"] = calls
+    elif isinstance(message.get("function_call"), Mapping):
+        turn["function_call"] = dict(message["function_call"])
+    return turn
+
+
+def build_repair_turn(
+    message: Mapping[str, Any],
+    verdict: MessageVerdict,
+    tools: CompiledTools,
+    template: RepairTemplate,
+    *,
+    attempt: int = 1,
+    max_repairs: int = 1,
+    repeated: bool = False,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The messages to append after an invalid answer, and the valid calls the proxy keeps.
+
+    Tool calls: the assistant turn, then one ``role: tool`` message per call with the same id
+    (a diagnosis for a failed call, "kept" for a valid one). Legacy ``function_call``: a
+    ``role: function`` message. Calls written as text and silent failures (no call to answer):
+    one ``role: user`` message. ``repeated``: the model sent the same invalid answer again, so
+    each failed call is quoted back with the exact correction expected.
+    """
+    turn = _assistant_turn(message, attempt)
+
+    def render(call_verdict: CallVerdict) -> str:
+        return _render_call_diagnosis(
+            call_verdict, tools, template, attempt, max_repairs, repeated=repeated
+        )
+
+    structured = [v for v in verdict.calls if v.text_call is None]
+    in_text = [v for v in verdict.calls if v.text_call is not None]
+    replies: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
+    if "tool_calls" in turn:
+        for call, call_verdict in zip(turn["tool_calls"], structured, strict=True):
+            if call_verdict.channel is Channel.VALID:
+                kept.append(call)
+                content = template.render("valid_sibling")
+            else:
+                content = render(call_verdict)
+            replies.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+    elif "function_call" in turn and structured:
+        name = turn["function_call"].get("name")
+        replies.append(
+            {
+                "role": "function",
+                "name": name if isinstance(name, str) else "",
+                "content": render(structured[0]),
+            }
+        )
+    elif structured and structured[0].channel is Channel.EMPTY_OUTPUT:
+        # An empty assistant turn is rejected by some chat templates; the user turn says it all.
+        return [{"role": "user", "content": render(structured[0])}], []
+    failed_text = [v for v in in_text if v.channel is not Channel.VALID]
+    if failed_text:
+        replies.append({"role": "user", "content": "\n\n".join(map(render, failed_text))})
+    return [turn, *replies], kept
+
+
+def repair_request(
+    body: Mapping[str, Any],
+    history: Sequence[Mapping[str, Any]],
+    tool_choice: Any | None,
+    temperature: float | None = None,
+) -> dict[str, Any]:
+    request = dict(body)
+    request["messages"] = [*(body.get("messages") or ()), *history]
+    # Repairs are always asked without streaming: the whole answer must be validated first.
+    request["stream"] = False
+    request.pop("stream_options", None)
+    if "n" in request:
+        request["n"] = 1
+    if temperature is not None:
+        request["temperature"] = temperature
+    if tool_choice is None:
+        return request
+    if body.get("tools") is None:
+        # Legacy functions API: forcing is spelled function_call={"name": ...}; no "required".
+        if isinstance(tool_choice, dict):
+            request["function_call"] = {"name": tool_choice["function"]["name"]}
+    else:
+        request["tool_choice"] = tool_choice
+    return request
+
+
+def lowered_temperature(temperature: Any) -> float:
+    current = float(temperature) if isinstance(temperature, int | float) else 1.0
+    return max(current, 0.0) * REPEAT_TEMPERATURE_FACTOR
