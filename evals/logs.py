@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 __all__ = [
     "ActionCheck",
@@ -38,6 +39,8 @@ __all__ = [
     "ToolMessage",
     "UserInfo",
     "UserMessage",
+    "count_tool_errors",
+    "flatten_multi_tool",
     "load_results",
     "now",
     "save_results",
@@ -119,6 +122,33 @@ Message = Annotated[
 ]
 
 
+def flatten_multi_tool(messages: Iterable[Any]) -> list[Any]:
+    """τ²-bench's multi-tool messages (``role: tool`` with ``tool_messages``) as their parts.
+
+    Our engine writes one ``role: tool`` message per call; τ²-bench may group parallel results.
+    Reading them as consecutive tool messages keeps every result, in order.
+    """
+    flat: list[Any] = []
+    for message in messages:
+        if isinstance(message, dict) and "tool_messages" in message:
+            flat.extend(message["tool_messages"])
+        else:
+            flat.append(message)
+    return flat
+
+
+def count_tool_errors(messages: Iterable[Any]) -> dict[str, int]:
+    """Failed tool calls per requestor, counted from ``role: tool`` messages with ``error: true``.
+
+    This is the truth for any results file: τ²-bench's own files carry no ``num_errors``.
+    """
+    counts: dict[str, int] = {}
+    for result in messages:
+        if isinstance(result, ToolMessage) and result.error:
+            counts[result.requestor] = counts.get(result.requestor, 0) + 1
+    return counts
+
+
 class DBCheck(BaseModel):
     db_match: bool
     db_reward: float
@@ -185,6 +215,23 @@ class SimulationRun(BaseModel):
     steps: int = 0
     error_detail: str | None = None
     episode_id: str | None = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _flatten(cls, value: Any) -> Any:
+        return flatten_multi_tool(value) if isinstance(value, list) else value
+
+    @model_validator(mode="after")
+    def _errors_from_messages(self) -> SimulationRun:
+        # A file that does not carry the counts (τ²-bench's) gets them from its messages; a 0
+        # read from a missing field would make every real run look error-free.
+        if "num_errors" not in self.model_fields_set or (
+            "errors_by_requestor" not in self.model_fields_set
+        ):
+            counts = count_tool_errors(self.messages)
+            self.errors_by_requestor = counts
+            self.num_errors = sum(counts.values())
+        return self
 
 
 class UserInfo(BaseModel):

@@ -180,3 +180,26 @@ def test_results_writer_appends_and_reloads(tmp_path: Path) -> None:
         writer.append(simulation)
         assert load_results(path).simulations == writer.results.simulations
     assert load_results(path) == complete
+
+
+def test_errors_are_counted_from_the_messages_when_the_file_has_no_counts(tmp_path: Path) -> None:
+    raw = tau2_style_file()
+    parallel = {
+        "role": "tool",
+        "tool_messages": [
+            {"id": "c2", "role": "tool", "content": "ok", "requestor": "assistant"},
+            {"id": "c3", "role": "tool", "content": "Error: x", "requestor": "user", "error": True},
+        ],
+    }
+    raw["simulations"][0]["messages"].append(parallel)
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(raw))
+    results = load_results(path)
+    first = results.simulations[0]
+    assert [m.role for m in first.messages] == ["assistant", "assistant", "tool", "tool", "tool"]
+    assert first.num_errors == 2 and first.errors_by_requestor == {"assistant": 1, "user": 1}
+    assert all(s.num_errors == 1 for s in results.simulations[1:])
+    assert summarize(results)["tool_errors"] == {"assistant": 4, "user": 1}
+    # Our own files carry the counts; they are read as written.
+    save_results(path, results)
+    assert load_results(path).simulations[0].errors_by_requestor == {"assistant": 1, "user": 1}
