@@ -26,7 +26,13 @@ from repairproxy.errors import (
 )
 from repairproxy.events import CaughtCall, EpisodeRecord, Outcome, RepairResult, RepairResultKind
 from repairproxy.events import RequestRecord as Record
-from repairproxy.repair import RepairMode, RepairPolicy, repair_completion, with_repair_instruction
+from repairproxy.repair import (
+    RepairMode,
+    RepairPolicy,
+    caught_calls,
+    repair_completion,
+    with_repair_instruction,
+)
 from repairproxy.sessions import BudgetSnapshot, ErrorBudget, episode_id_for
 from repairproxy.settings import BudgetPolicy, Settings
 from repairproxy.validation import Channel, CompiledTools, MessageVerdict, ToolsCache
@@ -48,7 +54,6 @@ _INSTRUCTS = frozenset(
     mode for mode in RepairMode if mode.value in ("prompt", "reflexive", "constrained")
 )
 _MODES = {mode.value: mode for mode in RepairMode}  # by-value lookup without Enum's slow path
-_FIXED_BY_REPAIR = RepairResultKind.FIXED
 
 
 @dataclass(slots=True)
@@ -177,33 +182,35 @@ class ChatPipeline:
             return ChatOutcome(completion, False, None, (), 0)
         verdict = tools.check_message(message)
         record.tool_calls = _calls_seen(verdict)
+        record.caught = list(caught_calls(verdict))
         if verdict.ok or request.mode not in _CHANGES_ANSWERS:
-            record.caught = _caught(verdict)
             await self._charge(request, verdict, _invalid_ids(verdict), record)
             return ChatOutcome(completion, False, verdict, _channels(verdict), 0)
         started = time.perf_counter()
-        policy = self.policies[request.mode]
         try:
             repaired = await repair_completion(
-                request.reask_body(), completion, tools, policy, send
+                request.reask_body(), completion, tools, self.policies[request.mode], send
             )
         except RepairExhaustedError as exc:
-            record.caught = _caught(verdict)
             record.repair_attempts = exc.attempts
-            record.repairs = [RepairResult(c, RepairResultKind.FAILED) for c in _channels(verdict)]
+            record.repairs = _results(record.caught, RepairResultKind.FAILED)
             record.outcome = Outcome.REPAIR_EXHAUSTED
             record.repair_seconds = time.perf_counter() - started
             await self._charge(request, verdict, (), record)  # the client gets an error, no calls
             raise
         record.repair_seconds = time.perf_counter() - started
-        record.caught = _caught(repaired.first_verdict)
+        record.caught = list(repaired.caught_calls) or record.caught
         record.repair_attempts = repaired.attempts
-        promoted = int(getattr(repaired, "promoted", 0))
-        record.promoted = promoted
-        fixed = not repaired.exhausted
-        kind = _FIXED_BY_REPAIR if fixed else RepairResultKind.FAILED
-        record.repairs = [RepairResult(c, kind) for c in _channels(repaired.first_verdict)]
-        record.outcome = Outcome.REPAIRED if fixed else Outcome.REPAIR_EXHAUSTED
+        record.promoted = repaired.promoted
+        record.repair_prompt_tokens = repaired.repair_prompt_tokens
+        record.repair_completion_tokens = repaired.repair_completion_tokens
+        if repaired.repair_failed is not None:
+            kind, record.outcome = RepairResultKind.UPSTREAM_ERROR, Outcome.REPAIR_EXHAUSTED
+        elif repaired.exhausted:
+            kind, record.outcome = RepairResultKind.FAILED, Outcome.REPAIR_EXHAUSTED
+        else:
+            kind, record.outcome = RepairResultKind.FIXED, Outcome.REPAIRED
+        record.repairs = _results(record.caught, kind)
         await self._charge(
             request, repaired.first_verdict, repaired.delivered_invalid_call_ids, record
         )
@@ -214,8 +221,8 @@ class ChatPipeline:
             repaired.first_verdict,
             tuple(c.value for c in repaired.caught),
             repaired.attempts,
-            promoted,
-            getattr(repaired, "repair_failed", None),
+            repaired.promoted,
+            repaired.repair_failed,
         )
 
     async def _charge(
@@ -288,23 +295,8 @@ def _calls_seen(verdict: MessageVerdict) -> int:
     return sum(1 for c in verdict.calls if c.channel is not Channel.EMPTY_OUTPUT)
 
 
-def _caught(verdict: MessageVerdict) -> list[CaughtCall]:
-    caught = []
-    for call in verdict.calls:
-        if call.channel is Channel.VALID:
-            continue
-        text = call.channel is Channel.TOOL_CALL_IN_CONTENT
-        invented = call.channel is Channel.UNKNOWN_TOOL or (
-            text and call.name is not None and call.closest_tool != call.name
-        )
-        caught.append(
-            CaughtCall(
-                call.channel.value,
-                "text" if text else "structured",
-                call.name if invented else None,
-            )
-        )
-    return caught
+def _results(caught: list[CaughtCall], kind: RepairResultKind) -> list[RepairResult]:
+    return [RepairResult(call.channel, kind) for call in caught]
 
 
 def _episode_record(before: BudgetSnapshot, after: BudgetSnapshot, explicit: bool) -> EpisodeRecord:
