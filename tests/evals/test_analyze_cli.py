@@ -1,0 +1,125 @@
+"""``python -m evals.analyze`` end to end on τ²-bench-shaped files: what it writes, its numbers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evals.analyze import analyze, main
+from tests.evals.conftest import REPO_ROOT
+from tests.evals.fixtures_tau2.scenario import PROVENANCE, build
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _no_nan(value: Any) -> None:
+    if isinstance(value, float):
+        assert value == value, "NaN in summary.json"
+    elif isinstance(value, dict):
+        for inner in value.values():
+            _no_nan(inner)
+    elif isinstance(value, list):
+        for inner in value:
+            _no_nan(inner)
+
+
+def test_cli_writes_summary_report_and_plots(tmp_path: Path) -> None:
+    off, reflexive = build(tmp_path)
+    out = tmp_path / "report"
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "evals.analyze",
+            f"q4-off={off}",
+            str(reflexive),
+            "--pair",
+            "q4-off",
+            "retail/reflexive",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "1 pair(s)" in completed.stdout
+
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    _no_nan(summary)
+    arms = summary["arms"]
+    assert set(arms) == {"q4-off", "retail/reflexive"}
+    off_arm, rep_arm = arms["q4-off"], arms["retail/reflexive"]
+    assert off_arm["success"]["estimate"] == pytest.approx(0.8)
+    assert off_arm["success_at_budget"]["3"]["estimate"] == pytest.approx(0.6)
+    assert off_arm["success_at_budget"]["4"]["estimate"] == pytest.approx(0.8)
+    assert off_arm["channel_rates"]["hallucinated_name"] == pytest.approx(4 / 12)
+    assert off_arm["hallucinated_names"] == {"lookup_order": 3, "search_orders": 1}
+    assert off_arm["recovery_rate"] == pytest.approx(0.4)
+    assert off_arm["provenance"] is None
+    assert rep_arm["nl_unjudged_episodes"] == 1
+    assert rep_arm["proxy"]["fixed_share"] == 1.0
+    assert rep_arm["raw_hallucination_rate"] == pytest.approx(3 / 7)
+    assert rep_arm["repair_cost"]["extra_upstream_calls_per_episode"] == pytest.approx(0.6)
+    assert rep_arm["recovery_rate"]["value"] == "n/a"
+    assert rep_arm["provenance"] == PROVENANCE
+    for rate in off_arm["channel_rates"].values():
+        assert 0.0 <= rate <= 1.0
+
+    (pair,) = summary["pairs"]
+    assert (pair["reference"], pair["compared"]) == ("q4-off", "retail/reflexive")
+    assert pair["difference"]["estimate"] == pytest.approx(0.25)
+    assert pair["sweep_gap"]["1"]["estimate"] == pytest.approx(0.5)
+    assert pair["spearman_names"] == pytest.approx(0.5)
+    assert pair["novel_name_share"] == {"novel": 1, "total": 3, "share": pytest.approx(1 / 3)}
+    assert pair["tost"]["equivalent"] is False
+
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs == [
+        "channels.png",
+        "differences.png",
+        "names_01_q4-off__vs__retail_reflexive.png",
+        "repair_effect.png",
+        "sweep_01_q4-off__vs__retail_reflexive.png",
+    ]
+    for name in pngs:
+        assert (out / name).read_bytes().startswith(PNG_MAGIC)
+
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert "| q4-off |" in markdown and "80.0% [" in markdown
+    assert "n/a (no failed agent call was followed by another)" in markdown
+    assert "user_simulator" in markdown
+
+    page = (out / "report.html").read_text(encoding="utf-8")
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(images) == len(pngs)
+    assert all(base64.b64decode(data).startswith(PNG_MAGIC) for data in images)
+    assert 'src="http' not in page and "<script" not in page  # self-contained
+
+
+def test_default_pairs_compare_each_cell_off_with_its_other_modes(tmp_path: Path) -> None:
+    off, reflexive = build(tmp_path)
+    summary = analyze([off, reflexive], None, tmp_path / "out")
+    assert [(p.reference, p.compared) for p in summary.pairs] == [
+        ("retail/off", "retail/reflexive")
+    ]
+
+
+def test_unknown_pair_label_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    off, reflexive = build(tmp_path)
+    code = main([str(off), str(reflexive), "--pair", "nope", "retail/off", "--out", str(tmp_path)])
+    assert code == 2
+    assert "none of the arms" in capsys.readouterr().err
+    assert main([str(tmp_path / "missing.json"), "--out", str(tmp_path)]) == 2
