@@ -1,23 +1,32 @@
-"""Episodes: who a request belongs to, and how much of its error budget is spent.
+"""Episodes: which one a request belongs to, and how much of its error budget is spent.
 
-Counting follows τ²-bench: one unit per failed tool call. Failures show up in two places, and the
-same failure must not be counted twice:
+Counting follows τ²-bench: one unit per tool call its environment fails. The budget charges what
+τ²-bench would have charged had each answer been delivered as it came:
 
-* in the model's answer, as invalid calls the proxy caught (``observe_answer``): counted even when
-  repaired, because that is what they would have cost without the proxy;
-* in later requests, as ``role: tool`` results whose content reports an error (``observe_request``),
-  classified by a table. Agents resend the whole history on every turn, so each result is counted
-  once, keyed by its ``tool_call_id`` and a hash of its content.
+* ``unknown_tool`` and ``schema_violation`` calls in the model's first answer (``observe_answer``),
+  even when repaired: τ²-bench would have executed them and the environment would have failed them;
+* error results in later requests (``role: tool``/``function``; ``observe_request``), recognised
+  and labelled by ``tool_errors``. Agents resend the whole history, so each result counts once.
 
-When an invalid call the proxy already counted reaches the client anyway (repair off, or exhausted
-with ``pass``), its id is remembered as *pre-counted*: the first error result carrying that id is
-absorbed instead of counted again (only once, so an upstream that reuses ids cannot hide errors).
+``tool_call_in_content``, ``invalid_json`` and ``empty_output`` are never charged (τ²-bench reads
+the first as a message and ends the episode on the others as an infrastructure error); they are
+kept apart as silent failures (``BudgetSnapshot.silent_by_channel``) for headers, logs and metrics.
+
+A result is identified by (its ``tool_call_id``, which occurrence of that id it is in the history),
+so upstreams that reuse ids (``"0"``, the same id twice in one answer) still count every error;
+results without an id (legacy ``role: function`` ones included) share one positional bucket. When
+a charged call reaches the client anyway (repair off, or exhausted with ``pass``), the position
+its result will take is remembered, and that one result is absorbed instead of counted again. An
+answer thus costs max(its first version's charges, its delivered calls' environment errors).
+
+Episode identity (``resolve_episode``): the episode header when sent, else conversation chaining
+(``chaining``). Everything kept per episode is bounded by the constants below, never by clients.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,9 +35,24 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
+from repairproxy.chaining import ChainIndex, MemoryChainIndex, conversation_keys, extend
+from repairproxy.tool_errors import (
+    DEFAULT_ENV_ERROR_TABLE,
+    DEFAULT_TOOL_ERROR_PATTERN,
+    ENV_OTHER_ERROR,
+    ErrorClassifier,
+    ToolErrorDetector,
+)
+from repairproxy.validation import CallVerdict, Channel, MessageVerdict
+
 __all__ = [
+    "CHARGED_CHANNELS",
     "DEFAULT_ENV_ERROR_TABLE",
+    "ENV_OTHER_ERROR",
+    "NO_HEADER_WARNING",
+    "SILENT_CHANNELS",
     "BudgetSnapshot",
+    "EpisodeRef",
     "EpisodeState",
     "EpisodeStore",
     "ErrorBudget",
@@ -38,44 +62,57 @@ __all__ = [
 
 T = TypeVar("T")
 
+# Channels of the first answer that cost one unit each, and those that are only reported.
+CHARGED_CHANNELS = frozenset({Channel.UNKNOWN_TOOL, Channel.SCHEMA_VIOLATION})
+SILENT_CHANNELS = frozenset(
+    {Channel.TOOL_CALL_IN_CONTENT, Channel.INVALID_JSON, Channel.EMPTY_OUTPUT}
+)
+
 # Client-chosen episode ids longer than this are hashed: ids live in memory and in log lines.
 MAX_EPISODE_ID_CHARS = 128
-# Per-episode memory of observed error results; the oldest keys go first beyond this.
+# Client-chosen tool_call ids longer than this are hashed before they are kept.
+MAX_CALL_ID_CHARS = 64
+# Per episode: result keys remembered (oldest dropped first beyond this; far above any budget).
 MAX_SEEN_RESULTS = 1024
-# Error texts whose label is remembered (cleared when full).
-MAX_REMEMBERED_LABELS = 4096
+# Per episode: positions of delivered charged calls whose result is still to come.
+MAX_PENDING_RESULTS = 256
+# Per episode: call ids whose result count in the latest history is kept (most recent ones).
+MAX_TRACKED_CALL_IDS = 512
 
-# (label, pattern) in order, first match wins; content that matches none is env_other_error.
-# Messages as τ²-bench's environment writes them: f"Error: {exception}".
-DEFAULT_ENV_ERROR_TABLE: tuple[tuple[str, str], ...] = (
-    ("env_unknown_tool", r"Tool '[^']*' not found"),
-    (
-        "env_argument_error",
-        r"unexpected keyword argument|missing \d+ required|required (positional|keyword)"
-        r"|positional arguments? but|validation errors? for",
-    ),
-    ("env_entity_not_found", r"not found"),
+NO_HEADER_WARNING = (
+    "requests arrive without an episode header: episodes are told apart by conversation "
+    "chaining (identical concurrent runs cannot be told apart until their histories differ); "
+    "send the header for exact per-episode budgets and for --on-budget-exhausted reject"
 )
-ENV_OTHER_ERROR = "env_other_error"
+
+
+def _bounded(value: str, limit: int, prefix: str) -> str:
+    if len(value) <= limit:
+        return value
+    return (
+        prefix + hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    )
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    value = headers.get(name)
+    if value is None:
+        wanted = name.lower()
+        value = next((v for k, v in headers.items() if k.lower() == wanted), None)
+    if value:
+        value = value.strip()
+    return _bounded(value, MAX_EPISODE_ID_CHARS, "h-") if value else None
 
 
 def episode_id_for(
     headers: Mapping[str, str], body: Mapping[str, Any], header_name: str = "x-episode-id"
 ) -> str:
-    """The episode of a request: the header when given, else a fingerprint of its opening.
-
-    The fingerprint hashes (model, system prompt, first user message): stable across the turns of
-    one conversation. Two runs of the same task with the same opening share it; send the header.
+    """Deprecated (until the pipeline calls ``ErrorBudget.resolve_episode``): the header, else a
+    fingerprint of (model, system prompt, first user message), which merges every run of a task.
     """
-    value = headers.get(header_name)
-    if value is None:
-        wanted = header_name.lower()
-        value = next((v for k, v in headers.items() if k.lower() == wanted), None)
-    if value:
-        value = value.strip()
-        if len(value) <= MAX_EPISODE_ID_CHARS:
-            return value
-        return "h-" + hashlib.blake2b(value.encode(), digest_size=16).hexdigest()
+    explicit = _header(headers, header_name)
+    if explicit is not None:
+        return explicit
     system: Any = None
     first_user: Any = None
     for message in body.get("messages") or ():
@@ -95,11 +132,42 @@ def episode_id_for(
 
 
 @dataclass(frozen=True, slots=True)
+class EpisodeRef:
+    """The episode of one request.
+
+    ``explicit``: named by the client's header (only those may be rejected when spent);
+    ``new``: nothing was counted for it before; ``history_digest``: the conversation digest of
+    the request, so ``remember_answer(ref, ...)`` need not hash the history again;
+    ``warn_missing_header``: true on the first header-less request this process sees.
+    """
+
+    id: str
+    explicit: bool
+    new: bool
+    history_digest: bytes | None = None
+    warn_missing_header: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class BudgetSnapshot:
+    """An episode's count after one observation.
+
+    ``errors_before``: the count before it (defaults to ``errors``); ``new_env_errors``: labels
+    of the error results this request added; ``new_silent``: the silent failures of this answer.
+    """
+
     episode_id: str
     errors: int
     budget: int
     by_channel: Mapping[str, int]
+    silent_by_channel: Mapping[str, int] = field(default_factory=dict)
+    errors_before: int = -1
+    new_env_errors: tuple[str, ...] = ()
+    new_silent: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.errors_before < 0:
+            object.__setattr__(self, "errors_before", self.errors)
 
     @property
     def remaining(self) -> int:
@@ -115,9 +183,11 @@ class BudgetSnapshot:
 class EpisodeState:
     """What the store keeps per episode; plain types only, so a shared store can serialise it."""
 
-    by_channel: dict[str, int] = field(default_factory=dict)
-    seen: dict[str, None] = field(default_factory=dict)  # insertion-ordered set of result keys
-    precounted: dict[str, None] = field(default_factory=dict)  # counted calls the client received
+    by_channel: dict[str, int] = field(default_factory=dict)  # charged, per label
+    silent_by_channel: dict[str, int] = field(default_factory=dict)  # never charged
+    seen: dict[str, None] = field(default_factory=dict)  # ordered set of counted result keys
+    pending: dict[str, None] = field(default_factory=dict)  # result positions already charged
+    result_counts: dict[str, int] = field(default_factory=dict)  # results per call id, latest
 
     @property
     def errors(self) -> int:
@@ -126,22 +196,30 @@ class EpisodeState:
     def count(self, label: str) -> None:
         self.by_channel[label] = self.by_channel.get(label, 0) + 1
 
-    def observe_result(self, key: str, call_id: str | None, label: str) -> None:
+    def count_silent(self, label: str) -> None:
+        self.silent_by_channel[label] = self.silent_by_channel.get(label, 0) + 1
+
+    def first_sight(self, key: str) -> bool:
+        """Remember a result key; False when it was seen before."""
         if key in self.seen:
-            return
+            return False
         self.seen[key] = None
         if len(self.seen) > MAX_SEEN_RESULTS:
             del self.seen[next(iter(self.seen))]
-        if call_id is not None and call_id in self.precounted:
-            del self.precounted[call_id]
-            return
-        self.count(label)
+        return True
 
-    def precount(self, call_ids: Iterable[str]) -> None:
-        for call_id in call_ids:
-            self.precounted[call_id] = None
-        while len(self.precounted) > MAX_SEEN_RESULTS:
-            del self.precounted[next(iter(self.precounted))]
+    def expect(self, position: str) -> None:
+        """A charged call was delivered: its result at ``position`` is absorbed once."""
+        self.pending[position] = None
+        while len(self.pending) > MAX_PENDING_RESULTS:
+            del self.pending[next(iter(self.pending))]
+
+    def copy_from(self, other: EpisodeState) -> None:
+        self.by_channel = dict(other.by_channel)
+        self.silent_by_channel = dict(other.silent_by_channel)
+        self.seen = dict(other.seen)
+        self.pending = dict(other.pending)
+        self.result_counts = dict(other.result_counts)
 
 
 class EpisodeStore(Protocol):
@@ -207,111 +285,265 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+        return "".join(
+            p.get("text", "")
+            for p in content
+            if isinstance(p, Mapping) and isinstance(p.get("text", ""), str)
+        )
     return "" if content is None else str(content)
 
 
+def _call_key(call_id: Any) -> str:
+    """The kept form of a client-chosen tool_call id; ``""`` for results without one."""
+    if not isinstance(call_id, str) or not call_id:
+        return ""
+    return _bounded(call_id, MAX_CALL_ID_CHARS, "h:")
+
+
+def _new_episode_id() -> str:
+    return "c-" + secrets.token_hex(8)
+
+
+@dataclass(slots=True)
+class _Results:
+    """The tool results of one request's history, ready to apply to an episode."""
+
+    errors: list[tuple[str, str, str]]  # (position, key, label) per error result
+    others: list[str]  # positions of the results that are not errors
+    counts: dict[str, int]  # results per call id
+
+
 class ErrorBudget:
-    """The accountant the routes call: counts failures per episode against a budget K."""
+    """The accountant the pipeline calls: episode identity, and failures counted against K."""
 
     def __init__(
         self,
         store: EpisodeStore,
         default_budget: int = 10,
-        tool_error_pattern: str = r"^Error",
+        tool_error_pattern: str | None = DEFAULT_TOOL_ERROR_PATTERN,
         classifier: Sequence[tuple[str, str]] = DEFAULT_ENV_ERROR_TABLE,
+        *,
+        chains: ChainIndex | None = None,
+        episode_header: str = "x-episode-id",
+        new_episode_id: Callable[[], str] = _new_episode_id,
     ) -> None:
         if default_budget < 0:
             raise ValueError("default_budget must be >= 0")
         self.store = store
         self.default_budget = default_budget
-        self._is_error = re.compile(tool_error_pattern)
-        self._classes = tuple((label, re.compile(pattern)) for label, pattern in classifier)
-        # The same error texts come back on every turn (histories are resent): remember labels.
-        self._labels: dict[str, str] = {}
+        self.detector = ToolErrorDetector(tool_error_pattern)
+        self.classify = ErrorClassifier(classifier)
+        if chains is None:
+            # One link per answer: a few per live episode, with the store's idle TTL.
+            max_episodes = getattr(store, "max_episodes", 100_000)
+            ttl = getattr(store, "idle_ttl_seconds", 3600.0)
+            chains = MemoryChainIndex(4 * max_episodes, ttl)
+        self.chains = chains
+        self.episode_header = episode_header.lower()
+        self._new_episode_id = new_episode_id
+        self._warned_missing_header = False
 
-    def classify(self, content: str) -> str:
-        """The env_* label of an error tool result."""
-        label = self._labels.get(content)
-        if label is None:
-            label = next(
-                (label for label, pattern in self._classes if pattern.search(content)),
-                ENV_OTHER_ERROR,
-            )
-            if len(self._labels) >= MAX_REMEMBERED_LABELS:
-                self._labels.clear()
-            self._labels[content] = label
-        return label
+    # -- identity ---------------------------------------------------------------------------------
 
-    def tool_errors(self, body: Mapping[str, Any]) -> list[tuple[str, str | None, str]]:
-        """(dedupe key, tool_call_id, label) per tool result in ``body`` that reports an error."""
+    async def resolve_episode(
+        self, headers: Mapping[str, str], body: Mapping[str, Any]
+    ) -> EpisodeRef:
+        """The episode a request belongs to: its header, else the conversation it continues."""
+        explicit = _header(headers, self.episode_header)
+        if explicit is not None:
+            return EpisodeRef(explicit, True, await self.store.get(explicit) is None)
+        warn = not self._warned_missing_header
+        self._warned_missing_header = True
+        messages = body.get("messages")
+        keys = conversation_keys(messages if isinstance(messages, list) else ())
+        link = await self.chains.lookup(keys.resume) if keys.resume is not None else None
+        if link is None:
+            return EpisodeRef(self._new_episode_id(), False, True, keys.history, warn)
+        if not link.ambiguous:
+            return EpisodeRef(link.episode_id, False, False, keys.history, warn)
+        # Identical histories from different episodes: continue a copy of the latest, so each
+        # conversation keeps the count they share without adding to the other's.
+        fork = self._new_episode_id()
+        source = await self.store.get(link.episode_id)
+        if source is not None:
+            await self.store.update(fork, lambda state: state.copy_from(source))
+        return EpisodeRef(fork, False, source is None, keys.history, warn)
+
+    async def remember_answer(
+        self, episode: EpisodeRef | str, body: Mapping[str, Any], answer_message: Any
+    ) -> None:
+        """Link the history plus the delivered answer to the episode, for the next request.
+
+        ``body`` is the client's request as received (not the forwarded one); pass the
+        ``EpisodeRef`` to reuse its digest. Episodes named by the header need no link.
+        """
+        if not isinstance(answer_message, Mapping):
+            return
+        if isinstance(episode, EpisodeRef):
+            if episode.explicit:
+                return
+            episode_id, history = episode.id, episode.history_digest
+        else:
+            episode_id, history = episode, None
+        if history is None:
+            messages = body.get("messages")
+            history = conversation_keys(messages if isinstance(messages, list) else ()).history
+        await self.chains.link(extend(history, answer_message), episode_id)
+
+    # -- counting ---------------------------------------------------------------------------------
+
+    def _results(self, body: Mapping[str, Any]) -> _Results:
         # Runs on every request over the whole resent history: keep the per-message path short.
-        found = []
-        is_error = self._is_error.search
-        for position, message in enumerate(body.get("messages") or ()):
+        errors: list[tuple[str, str, str]] = []
+        others: list[str] = []
+        counts: dict[str, int] = {}
+        is_error = self.detector.is_error
+        messages = body.get("messages")
+        for message in messages if isinstance(messages, list) else ():
             if type(message) is not dict and not isinstance(message, Mapping):
                 continue
             role = message.get("role")
             if role != "tool" and role != "function":
                 continue
+            call_key = _call_key(message.get("tool_call_id")) if role == "tool" else ""
+            occurrence = counts.get(call_key, 0)
+            counts[call_key] = occurrence + 1
+            position = f"{call_key}#{occurrence}"
             content = message.get("content")
             if type(content) is not str:
                 content = _text(content)
             if not is_error(content):
+                others.append(position)
                 continue
-            call_id = message.get("tool_call_id")
-            call_id = call_id if isinstance(call_id, str) and call_id else None
-            # Without an id, the position identifies the result: histories only grow.
-            ident = call_id if call_id is not None else f"#{position}:{message.get('name')}"
-            digest = hashlib.blake2b(content.encode(), digest_size=8).hexdigest()
-            found.append((f"{ident}:{digest}", call_id, self.classify(content)))
-        return found
+            digest = hashlib.blake2b(
+                content.encode("utf-8", "surrogatepass"), digest_size=8
+            ).hexdigest()
+            errors.append((position, f"{position}:{digest}", self.classify(content)))
+        if len(counts) > MAX_TRACKED_CALL_IDS:
+            counts = dict(list(counts.items())[-MAX_TRACKED_CALL_IDS:])
+        return _Results(errors, others, counts)
 
     async def observe_request(
         self, episode_id: str, body: Mapping[str, Any], budget: int | None = None
     ) -> BudgetSnapshot:
-        """Count the error tool results in a request's history that were not counted before."""
-        errors = self.tool_errors(body)
+        """Count the error results in a request's history that were not counted before."""
+        results = self._results(body)
 
         def apply(state: EpisodeState) -> BudgetSnapshot:
-            for key, call_id, label in errors:
-                state.observe_result(key, call_id, label)
-            return self._snapshot(episode_id, state, budget)
+            before = state.errors
+            new: list[str] = []
+            for position, key, label in results.errors:
+                if not state.first_sight(key):
+                    continue
+                if position in state.pending:
+                    del state.pending[position]  # charged in the answer that made the call
+                    continue
+                state.count(label)
+                new.append(label)
+            if state.pending:
+                for position in results.others:
+                    state.pending.pop(position, None)  # the call did not fail after all
+            state.result_counts = results.counts
+            return self._snapshot(episode_id, state, budget, before, new_env_errors=tuple(new))
 
         return await self.store.update(episode_id, apply)
 
     async def observe_answer(
         self,
         episode_id: str,
-        channels: Sequence[Any],
+        first_verdict: MessageVerdict | Iterable[Channel | str],
         budget: int | None = None,
+        delivered_invalid: Sequence[CallVerdict] = (),
         *,
-        delivered_call_ids: Iterable[str | None] = (),
+        delivered_call_ids: Iterable[str | None] | None = None,
     ) -> BudgetSnapshot:
-        """Count each non-valid channel caught in the model's first answer.
+        """Charge the first answer per τ²-bench's rule; remember delivered charged calls.
 
-        ``delivered_call_ids``: ids of invalid calls that reached the client (repair off, or
-        exhausted with ``pass``); their error results in later requests are not counted again.
+        ``delivered_invalid``: the invalid calls of the answer the client receives (repair off,
+        or exhausted with ``pass``). Their results in later requests are absorbed, at most as
+        many as this answer was charged. (Deprecated form: channels instead of a verdict, and
+        ``delivered_call_ids``.)
         """
-        labels = [str(channel) for channel in channels if str(channel) != "valid"]
-        ids = [call_id for call_id in delivered_call_ids if call_id]
+        if isinstance(first_verdict, MessageVerdict):
+            channels = [str(call.channel) for call in first_verdict.calls]
+            delivered = _delivered_positions(first_verdict, delivered_invalid)
+        else:
+            channels = [str(channel) for channel in first_verdict]
+            delivered = _legacy_positions(channels, list(delivered_call_ids or ()))
+        charged = [c for c in channels if c in CHARGED_CHANNELS]
+        silent = tuple(c for c in channels if c in SILENT_CHANNELS)
+        delivered = delivered[: len(charged)]
 
         def apply(state: EpisodeState) -> BudgetSnapshot:
-            for label in labels:
+            before = state.errors
+            for label in charged:
                 state.count(label)
-            state.precount(ids)
-            return self._snapshot(episode_id, state, budget)
+            for label in silent:
+                state.count_silent(label)
+            for call_key, offset in delivered:
+                state.expect(f"{call_key}#{state.result_counts.get(call_key, 0) + offset}")
+            return self._snapshot(episode_id, state, budget, before, new_silent=silent)
 
         return await self.store.update(episode_id, apply)
 
     async def snapshot(self, episode_id: str, budget: int | None = None) -> BudgetSnapshot:
         state = await self.store.get(episode_id)
-        return self._snapshot(episode_id, state or EpisodeState(), budget)
+        state = state or EpisodeState()
+        return self._snapshot(episode_id, state, budget, state.errors)
 
-    def _snapshot(self, episode_id: str, state: EpisodeState, budget: int | None) -> BudgetSnapshot:
+    def _snapshot(
+        self,
+        episode_id: str,
+        state: EpisodeState,
+        budget: int | None,
+        before: int,
+        *,
+        new_env_errors: tuple[str, ...] = (),
+        new_silent: tuple[str, ...] = (),
+    ) -> BudgetSnapshot:
         return BudgetSnapshot(
             episode_id,
             state.errors,
             self.default_budget if budget is None else budget,
             dict(state.by_channel),
+            dict(state.silent_by_channel),
+            before,
+            new_env_errors,
+            new_silent,
         )
+
+
+def _delivered_positions(
+    first: MessageVerdict, delivered: Sequence[CallVerdict]
+) -> list[tuple[str, int]]:
+    """(call key, offset among the message's calls with that key) per delivered charged call.
+
+    Results come back in call order, so a call's result is the (n + offset)-th result with its id,
+    n being how many the history held. The offset counts every call of the delivered message;
+    when the delivered calls are not the first answer's, only the invalid ones are known.
+    """
+    calls: Sequence[CallVerdict] = first.calls
+    if not all(any(d is c for c in calls) for d in delivered):
+        calls = delivered
+    positions = []
+    for verdict in delivered:
+        if verdict.channel not in CHARGED_CHANNELS:
+            continue
+        key = _call_key(verdict.call_id)
+        offset = sum(1 for c in calls if c.index < verdict.index and _call_key(c.call_id) == key)
+        positions.append((key, offset))
+    return positions
+
+
+def _legacy_positions(channels: list[str], call_ids: list[str | None]) -> list[tuple[str, int]]:
+    if len(call_ids) == len([c for c in channels if c != Channel.VALID]):
+        # The ids of the answer's invalid calls, in order: keep those of charged calls.
+        invalid = [c for c in channels if c != Channel.VALID]
+        call_ids = [i for i, c in zip(call_ids, invalid, strict=True) if c in CHARGED_CHANNELS]
+    seen: dict[str, int] = {}
+    positions = []
+    for call_id in call_ids:
+        key = _call_key(call_id)
+        positions.append((key, seen.get(key, 0)))
+        seen[key] = seen.get(key, 0) + 1
+    return positions

@@ -16,7 +16,23 @@ from repairproxy.sessions import (
     MemoryEpisodeStore,
     episode_id_for,
 )
-from repairproxy.validation import Channel
+from repairproxy.validation import CallVerdict, Channel, MessageVerdict
+
+
+def verdict(*channels: Channel, call_ids: tuple[str | None, ...] | None = None) -> MessageVerdict:
+    """A first-answer verdict with one call per channel (ids call_0, call_1, ... unless given)."""
+    ids = call_ids if call_ids is not None else tuple(f"call_{i}" for i in range(len(channels)))
+    return MessageVerdict(
+        tuple(
+            CallVerdict(index, ids[index], f"tool_{index}", channel, "")
+            for index, channel in enumerate(channels)
+        )
+    )
+
+
+def invalid(first: MessageVerdict) -> tuple[CallVerdict, ...]:
+    """The invalid calls of an answer delivered as it came (repair off)."""
+    return tuple(call for call in first.calls if call.channel is not Channel.VALID)
 
 # --- episode identity ----------------------------------------------------------------------------
 
@@ -101,7 +117,7 @@ async def test_store_stays_bounded_under_many_episodes() -> None:
     store = MemoryEpisodeStore(max_episodes=1000)
     budget = ErrorBudget(store)
     for index in range(5000):
-        await budget.observe_answer(f"ep-{index}", [Channel.UNKNOWN_TOOL])
+        await budget.observe_answer(f"ep-{index}", verdict(Channel.UNKNOWN_TOOL))
     assert len(store) == 1000
     assert await store.get("ep-3999") is None
     assert (await budget.snapshot("ep-4999")).errors == 1
@@ -116,6 +132,8 @@ def test_store_rejects_zero_capacity() -> None:
 
 
 def test_snapshot_arithmetic() -> None:
+    assert BudgetSnapshot("e", 3, 10, {}).errors_before == 3
+    assert BudgetSnapshot("e", 3, 10, {}, errors_before=1).errors_before == 1
     assert BudgetSnapshot("e", 3, 10, {}).remaining == 7
     assert not BudgetSnapshot("e", 9, 10, {}).exhausted
     assert BudgetSnapshot("e", 10, 10, {}).exhausted
@@ -203,13 +221,28 @@ async def test_non_error_and_content_parts() -> None:
 
 
 @pytest.mark.anyio
-async def test_observe_answer_counts_every_invalid_channel() -> None:
+async def test_observe_answer_charges_what_tau2_bench_would() -> None:
+    """unknown_tool and schema_violation cost one each (the environment would fail them); the
+    silent failures are reported apart and never charged."""
     budget = ErrorBudget(MemoryEpisodeStore())
-    snapshot = await budget.observe_answer(
-        "e", [Channel.UNKNOWN_TOOL, Channel.VALID, Channel.SCHEMA_VIOLATION, Channel.UNKNOWN_TOOL]
+    first = verdict(
+        Channel.UNKNOWN_TOOL, Channel.VALID, Channel.SCHEMA_VIOLATION, Channel.UNKNOWN_TOOL
     )
-    assert snapshot.errors == 3
+    snapshot = await budget.observe_answer("e", first)
+    assert (snapshot.errors_before, snapshot.errors) == (0, 3)
     assert snapshot.by_channel == {"unknown_tool": 2, "schema_violation": 1}
+    for silent in (Channel.TOOL_CALL_IN_CONTENT, Channel.INVALID_JSON, Channel.EMPTY_OUTPUT):
+        snapshot = await budget.observe_answer("e", verdict(silent))
+        assert snapshot.errors == snapshot.errors_before == 3
+        assert snapshot.new_silent == (silent,)
+    assert snapshot.silent_by_channel == {
+        "tool_call_in_content": 1,
+        "invalid_json": 1,
+        "empty_output": 1,
+    }
+    # The deprecated form (channels, as the routes pass them today) follows the same rule.
+    legacy = await budget.observe_answer("e", [Channel.INVALID_JSON, Channel.SCHEMA_VIOLATION])
+    assert legacy.errors == 4 and legacy.silent_by_channel["invalid_json"] == 2
 
 
 @pytest.mark.anyio
@@ -242,7 +275,7 @@ async def test_two_interleaved_episodes_keep_separate_budgets() -> None:
         b = await budget.observe_request("B", {"messages": b_history})
         assert a.errors == turn + 1 and a.episode_id == "A"
         assert b.errors == 0 and not b.exhausted
-    b = await budget.observe_answer("B", [Channel.INVALID_JSON])
+    b = await budget.observe_answer("B", verdict(Channel.SCHEMA_VIOLATION))
     assert a.exhausted and a.remaining == 0
     assert b.errors == 1 and b.remaining == 1
     assert (await budget.snapshot("A")).errors == 3
