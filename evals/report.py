@@ -228,7 +228,7 @@ def _arm_sections(summary: Summary) -> list[Section]:
             "arm",
             "agent model",
             "budget",
-            "episodes",
+            "episodes scored",
             "success",
             "messages (mean / median)",
             "failed calls / episode",
@@ -242,7 +242,7 @@ def _arm_sections(summary: Summary) -> list[Section]:
                 a.label,
                 a.agent_model or "?",
                 str(a.max_errors),
-                str(a.scored),
+                f"{a.scored} of {a.episodes}",
                 interval(a.success),
                 f"{number(a.messages_mean, 1)} / {number(a.messages_median, 1)}",
                 number(a.failed_calls_mean),
@@ -293,7 +293,9 @@ def _arm_sections(summary: Summary) -> list[Section]:
                 f"{a.channel_counts['any']} ({pct(a.channel_rates['any'])})",
                 f"{a.raw_hallucinated_calls} ({pct(a.raw_hallucination_rate)})",
                 str(a.user_failed_calls),
-                f"{pct(a.recovery)} of {followed}",
+                pct(a.recovery)
+                if isinstance(a.recovery, NotAvailable)
+                else f"{pct(a.recovery)} of {followed}",
             ]
         )
     proxy = Section(

@@ -96,7 +96,7 @@ def test_cli_writes_summary_report_and_plots(tmp_path: Path) -> None:
         assert (out / name).read_bytes().startswith(PNG_MAGIC)
 
     markdown = (out / "report.md").read_text(encoding="utf-8")
-    assert "| q4-off |" in markdown and "80.0% [" in markdown
+    assert "| q4-off |" in markdown and "80.0% [" in markdown and "| 4 of 5 |" in markdown
     assert "n/a (no failed agent call was followed by another)" in markdown
     assert "user_simulator" in markdown
 
