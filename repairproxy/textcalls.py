@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 __all__ = [
+    "JSON_FENCE_LANGUAGES",
     "MAX_JSON_SCANS",
     "Shape",
     "TextCall",
@@ -147,7 +148,6 @@ def calls_in_value(value: Any) -> list[tuple[str, Any]] | None:
 # --- finding JSON values in prose ----------------------------------------------------------------
 
 _JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|"|[\[\]{}]', re.DOTALL)
-_JSON_OPENER = re.compile(r"[\[{]")
 
 
 def json_value_end(text: str, start: int) -> int | None:
@@ -169,29 +169,56 @@ def json_value_end(text: str, start: int) -> int | None:
     return None
 
 
-def _bare_json_calls(text: str, begin: int, stop: int) -> Iterable[TextCall]:
+_STRUCTURE = re.compile(r'[\[\]{}"]')
+_STRING_REST = re.compile(r'(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def _bracket_ends(text: str, begin: int, stop: int) -> dict[int, int]:
+    """Where each bracket opened in ``text[begin:stop]`` closes, in one pass (linear, iterative).
+
+    Quotes count only inside brackets: prose may hold a stray ``"`` before a call.
+    """
+    ends: dict[int, int] = {}
+    stack: list[int] = []
     position = begin
+    while True:
+        token = _STRUCTURE.search(text, position, stop)
+        if token is None:
+            return ends
+        kind = token.group()
+        position = token.end()
+        if kind == '"':
+            if stack:
+                rest = _STRING_REST.match(text, position, stop)
+                if rest is None:
+                    return ends  # an unterminated string: nothing after it can close
+                position = rest.end()
+        elif kind in "[{":
+            stack.append(token.start())
+        elif stack:
+            ends[stack.pop()] = position
+
+
+def _bare_json_calls(text: str, begin: int, stop: int) -> Iterable[TextCall]:
+    ends = _bracket_ends(text, begin, stop)
+    consumed = begin
     scans = 0
-    while scans < MAX_JSON_SCANS:
-        opener = _JSON_OPENER.search(text, position, stop)
-        if opener is None:
+    for start in sorted(ends):
+        if start < consumed:
+            continue  # inside a value already read
+        if scans >= MAX_JSON_SCANS:
             return
         scans += 1
-        start = opener.start()
-        end = json_value_end(text, start)
-        if end is None or end > stop:
-            position = start + 1
-            continue
+        end = ends[start]
         value = _loads(text[start:end])
         if value is _NOT_JSON:
-            position = start + 1
             continue
         calls = calls_in_value(value)
         if calls is not None:
             source = text[start:end]
             for name, arguments in calls:
                 yield TextCall(name, arguments, start, end, Shape.JSON, source)
-        position = end
+        consumed = end
 
 
 # --- tags, fences and XML ------------------------------------------------------------------------
@@ -202,7 +229,8 @@ _PARAMETER = re.compile(
     r"<parameter=([^>\s]+)>(.*?)(?:</parameter>|(?=<parameter=)|(?=</function>)|\Z)", re.DOTALL
 )
 _FENCED = re.compile(r"```[ \t]*([A-Za-z_]*)[ \t]*\n?(.*?)```", re.DOTALL)
-_FENCE_LANGUAGES = frozenset({"", "json", "jsonc", "tool_call", "tool_code", "javascript", "js"})
+# Fences whose language says JSON (or nothing): a stream opening one may be a call (streaming).
+JSON_FENCE_LANGUAGES = frozenset({"", "json", "jsonc", "tool_call", "tool_code", "tool_calls"})
 _NAME_FIELD = re.compile(r'"name"\s*:\s*"([^"\\]{1,200})"')
 
 
@@ -257,8 +285,6 @@ def _tagged_calls(text: str) -> list[TextCall]:
 def _fenced_calls(text: str, begin: int, stop: int) -> list[TextCall]:
     calls: list[TextCall] = []
     for match in _FENCED.finditer(text, begin, stop):
-        if match.group(1).lower() not in _FENCE_LANGUAGES:
-            continue
         value = _loads(match.group(2).strip())
         found = calls_in_value(value) if value is not _NOT_JSON else None
         if found is None:
