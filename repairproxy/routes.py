@@ -1,8 +1,7 @@
 """The proxy's routes as plain ASGI handlers: HTTP framing only.
 
-``POST /v1/chat/completions`` reads the body, asks the pipeline (``pipeline.py``) what to forward
-and what to answer, and frames the answer: one JSON body, or an SSE stream whose tool-call events
-are held by the gate until the pipeline has judged the assembled answer. Every other ``/v1/*``
+``POST /v1/chat/completions`` reads the body, asks the pipeline (``pipeline.py``) what to forward,
+and hands the answer's framing (JSON or SSE) to ``chat_http.ChatCall``. Every other ``/v1/*``
 route is relayed as it is (``/v1/responses`` too: it passes through unvalidated for now, and the
 log line says so). Plain ASGI, not Starlette endpoints: a stream's headers must wait for the
 verdict, and a framework's per-request cost would be most of the latency budget.
@@ -14,8 +13,8 @@ import contextlib
 import hmac
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import Any, cast
+from collections.abc import Mapping
+from typing import Any
 
 import orjson
 
@@ -29,26 +28,24 @@ from repairproxy.asgi import (
     header_map,
     read_body,
 )
+from repairproxy.chat_http import CHAT_PATH, ChatCall
 from repairproxy.errors import (
     AuthenticationError,
     BadRequestError,
     NotFoundError,
     RepairProxyError,
-    UpstreamBadAnswerError,
     UpstreamStatusError,
 )
 from repairproxy.events import Outcome, PipelineObserver
 from repairproxy.exchange import Exchange
-from repairproxy.pipeline import ChatOutcome, ChatPipeline, ChatRequest
+from repairproxy.pipeline import ChatPipeline
 from repairproxy.settings import Settings
-from repairproxy.streaming import DONE_EVENT, SSEParser, ToolCallGate, completion_to_chunks
+from repairproxy.streaming import DONE_EVENT
 from repairproxy.upstream import HeaderList, Upstream, UpstreamReply, response_headers, timed
-from repairproxy.wire import ChatCompletion
 
 __all__ = ["Proxy"]
 
 _JSON = (b"content-type", b"application/json")
-_CHAT = "/v1/chat/completions"
 # Bytes that may never reach a request line: controls, space, DEL and anything non-ASCII.
 _NOT_URL_SAFE = re.compile(rb"[\x00-\x20\x7f-\xff]")
 _UNVALIDATED = {"/v1/responses": "passed through unvalidated (Responses API)"}
@@ -65,19 +62,6 @@ def _raw_target(scope: Scope) -> str:
         if _NOT_URL_SAFE.search(part):
             raise BadRequestError("the request path or query holds characters not allowed in a URL")
     return str(raw.decode("ascii"))
-
-
-def _completion_of(reply: UpstreamReply) -> ChatCompletion:
-    """A 2xx answer that must be a chat completion; anything else is the upstream's fault."""
-    try:
-        completion = orjson.loads(reply.content)
-    except orjson.JSONDecodeError:
-        completion = None
-    if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
-        raise UpstreamBadAnswerError(
-            f"the upstream answered {reply.status_code} with a body that is not a chat completion"
-        )
-    return cast(ChatCompletion, completion)
 
 
 class Proxy:
@@ -112,7 +96,7 @@ class Proxy:
         ex = Exchange(time.perf_counter(), method, path)
         responder = Responder(send)
         try:
-            if path == _CHAT and method == "POST":
+            if path == CHAT_PATH and method == "POST":
                 await self._chat(scope, receive, responder, ex)
             elif path.startswith("/v1/"):
                 await self._passthrough(scope, receive, responder, ex)
@@ -166,7 +150,7 @@ class Proxy:
             ex.episode_id, ex.snapshot = request.episode_id, request.snapshot
         ex.chained_episode = not request.explicit_episode
         pipeline.prepare_forward(request)
-        call = _ChatCall(self, ex, request, scope)
+        call = ChatCall(self.upstream, self.pipeline, ex, request, scope, self.settings.log_bodies)
         await cancel_on_disconnect(
             call.stream(responder) if request.stream else call.buffered(responder), receive
         )
@@ -256,7 +240,7 @@ class Proxy:
         if responder.first_byte_at is not None:
             record.first_byte_seconds = responder.first_byte_at - ex.started
         event = ex.log_event(status, log_bodies=self.settings.log_bodies)
-        if ex.path != _CHAT:
+        if ex.path != CHAT_PATH:
             event["validated"] = False
             note = _UNVALIDATED.get(ex.path)
             if note:
@@ -268,141 +252,5 @@ class Proxy:
                 "history; identical concurrent conversations cannot be told apart without it"
             )
         self.log.info("request", **event)
-        if ex.path == _CHAT:
+        if ex.path == CHAT_PATH:
             self.observer.request_finished(record)
-
-
-class _ChatCall:
-    """One chat completion in flight: forward, let the pipeline judge, frame the answer."""
-
-    def __init__(self, proxy: Proxy, ex: Exchange, request: ChatRequest, scope: Scope) -> None:
-        self.proxy = proxy
-        self.ex = ex
-        self.request = request
-        self.query: bytes = scope["query_string"]
-        self.out_headers = proxy.upstream.outbound_headers(scope["headers"], keep_encoding=False)
-
-    async def _reask(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await self.proxy.upstream.complete(body, self.out_headers, self.ex.timer)
-
-    async def _judge(self, completion: ChatCompletion) -> ChatOutcome:
-        ex = self.ex
-        try:
-            outcome = await self.proxy.pipeline.judge(
-                self.request, completion, self._reask, ex.record
-            )
-        finally:
-            ex.snapshot = self.request.snapshot
-            ex.channels = tuple(c.channel for c in ex.record.caught)
-            ex.repairs = ex.record.repair_attempts
-        ex.channels = outcome.caught
-        ex.repair_failed = outcome.repair_failed
-        return outcome
-
-    async def buffered(self, responder: Responder) -> None:
-        ex = self.ex
-        reply = await self.proxy.upstream.request(
-            "POST", _CHAT, self.out_headers, self.request.forward_raw, ex.timer, self.query
-        )
-        content = reply.content
-        if 200 <= reply.status_code < 300:
-            outcome = await self._judge(_completion_of(reply))
-            if outcome.changed:
-                content = orjson.dumps(outcome.answer)
-        else:
-            ex.record.outcome = Outcome.UPSTREAM_ERROR
-        ex.status = reply.status_code
-        ex.response_body = content if self.proxy.settings.log_bodies else None
-        headers = response_headers(reply.headers)
-        headers.extend(ex.proxy_headers())
-        responder.first_byte_at = time.perf_counter()
-        await responder.whole(reply.status_code, headers, content)
-
-    async def stream(self, responder: Responder) -> None:
-        ex = self.ex
-        upstream = self.proxy.upstream
-        async with upstream.stream(
-            "POST", _CHAT, self.out_headers, self.request.forward_raw, ex.timer, self.query
-        ) as response:
-            base_headers = response_headers(response.headers)
-            content_type = response.header(b"content-type") or b""
-            if response.status_code != 200 or b"text/event-stream" not in content_type:
-                with upstream.reading():
-                    content = await response.read()
-                ex.status = response.status_code
-                if response.status_code >= 300:
-                    ex.record.outcome = Outcome.UPSTREAM_ERROR
-                base_headers.extend(ex.proxy_headers())
-                await responder.whole(response.status_code, base_headers, content)
-                return
-            ex.status = 200
-            with upstream.reading():
-                chunks = timed(response.iter_body(), ex.timer)
-                if self.request.tools is None:
-                    await self._relay_plain(chunks, responder, base_headers)
-                else:
-                    await self._relay_gated(chunks, responder, base_headers)
-
-    async def _relay_plain(
-        self, chunks: AsyncIterator[bytes], responder: Responder, headers: HeaderList
-    ) -> None:
-        headers.extend(self.ex.proxy_headers(verdict=False))
-        await responder.start(200, headers)
-        async for chunk in chunks:
-            if responder.first_byte_at is None:
-                responder.first_byte_at = time.perf_counter()
-            await responder.body(chunk)
-        await responder.body(b"", more=False)
-
-    async def _relay_gated(
-        self, chunks: AsyncIterator[bytes], responder: Responder, headers: HeaderList
-    ) -> None:
-        ex = self.ex
-        parser = SSEParser()
-        gate = ToolCallGate()
-        upstream_error = False
-        async for chunk in chunks:
-            for event in parser.feed(chunk):
-                upstream_error = upstream_error or _is_error_event(event.data)
-                released = gate.feed(event)
-                if released:
-                    if not responder.started:
-                        await responder.start(200, [*headers, *ex.proxy_headers(verdict=False)])
-                        responder.first_byte_at = time.perf_counter()
-                    await responder.body(b"".join(released))
-        for event in parser.flush():
-            upstream_error = upstream_error or _is_error_event(event.data)
-            gate.feed(event)
-        tail = list(gate.held)
-        if upstream_error:  # the upstream's own in-band error: passed through, not "repaired"
-            ex.record.outcome = Outcome.UPSTREAM_ERROR
-        else:
-            outcome = await self._judge(cast(ChatCompletion, gate.assembler.completion()))
-            if outcome.changed:
-                tail = completion_to_chunks(
-                    outcome.answer,
-                    gate.assembler.meta,
-                    include_content=not gate.released_content,
-                    include_role=not gate.released_content,
-                    include_usage=self.request.include_usage,
-                )
-        if not responder.started:
-            await responder.start(200, [*headers, *ex.proxy_headers()])
-            responder.first_byte_at = time.perf_counter()
-        else:
-            trailer = ex.trailer_comment()
-            if tail and tail[-1].strip() == DONE_EVENT.strip():
-                tail.insert(len(tail) - 1, trailer)
-            else:
-                tail.append(trailer)
-        await responder.body(b"".join(tail), more=False)
-
-
-def _is_error_event(data: bytes | None) -> bool:
-    if not data or b'"error"' not in data:
-        return False
-    try:
-        parsed = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(parsed, dict) and "error" in parsed and "choices" not in parsed

@@ -1,0 +1,184 @@
+"""A chat completion framed over HTTP: one JSON body, or an SSE stream whose tool-call events are
+held by the gate until the pipeline has judged the assembled answer.
+
+Both shapes hand the pipeline the same thing (a whole ``chat.completion``) and send back what it
+decides; a stream whose prose already left gets the verdict as an SSE comment before ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import orjson
+
+from repairproxy.asgi import Responder, Scope
+from repairproxy.errors import UpstreamBadAnswerError
+from repairproxy.events import Outcome
+from repairproxy.exchange import Exchange
+from repairproxy.pipeline import ChatOutcome, ChatPipeline, ChatRequest
+from repairproxy.streaming import DONE_EVENT, SSEParser, ToolCallGate, completion_to_chunks
+from repairproxy.upstream import HeaderList, Upstream, UpstreamReply, response_headers, timed
+from repairproxy.wire import ChatCompletion
+
+__all__ = ["CHAT_PATH", "ChatCall"]
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+def _completion_of(reply: UpstreamReply) -> ChatCompletion:
+    """A 2xx answer that must be a chat completion; anything else is the upstream's fault."""
+    try:
+        completion = orjson.loads(reply.content)
+    except orjson.JSONDecodeError:
+        completion = None
+    if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
+        raise UpstreamBadAnswerError(
+            f"the upstream answered {reply.status_code} with a body that is not a chat completion"
+        )
+    return cast(ChatCompletion, completion)
+
+
+class ChatCall:
+    """One chat completion in flight: forward, let the pipeline judge, frame the answer."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        pipeline: ChatPipeline,
+        ex: Exchange,
+        request: ChatRequest,
+        scope: Scope,
+        log_bodies: bool,
+    ) -> None:
+        self.upstream = upstream
+        self.pipeline = pipeline
+        self.ex = ex
+        self.request = request
+        self.log_bodies = log_bodies
+        self.query: bytes = scope["query_string"]
+        self.out_headers = upstream.outbound_headers(scope["headers"], keep_encoding=False)
+
+    async def _reask(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.upstream.complete(body, self.out_headers, self.ex.timer)
+
+    async def _judge(self, completion: ChatCompletion) -> ChatOutcome:
+        ex = self.ex
+        try:
+            outcome = await self.pipeline.judge(self.request, completion, self._reask, ex.record)
+        finally:
+            ex.snapshot = self.request.snapshot
+            ex.channels = tuple(c.channel for c in ex.record.caught)
+            ex.repairs = ex.record.repair_attempts
+        ex.channels = outcome.caught
+        ex.repair_failed = outcome.repair_failed
+        return outcome
+
+    async def buffered(self, responder: Responder) -> None:
+        ex = self.ex
+        reply = await self.upstream.request(
+            "POST", CHAT_PATH, self.out_headers, self.request.forward_raw, ex.timer, self.query
+        )
+        content = reply.content
+        if 200 <= reply.status_code < 300:
+            outcome = await self._judge(_completion_of(reply))
+            if outcome.changed:
+                content = orjson.dumps(outcome.answer)
+        else:
+            ex.record.outcome = Outcome.UPSTREAM_ERROR
+        ex.status = reply.status_code
+        ex.response_body = content if self.log_bodies else None
+        headers = response_headers(reply.headers)
+        headers.extend(ex.proxy_headers())
+        responder.first_byte_at = time.perf_counter()
+        await responder.whole(reply.status_code, headers, content)
+
+    async def stream(self, responder: Responder) -> None:
+        ex = self.ex
+        upstream = self.upstream
+        async with upstream.stream(
+            "POST", CHAT_PATH, self.out_headers, self.request.forward_raw, ex.timer, self.query
+        ) as response:
+            base_headers = response_headers(response.headers)
+            content_type = response.header(b"content-type") or b""
+            if response.status_code != 200 or b"text/event-stream" not in content_type:
+                with upstream.reading():
+                    content = await response.read()
+                ex.status = response.status_code
+                if response.status_code >= 300:
+                    ex.record.outcome = Outcome.UPSTREAM_ERROR
+                base_headers.extend(ex.proxy_headers())
+                await responder.whole(response.status_code, base_headers, content)
+                return
+            ex.status = 200
+            with upstream.reading():
+                chunks = timed(response.iter_body(), ex.timer)
+                if self.request.tools is None:
+                    await self._relay_plain(chunks, responder, base_headers)
+                else:
+                    await self._relay_gated(chunks, responder, base_headers)
+
+    async def _relay_plain(
+        self, chunks: AsyncIterator[bytes], responder: Responder, headers: HeaderList
+    ) -> None:
+        headers.extend(self.ex.proxy_headers(verdict=False))
+        await responder.start(200, headers)
+        async for chunk in chunks:
+            if responder.first_byte_at is None:
+                responder.first_byte_at = time.perf_counter()
+            await responder.body(chunk)
+        await responder.body(b"", more=False)
+
+    async def _relay_gated(
+        self, chunks: AsyncIterator[bytes], responder: Responder, headers: HeaderList
+    ) -> None:
+        ex = self.ex
+        parser = SSEParser()
+        gate = ToolCallGate()
+        upstream_error = False
+        async for chunk in chunks:
+            for event in parser.feed(chunk):
+                upstream_error = upstream_error or _is_error_event(event.data)
+                released = gate.feed(event)
+                if released:
+                    if not responder.started:
+                        await responder.start(200, [*headers, *ex.proxy_headers(verdict=False)])
+                        responder.first_byte_at = time.perf_counter()
+                    await responder.body(b"".join(released))
+        for event in parser.flush():
+            upstream_error = upstream_error or _is_error_event(event.data)
+            gate.feed(event)
+        tail = list(gate.held)
+        if upstream_error:  # the upstream's own in-band error: passed through, not "repaired"
+            ex.record.outcome = Outcome.UPSTREAM_ERROR
+        else:
+            outcome = await self._judge(cast(ChatCompletion, gate.assembler.completion()))
+            if outcome.changed:
+                tail = completion_to_chunks(
+                    outcome.answer,
+                    gate.assembler.meta,
+                    include_content=not gate.released_content,
+                    include_role=not gate.released_content,
+                    include_usage=self.request.include_usage,
+                )
+        if not responder.started:
+            await responder.start(200, [*headers, *ex.proxy_headers()])
+            responder.first_byte_at = time.perf_counter()
+        else:
+            trailer = ex.trailer_comment()
+            if tail and tail[-1].strip() == DONE_EVENT.strip():
+                tail.insert(len(tail) - 1, trailer)
+            else:
+                tail.append(trailer)
+        await responder.body(b"".join(tail), more=False)
+
+
+def _is_error_event(data: bytes | None) -> bool:
+    if not data or b'"error"' not in data:
+        return False
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(parsed, dict) and "error" in parsed and "choices" not in parsed
