@@ -127,14 +127,23 @@ def _flatten(messages: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any
 
 
 def _nl_unjudged(reward_info: Mapping[str, Any] | None, task: Mapping[str, Any] | None) -> bool:
+    """True when the task's reward rests on NL assertions that no judge scored.
+
+    Our writer says so (``nl_assertions_scored``); for a τ²-bench file, the basis names
+    NL_ASSERTION, the task has assertions, and the reward carries no verdict on them.
+    """
     if not reward_info:
         return False
-    if reward_info.get("nl_assertions_scored") is False:
-        return True
-    basis = reward_info.get("reward_basis")
-    if basis is None and task is not None:
-        basis = (task.get("evaluation_criteria") or {}).get("reward_basis")
-    return "NL_ASSERTION" in (basis or []) and not reward_info.get("nl_assertions")
+    flag = reward_info.get("nl_assertions_scored")
+    if flag is not None:
+        return not flag
+    criteria = (task or {}).get("evaluation_criteria") or {}
+    basis = reward_info.get("reward_basis") or criteria.get("reward_basis") or []
+    if "NL_ASSERTION" not in basis:
+        return False
+    if task is not None and not criteria.get("nl_assertions"):
+        return False  # nothing to judge
+    return not reward_info.get("nl_assertions")
 
 
 def _episode(simulation: Mapping[str, Any], tasks: Mapping[str, Mapping[str, Any]]) -> Episode:
@@ -331,7 +340,7 @@ class ProxyView:
     @property
     def fixed_share(self) -> float | NotAvailable:
         if self.answers_recorded == 0:
-            return NotAvailable("no proxy headers recorded (run without the proxy)")
+            return NotAvailable("no proxy headers recorded: run without the proxy")
         if self.caught_answers == 0:
             return NotAvailable("the proxy caught no invalid answer")
         return self.fixed_answers / self.caught_answers
@@ -468,7 +477,7 @@ def _repair_cost(episodes: Sequence[Episode]) -> RepairCost:
         overhead.extend(
             _number(p["overhead_ms"]) for p in episode.proxy_answers if "overhead_ms" in p
         )
-    why = "no proxy headers recorded (run without the proxy)"
+    why = "no proxy headers recorded: run without the proxy"
     return RepairCost(
         episodes_with_headers=len(extra),
         extra_upstream_calls=_mean(extra, why),

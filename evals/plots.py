@@ -80,7 +80,7 @@ def channel_rates(summary: Summary, path: Path) -> Path | None:
     series = [*ENV_CHANNELS, "raw hallucinated (proxy + env)"]
     if not arms:
         return None
-    figure = Figure(figsize=(max(6.4, 1.4 * len(arms) + 2), 4.2))
+    figure = Figure(figsize=(max(7.5, 1.4 * len(arms) + 3.5), 4.2))
     axes = figure.subplots()
     width = 0.8 / len(series)
     for s, name in enumerate(series):
@@ -96,7 +96,7 @@ def channel_rates(summary: Summary, path: Path) -> Path | None:
     axes.set_ylabel("share of agent tool calls")
     axes.set_title("Failed agent tool calls by channel", fontsize=10)
     axes.grid(axis="y", alpha=0.3)
-    axes.legend(fontsize=7)
+    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(figure, path)
 
 
@@ -161,7 +161,7 @@ def repair_effect(summary: Summary, path: Path) -> Path | None:
     modes = sorted({arm.mode for arms in cells.values() for arm in arms if arm.mode})
     figure = Figure(figsize=(max(6.4, 1.6 * len(cells) + 2), 4.2))
     axes = figure.subplots()
-    width = 0.8 / len(modes)
+    width = min(0.8 / len(modes), 0.25)
     for m, mode in enumerate(modes):
         xs, heights, lows, highs = [], [], [], []
         for c, arms in enumerate(cells.values()):
@@ -173,9 +173,12 @@ def repair_effect(summary: Summary, path: Path) -> Path | None:
             lows.append(found.success.estimate - found.success.low)
             highs.append(found.success.high - found.success.estimate)
         axes.bar(xs, heights, width=width, yerr=[lows, highs], capsize=3, label=mode)
+        for x, height in zip(xs, heights, strict=True):  # at the foot, clear of the error bars
+            axes.text(x, 0.02, f"{100 * height:.0f}%", ha="center", fontsize=7, color="white")
     axes.set_xticks(range(len(cells)))
     axes.set_xticklabels(list(cells), rotation=20, ha="right", fontsize=8)
-    axes.set_ylim(0, 1)
+    axes.set_xlim(-0.6, len(cells) - 0.4)
+    axes.set_ylim(0, 1.05)
     axes.set_ylabel("success rate at the run's budget")
     axes.set_title("Repair effect per cell", fontsize=10)
     axes.grid(axis="y", alpha=0.3)

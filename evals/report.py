@@ -327,7 +327,9 @@ def _arm_sections(summary: Summary) -> list[Section]:
                 str(view.answers_recorded),
                 *[str(view.caught_calls[c]) for c in PROXY_CHANNELS],
                 str(view.caught_answers),
-                f"{view.fixed_answers} ({pct(view.fixed_share)})",
+                pct(view.fixed_share)
+                if isinstance(view.fixed_share, NotAvailable)
+                else f"{view.fixed_answers} ({pct(view.fixed_share)})",
                 str(view.repairs),
                 str(view.repair_failures),
             ]

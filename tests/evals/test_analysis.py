@@ -82,6 +82,21 @@ def test_results_without_call_ids_are_matched_in_order() -> None:
     ]
 
 
+def test_nl_basis_without_assertions_is_not_unjudged() -> None:
+    data = results(
+        [
+            episode("t", 0, [], reward_basis=("DB", "NL_ASSERTION"), nl_assertions=None),
+            episode("u", 0, [], reward_basis=("DB", "NL_ASSERTION"), nl_assertions=None),
+            episode("u", 1, [], reward_basis=("DB", "NL_ASSERTION"), nl_assertions=[{"met": 1}]),
+        ]
+    )
+    # Task t has no assertions to judge (scored vacuously); task u has one.
+    data["tasks"][1]["evaluation_criteria"]["nl_assertions"] = ["The agent apologises."]
+    assert [e.nl_unjudged for e in read_episodes(data)] == [False, True, False]
+    data["simulations"][0]["reward_info"]["nl_assertions_scored"] = False  # our writer's flag
+    assert read_episodes(data)[0].nl_unjudged
+
+
 def test_sweep_boundary_k_equal_to_errors_fails() -> None:
     data = results(
         [episode("t", 0, [Turn((Call("x", "Error: a"),)), Turn((Call("y", "Error: b"),))])]

@@ -121,7 +121,7 @@ def off_arm() -> dict[str, Any]:
 
 def reflexive_arm() -> dict[str, Any]:
     plain = {"tool_errors": [], "repairs": 0, "upstream_calls": 1, "overhead_ms": 0.5}
-    return results(
+    arm = results(
         [
             episode(
                 "t0",
@@ -166,6 +166,10 @@ def reflexive_arm() -> dict[str, Any]:
         ],
         agent_model="openai/qwen2.5-1.5b-q4",
     )
+    (t2,) = (t for t in arm["tasks"] if t["id"] == "t2")
+    t2["evaluation_criteria"]["reward_basis"] = ["DB", "NL_ASSERTION"]
+    t2["evaluation_criteria"]["nl_assertions"] = ["The agent confirms the order number."]
+    return arm
 
 
 PROVENANCE = {
