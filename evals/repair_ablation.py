@@ -45,6 +45,7 @@ from evals.grid import (
 from evals.launch import LaunchError, ManagedProcess, free_port, proxy_command
 from evals.logs import SimulationRun, load_results
 from evals.run import RESULTS_FILE, RunConfig, run
+from evals.tasks import as_task
 
 __all__ = [
     "BUDGET_HEADER",
@@ -83,12 +84,12 @@ class PlannedRun:
 
 def _cell_task_ids(cell: CellSpec, domain: Domain) -> tuple[str, ...]:
     if cell.task_ids is not None:
-        known = {str(t["id"]) for t in domain.tasks(None)}
+        known = {as_task(t).id for t in domain.tasks(None)}
         missing = [i for i in cell.task_ids if i not in known]
         if missing:
             raise GridError(f"cell {cell.name}: unknown task ids {missing}")
         return cell.task_ids
-    ids = tuple(str(t["id"]) for t in domain.tasks(cell.split))
+    ids = tuple(as_task(t).id for t in domain.tasks(cell.split))
     return ids if cell.task_count is None else ids[: cell.task_count]
 
 

@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from evals.logs import Message, ToolCall, ToolMessage, UserMessage
+from evals.logs import AssistantMessage, Message, ToolCall, ToolMessage, UserMessage
 from evals.participants import OUT_OF_SCOPE, STOP, TRANSFER, EpisodeContext
+from evals.tasks import Task
 
 __all__ = [
     "ScriptedUser",
@@ -31,7 +32,7 @@ MAX_TURNS = 30  # a conversation that goes nowhere ends as a stop, never as max_
 MAX_UNANSWERED = 2
 
 _NAME = re.compile(
-    r"\b(?i:you are|your name is|you name is|you're|name is)\s+"
+    r"\b(?i:you are|your name is|you name is|you're|name is|called)\s+"
     r"([A-Z][a-z'\-]+(?:\s+[A-Z][a-z'\-]+)*)"
 )
 _ZIP = re.compile(r"\b(\d{5})\b")
@@ -85,8 +86,12 @@ def extract_facts(scenario: Mapping[str, Any]) -> UserFacts:
     phone = _PHONE.search(known) or _PHONE.search(everything)
     payment = _PAYMENT.search(parts.get("reason_for_call", ""))
     emails = tuple(dict.fromkeys(e.rstrip(".") for e in _EMAIL.findall(everything)))
+    spoken: str | None = name.group(1) if name else None
+    if spoken is None and user_id is not None:  # "You are emma_smith_8564": Emma Smith
+        first, last, _ = user_id.group(1).split("_")
+        spoken = f"{first.title()} {last.title()}"
     return UserFacts(
-        name=name.group(1) if name else None,
+        name=spoken,
         zip_code=zip_code.group(1) if zip_code else None,
         emails=emails,
         user_id=user_id.group(1) if user_id else None,
@@ -223,11 +228,16 @@ class _State:
     calls: int = 0
 
 
+def _raw_task(task: Task | Mapping[str, Any]) -> Mapping[str, Any]:
+    """The task as ``tasks.json`` holds it, whether typed or raw."""
+    return task.raw() if isinstance(task, Task) else task
+
+
 class ScriptedUser:
     """The deterministic user for one episode (the ``User`` protocol of ``evals.participants``)."""
 
     def __init__(self, context: EpisodeContext) -> None:
-        scenario = context.task.get("user_scenario") or {}
+        scenario = _raw_task(context.task).get("user_scenario") or {}
         self._opening = opening_message(scenario)
         self._reason = first_person(_instructions(scenario).get("reason_for_call", ""))
         self._facts = extract_facts(scenario)
@@ -240,15 +250,22 @@ class ScriptedUser:
         if not state.opened:
             state.opened = True
             return UserMessage(content=self._opening)
-        if incoming and all(isinstance(m, ToolMessage) for m in incoming):
+        spoken = [m for m in incoming if isinstance(m, AssistantMessage)]
+        if incoming and not spoken:  # the results of this user's own tool calls
             return UserMessage(content=self._report(incoming))
         if state.turns > MAX_TURNS:
             return UserMessage(content=f"Thanks, I have to go. {STOP}")
-        text = " ".join(m.content or "" for m in incoming if not isinstance(m, ToolMessage))
+        text = " ".join(m.content or "" for m in spoken)
         return self._answer(text)
 
     def _report(self, results: Sequence[Message]) -> str:
-        seen = "; ".join((m.content or "").strip() for m in results if isinstance(m, ToolMessage))
+        tool_messages: list[ToolMessage] = []
+        for message in results:  # single results, or τ²-bench's multi-tool messages
+            if isinstance(message, ToolMessage):
+                tool_messages.append(message)
+            else:
+                tool_messages.extend(getattr(message, "tool_messages", None) or [])
+        seen = "; ".join((m.content or "").strip() for m in tool_messages)
         return f"I did that. This is what I see: {seen}"
 
     def _answer(self, text: str) -> UserMessage:
@@ -285,13 +302,16 @@ class ScriptedUser:
         if any(a in _IDENTITY for a in asked):
             # Identity questions usually offer alternatives ("email, or name and zip"): give all.
             asked = list(dict.fromkeys([*asked, *_IDENTITY]))
-        said: list[str] = []
-        for item in asked:
-            sentence = self._fact_sentence(item)
-            if sentence is not None:
-                said.append(sentence)
-            elif item in explicit:
-                said.append(self._not_known(item))
+        said = [s for s in map(self._fact_sentence, asked) if s is not None]
+        identified = any(self._fact_sentence(item) for item in _IDENTITY)
+        for item in explicit:
+            if self._fact_sentence(item) is not None:
+                continue
+            # Having identified itself one way, the user mentions only what the scenario says
+            # it forgot (the email, usually), not every other way it could not.
+            if item in _IDENTITY and identified and item not in self._facts.unknown:
+                continue
+            said.append(self._not_known(item))
         return " ".join(said)
 
     def _not_known(self, item: str) -> str:
