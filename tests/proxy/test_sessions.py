@@ -34,6 +34,7 @@ def invalid(first: MessageVerdict) -> tuple[CallVerdict, ...]:
     """The invalid calls of an answer delivered as it came (repair off)."""
     return tuple(call for call in first.calls if call.channel is not Channel.VALID)
 
+
 # --- episode identity ----------------------------------------------------------------------------
 
 OPENING = {
@@ -412,3 +413,166 @@ async def test_concurrent_updates_of_one_episode_are_not_lost() -> None:
             group.start_soon(answer, index)
     snapshot = await budget.snapshot("shared")
     assert snapshot.by_channel == {"unknown_tool": 200, "env_other_error": 200}
+
+
+# --- ids as upstreams and agents really send them ------------------------------------------------
+
+
+def _results(call_ids: list[str | None], content: str) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    for call_id in call_ids:
+        message: dict[str, Any] = {"role": "tool", "content": content}
+        if call_id is not None:
+            message["tool_call_id"] = call_id
+        results.append(message)
+    return results
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("answers_charged", [False, True], ids=["results-only", "answers-too"])
+async def test_reused_ids_count_every_error(answers_charged: bool) -> None:
+    """An upstream that names every call "0": three failed calls in one answer are three errors,
+    and the next answer's failed "0" is a fourth, whether or not the proxy charged the answers."""
+    budget = ErrorBudget(MemoryEpisodeStore())
+    history: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    for calls in (3, 1):
+        await budget.observe_request("e", {"messages": history})
+        if answers_charged:
+            first = verdict(*[Channel.UNKNOWN_TOOL] * calls, call_ids=("0",) * calls)
+            await budget.observe_answer("e", first, None, invalid(first))
+        history.append({"role": "assistant", "content": None, "tool_calls": []})
+        history.extend(_results(["0"] * calls, "Error: Tool 'x' not found."))
+    snapshot = await budget.observe_request("e", {"messages": history})
+    assert snapshot.errors == 4
+    label = "unknown_tool" if answers_charged else "env_unknown_tool"
+    assert snapshot.by_channel == {label: 4}
+    assert (await budget.observe_request("e", {"messages": history})).new_env_errors == ()
+
+
+@pytest.mark.anyio
+async def test_a_shared_id_absorbs_the_delivered_calls_result_not_its_neighbours() -> None:
+    """[valid "0", unknown "0"]: the first result is the valid call's own failure (counted), the
+    second is the unknown call's (already charged)."""
+    budget = ErrorBudget(MemoryEpisodeStore())
+    first = verdict(Channel.VALID, Channel.UNKNOWN_TOOL, call_ids=("0", "0"))
+    await budget.observe_answer("e", first, None, invalid(first))
+    history = [
+        *_results(["0"], "Error: Order not found"),
+        *_results(["0"], "Error: Tool 'x' not found."),
+    ]
+    snapshot = await budget.observe_request("e", {"messages": history})
+    assert snapshot.by_channel == {"unknown_tool": 1, "env_entity_not_found": 1}
+    assert snapshot.new_env_errors == ("env_entity_not_found",)
+
+
+@pytest.mark.anyio
+async def test_delivered_calls_without_ids_count_once() -> None:
+    budget = ErrorBudget(MemoryEpisodeStore())
+    # A tool call without an id, answered by a tool message without one.
+    first = verdict(Channel.UNKNOWN_TOOL, call_ids=(None,))
+    await budget.observe_answer("e", first, None, invalid(first))
+    history: list[dict[str, Any]] = _results([None], "Error: Tool 'x' not found.")
+    assert (await budget.observe_request("e", {"messages": history})).errors == 1
+    # A legacy function_call, answered by a role: function message.
+    first = verdict(Channel.SCHEMA_VIOLATION, call_ids=(None,))
+    await budget.observe_answer("e", first, None, invalid(first))
+    history.append({"role": "function", "name": "f", "content": "Error: missing 1 required x"})
+    for _ in range(2):
+        snapshot = await budget.observe_request("e", {"messages": history})
+        assert snapshot.errors == 2
+    assert snapshot.by_channel == {"unknown_tool": 1, "schema_violation": 1}
+    # A later failure in the same bucket is new.
+    history.append({"role": "function", "name": "f", "content": "Error: Order not found"})
+    assert (await budget.observe_request("e", {"messages": history})).errors == 3
+
+
+@pytest.mark.anyio
+async def test_a_charged_call_that_succeeds_leaves_nothing_pending() -> None:
+    """A schema violation the environment accepted: its success clears the expectation, so the
+    next failure under the reused id still counts."""
+    budget = ErrorBudget(MemoryEpisodeStore())
+    first = verdict(Channel.SCHEMA_VIOLATION, call_ids=("0",))
+    await budget.observe_answer("e", first, None, invalid(first))
+    history = _results(["0"], '{"ok": true}')
+    assert (await budget.observe_request("e", {"messages": history})).errors == 1
+    history += _results(["0"], "Error: Order not found")
+    assert (await budget.observe_request("e", {"messages": history})).errors == 2
+
+
+@pytest.mark.anyio
+async def test_an_answer_costs_the_larger_of_its_first_and_delivered_versions() -> None:
+    """Repairs exhausted, ``pass``: the first answer had 1 charged call, the delivered one 2;
+    both delivered calls fail in the environment; the episode pays 2, not 1 and not 3."""
+    budget = ErrorBudget(MemoryEpisodeStore())
+    first = verdict(Channel.UNKNOWN_TOOL, call_ids=("a",))
+    delivered = verdict(Channel.UNKNOWN_TOOL, Channel.UNKNOWN_TOOL, call_ids=("b", "c"))
+    await budget.observe_answer("e", first, None, invalid(delivered))
+    history = _results(["b", "c"], "Error: Tool 'x' not found.")
+    snapshot = await budget.observe_request("e", {"messages": history})
+    assert snapshot.errors == 2
+
+
+# --- memory bounded by configuration, not by clients ---------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_megabyte_ids_and_texts_are_not_kept_whole() -> None:
+    store = MemoryEpisodeStore()
+    budget = ErrorBudget(store)
+    huge_id = "i" * 1_000_000
+    huge_error = "Error: " + "e" * 1_000_000
+    ref = await budget.resolve_episode({"x-episode-id": "e" * 1_000_000}, {})
+    assert ref.explicit and len(ref.id) < 64
+    first = verdict(Channel.UNKNOWN_TOOL, call_ids=(huge_id,))
+    await budget.observe_answer(ref.id, first, None, invalid(first))
+    history: list[dict[str, Any]] = []
+    for turn in range(5):
+        history += _results([huge_id + str(turn), huge_id], huge_error + str(turn))
+        snapshot = await budget.observe_request(ref.id, {"messages": history})
+    assert snapshot.errors == 10
+    state = await store.get(ref.id)
+    assert state is not None
+    kept = [*state.seen, *state.pending, *state.result_counts, *state.by_channel]
+    assert max(map(len, kept)) <= 100
+    assert sum(map(len, kept)) < 20_000
+    assert all(len(text) <= 512 for text in budget.classify._labels)
+
+
+@pytest.mark.anyio
+async def test_per_episode_memory_stays_bounded_in_a_long_episode() -> None:
+    store = MemoryEpisodeStore()
+    budget = ErrorBudget(store, default_budget=10_000)
+    history: list[dict[str, Any]] = []
+    for turn in range(40):
+        history += _results([f"call_{turn}_{i}" for i in range(100)], "Error: x")
+        first = verdict(
+            *[Channel.UNKNOWN_TOOL] * 50, call_ids=tuple(f"n{turn}_{i}" for i in range(50))
+        )
+        await budget.observe_answer("e", first, None, invalid(first))
+    await budget.observe_request("e", {"messages": history})
+    state = await store.get("e")
+    assert state is not None
+    assert len(state.seen) <= 1024 and len(state.pending) <= 256
+    assert len(state.result_counts) <= 512
+
+
+# --- identity ------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_resolve_episode_with_the_header() -> None:
+    budget = ErrorBudget(MemoryEpisodeStore(), episode_header="X-Run")
+    ref = await budget.resolve_episode({"x-run": " r-1 "}, OPENING)
+    assert (ref.id, ref.explicit, ref.new, ref.warn_missing_header) == ("r-1", True, True, False)
+    await budget.observe_request(ref.id, OPENING)
+    again = await budget.resolve_episode({"X-Run": "r-1"}, OPENING)
+    assert (again.id, again.explicit, again.new) == ("r-1", True, False)
+
+
+@pytest.mark.anyio
+async def test_the_missing_header_is_flagged_once() -> None:
+    budget = ErrorBudget(MemoryEpisodeStore())
+    flags = [(await budget.resolve_episode({}, OPENING)).warn_missing_header for _ in range(3)]
+    assert flags == [True, False, False]
+    refs = {(await budget.resolve_episode({}, OPENING)).id for _ in range(3)}
+    assert len(refs) == 3  # no assistant answer of ours in the history: each is a new episode
