@@ -16,7 +16,7 @@ from repairproxy.sessions import (
     MemoryEpisodeStore,
     episode_id_for,
 )
-from repairproxy.validation import CallVerdict, Channel, MessageVerdict
+from repairproxy.validation import CallVerdict, Channel, CompiledTools, MessageVerdict
 
 
 def verdict(*channels: Channel, call_ids: tuple[str | None, ...] | None = None) -> MessageVerdict:
@@ -576,3 +576,110 @@ async def test_the_missing_header_is_flagged_once() -> None:
     assert flags == [True, False, False]
     refs = {(await budget.resolve_episode({}, OPENING)).id for _ in range(3)}
     assert len(refs) == 3  # no assistant answer of ours in the history: each is a new episode
+
+
+# --- the same replay through the pipeline's calls, with real verdicts and every id style -------
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    name: {
+        "type": "object",
+        "properties": {argument: {"type": "string"} for argument in arguments},
+        "required": sorted(arguments),
+    }
+    for name, arguments in DECLARED.items()
+}
+# (name, raw arguments) per call; an empty turn is a text reply.
+RAW_SCRIPT: list[list[tuple[str, str]]] = [
+    [("get_user_details", '{"user_id": "u1"}')],
+    [("get_order_status", '{"order_id": "#W1"}')],  # unknown_tool: charged, result absorbed
+    [("get_order_details", '{"order_id": "#W9"}')],  # env: entity not found
+    [],
+    [
+        ("get_order_details", '{"order_id": "#W1", "verbose": true}'),  # schema_violation
+        ("get_order_details", '{"order_id": "#W2"}'),
+    ],
+    [("cancel_pending_order", '{"order_id": "#W2", "reason": "gone"}')],  # env: other
+    [("cancel_pending_order", '{"order_id": "#W1"}')],  # schema_violation (missing)
+    [("get_order_details", '{"order_id": "#W1"')],  # invalid_json: silent; env error counted
+    [("lookup_user", '{"user_id": "u1"}'), ("get_order_status", "{}")],  # 2 unknown_tool
+    [("cancel_pending_order", '{"order_id": "#W1", "reason": "gone"}')],
+    [("get_order_details", '{"order_id": "#W3"}')],  # env: entity not found
+    [],
+]
+
+
+def _tau2_result(
+    env: TauStyleEnvironment, call_id: str | None, name: str, raw: str
+) -> dict[str, Any]:
+    try:
+        arguments = json.loads(raw)
+    except ValueError:
+        # τ²-bench's orchestrator: unparseable arguments are a failed call.
+        env.num_errors += 1
+        content = f"Error: Invalid arguments for tool '{name}': expected a JSON object, got {raw!r}"
+        message: dict[str, Any] = {"role": "tool", "content": content}
+    else:
+        message = env.respond(call_id or "", name, arguments)
+    if call_id is None:
+        message.pop("tool_call_id", None)
+    return message
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("id_style", ["unique", "all-zero", "none"])
+async def test_twelve_turn_replay_through_resolve_observe_remember(id_style: str) -> None:
+    """Repair off, no episode header: one episode by chaining, counted exactly as τ²-bench
+    counts, whether the upstream gives unique ids, "0" for every call, or no ids at all."""
+    tools = CompiledTools(list(SCHEMAS.items()), forbid_extra_arguments=True)
+    env = TauStyleEnvironment()
+    budget = ErrorBudget(MemoryEpisodeStore(), default_budget=10)
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "policy"},
+        {"role": "assistant", "content": "Hi! How can I help you today?"},
+        {"role": "user", "content": "help"},
+    ]
+    ids = itertools.count()
+    episodes = set()
+    for calls in RAW_SCRIPT:
+        body = {"model": "m", "messages": list(history)}
+        ref = await budget.resolve_episode({}, body)
+        episodes.add(ref.id)
+        await budget.observe_request(ref.id, body)
+        answer: dict[str, Any] = {
+            "role": "assistant",
+            "content": "Anything else?" if not calls else None,
+        }
+        call_ids: list[str | None] = []
+        if calls:
+            answer["tool_calls"] = []
+            for name, raw in calls:
+                call_id = {"unique": f"call_{next(ids)}", "all-zero": "0", "none": None}[id_style]
+                call: dict[str, Any] = {
+                    "type": "function",
+                    "function": {"name": name, "arguments": raw},
+                }
+                if call_id is not None:
+                    call["id"] = call_id
+                answer["tool_calls"].append(call)
+                call_ids.append(call_id)
+        first = tools.check_message(answer)
+        await budget.observe_answer(ref.id, first, None, invalid(first))
+        await budget.remember_answer(ref, body, answer)
+        history.append(answer)
+        if not calls:
+            history.append({"role": "user", "content": "yes"})
+        for call_id, (name, raw) in zip(call_ids, calls, strict=True):
+            history.append(_tau2_result(env, call_id, name, raw))
+    ref = await budget.resolve_episode({}, {"messages": history})
+    snapshot = await budget.observe_request(ref.id, {"messages": history})
+    assert episodes == {ref.id} and not ref.new
+    assert env.num_errors == 9
+    assert snapshot.errors == env.num_errors
+    assert snapshot.by_channel == {
+        "unknown_tool": 3,
+        "schema_violation": 2,
+        "env_entity_not_found": 2,
+        "env_other_error": 1,
+        "env_argument_error": 1,
+    }
+    assert snapshot.silent_by_channel == {"invalid_json": 1}
