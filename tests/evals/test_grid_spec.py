@@ -1,0 +1,183 @@
+"""The grid spec: expansion of cells, the commands arms launch, and the grids we ship."""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evals.grid import (
+    REPAIR_MODES,
+    EmbeddedLaunch,
+    GridError,
+    VllmLaunch,
+    load_grid,
+    parse_grid,
+)
+from evals.repair_ablation import plan_runs
+from tests.evals.conftest import REPO_ROOT
+
+GRIDS = REPO_ROOT / "evals" / "grids"
+
+BASE = """
+[arms.a]
+upstream = "http://127.0.0.1:8000/v1"
+model = "m"
+[arms.b]
+upstream = "http://127.0.0.1:8001/v1"
+model = "m"
+reference = "a"
+"""
+
+
+def _grid(text: str) -> Any:
+    return parse_grid(tomllib.loads(text), base=Path("/grids"))
+
+
+def test_a_cell_entry_expands_to_the_product_of_its_lists() -> None:
+    grid = _grid(
+        BASE
+        + """
+[[cell]]
+domain = ["retail", "telecom"]
+arm = ["a", "b"]
+modes = ["off", "reflexive"]
+tasks = 3
+trials = 2
+max_errors = [2, 10]
+"""
+    )
+    names = [c.name for c in grid.cells]
+    assert names == [
+        f"{d}-{a}-scripted-k{k}" for d in ("retail", "telecom") for a in "ab" for k in (2, 10)
+    ]
+    cell = grid.cells[0]
+    assert (cell.modes, cell.task_count, cell.task_ids, cell.trials) == (
+        ("off", "reflexive"),
+        3,
+        None,
+        2,
+    )
+    assert grid.arms["b"].reference == "a" and grid.arms["a"].upstreams == (
+        "http://127.0.0.1:8000/v1",
+    )
+
+
+def test_defaults_ids_and_the_only_filter() -> None:
+    grid = _grid(BASE + '[[cell]]\ndomain = "retail"\ntasks = ["0", 5]\n')
+    assert [c.name for c in grid.cells] == ["retail-a-scripted-k10", "retail-b-scripted-k10"]
+    assert grid.cells[0].task_ids == ("0", "5") and grid.cells[0].modes == ("off", "reflexive")
+    assert [c.name for c in grid.select(["*-b-*"])] == ["retail-b-scripted-k10"]
+    with pytest.raises(GridError, match="matches no cell"):
+        grid.select(["nothing"])
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (BASE + '[[cell]]\ndomain = "retail"\nmode = ["off"]\n', "unknown key"),
+        (BASE + '[[cell]]\ndomain = "retail"\nmodes = ["of"]\n', "modes"),
+        (BASE + '[[cell]]\ndomain = "airline"\n', "domain"),
+        (BASE + '[[cell]]\ndomain = "retail"\narm = "c"\n', "no arm named 'c'"),
+        (BASE + '[[cell]]\ndomain = "retail"\nuser = "gpt"\n', "no user named 'gpt'"),
+        (BASE + '[[cell]]\ndomain = "retail"\nmax_errors = 0\n', "max_errors"),
+        (BASE + '[[cell]]\ndomain = "retail"\ntasks = "some"\n', "tasks"),
+        (BASE + '[[cell]]\ndomain = "retail"\n[[cell]]\ndomain = "retail"\n', "listed twice"),
+        ('[arms.x]\nupstream = "u"\nlaunch = "vllm"\nmodel = "m"\n', "exactly one of"),
+        ('[arms.x]\nlaunch = "vllm"\n', "needs model"),
+        ('[arms.x]\nlaunch = "embedded"\n', "embedded_arm"),
+        ('[arms.x]\nlaunch = "docker"\nmodel = "m"\n', "launch"),
+        ('[arms.x]\nupstream = "u"\nmodel = "m"\nreference = "y"\n', "reference"),
+        ('[arms.x]\nupstream = "u"\nmodel = "m"\nport = "80"\n', "port"),
+        (BASE + '[users.u]\nmodel = "gpt"\n[[cell]]\ndomain = "retail"\n', "needs model and"),
+        (BASE, r"\[\[cell\]\]"),
+    ],
+)
+def test_mistakes_are_errors_that_name_the_key(text: str, message: str) -> None:
+    if "[[cell]]" not in text and "arms.x" in text:
+        text += '[[cell]]\ndomain = "retail"\n'
+    with pytest.raises(GridError, match=message):
+        _grid(text)
+
+
+def test_the_vllm_command_line_per_precision() -> None:
+    awq = VllmLaunch(model="org/m-AWQ", quantization="awq", tool_call_parser="hermes")
+    assert awq.command(8000) == [
+        "vllm",
+        "serve",
+        "org/m-AWQ",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--quantization",
+        "awq",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+    ]
+    bf16 = VllmLaunch(model="org/m", dtype="bfloat16", served_model_name="m", extra_args=("-x",))
+    command = bf16.command(1)
+    assert command[command.index("--dtype") + 1] == "bfloat16"
+    assert "--quantization" not in command and command[-1] == "-x"
+    assert command[command.index("--served-model-name") + 1] == "m"
+
+
+def test_an_embedded_arm_serves_the_named_gguf() -> None:
+    grid = _grid(
+        '[arms.q3]\nlaunch = "embedded"\nembedded_arm = "q3_k_m-requant"\nthreads = 2\n'
+        '[[cell]]\ndomain = "retail"\n'
+    )
+    arm = grid.arms["q3"]
+    assert isinstance(arm.launch, EmbeddedLaunch)
+    assert arm.model == "qwen2.5-coder-1.5b-instruct-q3_k_m-requant"
+    assert arm.launch.command(9) == [
+        sys.executable,
+        "-m",
+        "repairproxy.local",
+        "serve",
+        "--arm",
+        "q3_k_m-requant",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "9",
+        "--threads",
+        "2",
+    ]
+
+
+def test_an_arm_may_name_a_made_arm_folder() -> None:
+    grid = _grid('[arms.x]\narm = "arms/int4"\nmodel = "m"\n[[cell]]\ndomain = "retail"\n')
+    assert grid.arms["x"].arm_dir == Path("/grids/arms/int4")
+
+
+def test_the_paper_grid(tau2_data_dir: Path) -> None:
+    grid = load_grid(GRIDS / "paper.toml")
+    assert len(grid.arms) == 12
+    launches = [a.launch for a in grid.arms.values() if isinstance(a.launch, VllmLaunch)]
+    assert len(launches) == len(grid.arms)
+    precisions = {(launch.quantization, launch.dtype) for launch in launches}
+    assert precisions == {(None, "bfloat16"), ("fp8", None), ("awq", None)}
+    for arm in grid.arms.values():
+        assert "bf16" in arm.name or arm.reference == arm.name.rsplit("-", 1)[0] + "-bf16"
+    assert {c.domain for c in grid.cells} == {"retail", "telecom"}
+    assert all(c.modes == REPAIR_MODES and c.user == "gpt41" for c in grid.cells)
+    planned = plan_runs(
+        grid, grid.select(["retail-qwen36-dense-int4-*"]), Path("/x"), tau2_data_dir
+    )
+    assert [p.episodes for p in planned] == [456] * 5
+    planned = plan_runs(grid, grid.select(["telecom-gemma4-moe-fp8-*"]), Path("/x"), tau2_data_dir)
+    assert [p.episodes for p in planned] == [456] * 5
+
+
+def test_the_cpu_grid(tau2_data_dir: Path) -> None:
+    grid = load_grid(GRIDS / "cpu.toml")
+    embedded = {a.launch.arm for a in grid.arms.values() if isinstance(a.launch, EmbeddedLaunch)}
+    assert embedded == {"q4_k_m", "q3_k_m-requant"}
+    assert all(c.user == "scripted" and c.domain == "retail" for c in grid.cells)
+    planned = plan_runs(grid, grid.select(None), Path("/x"), tau2_data_dir)
+    assert sum(p.episodes for p in planned) == 8
