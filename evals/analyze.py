@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from evals.analysis import Arm, Summary, build_summary, default_pairs, load_arm
@@ -40,14 +41,21 @@ def _load(specs: Sequence[str | Path]) -> list[Arm]:
         if not path.is_file():
             raise AnalysisError(f"no results file at {path}")
         arms.append(load_arm(path, label))
-    seen: dict[str, int] = {}
-    unique = []
-    for arm in arms:  # two files with one default label: tell them apart by their agent model
-        count = seen.get(arm.label, 0)
-        seen[arm.label] = count + 1
-        if count:
-            arm = Arm(f"{arm.label}#{count + 1}", arm.path, arm.info, arm.episodes, arm.provenance)
-        unique.append(arm)
+    counts: dict[str, int] = {}
+    for arm in arms:
+        counts[arm.label] = counts.get(arm.label, 0) + 1
+    unique: list[Arm] = []
+    taken: set[str] = set()
+    for arm in arms:  # two files with one default label: tell them apart by agent model, then #n
+        label = arm.label
+        if counts[label] > 1 and arm.agent_model:
+            label = f"{label} ({arm.agent_model})"
+        base, n = label, 1
+        while label in taken:
+            n += 1
+            label = f"{base}#{n}"
+        taken.add(label)
+        unique.append(replace(arm, label=label) if label != arm.label else arm)
     return unique
 
 

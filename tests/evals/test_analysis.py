@@ -236,6 +236,10 @@ def test_success_at_10_equals_the_runs_success(cases: list[tuple[list[Any], floa
     own = [abs(s["reward_info"]["reward"] - 1.0) <= 1e-6 for s in data["simulations"]]
     assert [e.failed_calls for e in episodes] == [p[1] for p in played]
     assert [success_at(e, 10) for e in episodes] == own
+    for e in episodes:  # a larger budget never turns a success into a failure
+        assert [success_at(e, k) for k in range(1, 11)] == sorted(
+            success_at(e, k) for k in range(1, 11)
+        )
     arm = summarize_arm(Arm("arm", Path("arm/results.json"), data["info"], tuple(episodes)))
     assert arm.sweep[10] == arm.success
     assert isinstance(arm.success, Interval)

@@ -14,6 +14,7 @@ import pytest
 
 from evals.analyze import analyze, main
 from tests.evals.conftest import REPO_ROOT
+from tests.evals.fixtures_tau2 import episode, results, write
 from tests.evals.fixtures_tau2.scenario import PROVENANCE, build
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -113,6 +114,31 @@ def test_default_pairs_compare_each_cell_off_with_its_other_modes(tmp_path: Path
     assert [(p.reference, p.compared) for p in summary.pairs] == [
         ("retail/off", "retail/reflexive")
     ]
+
+
+def test_holm_runs_across_all_pairs_of_a_report(tmp_path: Path) -> None:
+    off, reflexive = build(tmp_path)
+    failing = results(
+        [episode(t, k, [], reward=0.0) for t, k in [("t0", 0), ("t0", 1), ("t1", 0), ("t1", 1)]]
+    )
+    prompt = write(off.parent.parent / "prompt" / "results.json", failing)
+    summary = analyze([off, reflexive, prompt], None, tmp_path / "out")
+    by_mode = {p.compared: p for p in summary.pairs}
+    assert list(by_mode) == ["retail/prompt", "retail/reflexive"]
+    # off vs prompt: 3 discordant one way -> exact McNemar 2/8 = 0.25; off vs reflexive: 1.0.
+    assert by_mode["retail/prompt"].mcnemar_p == pytest.approx(0.25)
+    assert by_mode["retail/prompt"].mcnemar_p_holm == pytest.approx(0.5)
+    assert by_mode["retail/reflexive"].mcnemar_p_holm == pytest.approx(1.0)
+
+
+def test_same_default_label_is_told_apart_by_agent_model(tmp_path: Path) -> None:
+    first = write(
+        tmp_path / "a" / "retail" / "off" / "results.json", results([episode("t", 0, [])])
+    )
+    data = results([episode("t", 0, [])], agent_model="other-model")
+    second = write(tmp_path / "b" / "retail" / "off" / "results.json", data)
+    summary = analyze([first, second], [], tmp_path / "out")
+    assert list(summary.arms) == ["retail/off (openai/qwen2.5-1.5b)", "retail/off (other-model)"]
 
 
 def test_unknown_pair_label_is_a_clear_error(
