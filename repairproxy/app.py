@@ -48,6 +48,7 @@ class RepairProxyApp:
         self._log_stream = log_stream
         self._template = _load_template(settings)  # a bad template file fails here, at start
         self.proxy: Proxy | None = None
+        self._metrics_server: Any = None  # --metrics-port's own server, closed at shutdown
 
     def _build(self) -> Proxy:
         settings = self.settings
@@ -86,19 +87,23 @@ class RepairProxyApp:
             ChatPipeline(settings, tools, budget, policies),
             observer,
             configure_logging(settings.log_level, self._log_stream),
-            metrics,
+            # With --metrics-port, /metrics lives on that port only.
+            metrics if settings.metrics_port is None else None,
+            dashboard=metrics,
         )
 
     def _metrics(self, active_episodes: Callable[[], int]) -> Any:
         """The Prometheus metrics (``repairproxy.metrics``), built once per app, or None."""
         if not self.settings.metrics:
             return None
-        try:
-            from repairproxy.metrics import Metrics
-        except ImportError:  # the metrics module has not landed in this checkout
-            return None
+        from repairproxy.metrics import Metrics
+
         metrics = Metrics(self.settings)
         metrics.bind_active_episodes(active_episodes)
+        if self.settings.metrics_port is not None:
+            self._metrics_server = metrics.start_server(
+                self.settings.metrics_port, self.settings.host
+            )
         return metrics
 
     async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
@@ -129,6 +134,9 @@ class RepairProxyApp:
                 if self.proxy is not None:
                     await self.proxy.upstream.aclose()
                     self.proxy = None
+                if self._metrics_server is not None:
+                    self._metrics_server.close()
+                    self._metrics_server = None
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

@@ -33,9 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _start_embedded() -> Any:
-    """The zero-config upstream: the embedded CPU model, imported only when it is needed."""
-    hint = "Pass --upstream URL (any OpenAI-compatible server), or set up the embedded model"
+def _start_embedded(arm: str) -> Any:
+    """The zero-config upstream: the embedded CPU model, fetched on first use (progress bar,
+    checksum), imported only when it is needed."""
+    hint = "Pass --upstream URL (any OpenAI-compatible server), or install repairproxy[local]"
     try:
         from repairproxy.local import start_embedded_upstream
     except ImportError as exc:
@@ -43,14 +44,30 @@ def _start_embedded() -> Any:
             "repairproxy: no --upstream given and the embedded CPU model is missing "
             f"({exc}). {hint}."
         )
-    print("repairproxy: no --upstream given; starting the embedded CPU model ...", file=sys.stderr)
+    print(
+        f"repairproxy: no --upstream given; starting the embedded CPU model (arm {arm}; "
+        "fetched on first use) ...",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
-        return start_embedded_upstream()
-    except Exception as exc:  # not fetched, not installed, or the child died: say which
+        return start_embedded_upstream(arm, fetch=True, progress=True)
+    except Exception as exc:  # not installed, fetch failed, or the child died: say which
         sys.exit(
             "repairproxy: no --upstream given and the embedded CPU model did not start:\n"
             f"{exc}\n{hint}."
         )
+
+
+def _model_ids(base_url: str) -> str:
+    """The model ids the upstream serves (what clients send as ``model``), for the start line."""
+    import httpx
+
+    try:
+        data = httpx.get(base_url.rstrip("/") + "/models", timeout=5.0).json()["data"]
+        return ", ".join(str(card["id"]) for card in data) or "?"
+    except Exception:  # informative only: an upstream without /models still works
+        return "?"
 
 
 def serve(settings: Settings) -> None:
@@ -61,7 +78,7 @@ def serve(settings: Settings) -> None:
 
     embedded = None
     if not settings.upstream:
-        embedded = _start_embedded()
+        embedded = _start_embedded(settings.embedded_arm)
         settings = replace(settings, upstream=embedded.base_url)
     try:
         config = uvicorn.Config(
@@ -77,9 +94,11 @@ def serve(settings: Settings) -> None:
             date_header=False,
             proxy_headers=False,  # no X-Forwarded-* rewriting middleware on the hot path
         )
+        models = f"; send model: {_model_ids(embedded.base_url)}" if embedded else ""
         print(
             f"repairproxy: serving on http://{settings.host}:{settings.port}/v1 "
-            f"-> {settings.upstream} (repair={settings.repair})",
+            f"-> {settings.upstream} (repair={settings.repair}{models}); "
+            f"live page http://{settings.host}:{settings.port}/dashboard",
             file=sys.stderr,
             flush=True,
         )

@@ -75,12 +75,15 @@ class Proxy:
         observer: PipelineObserver,
         logger: Any,
         metrics: Any = None,
+        *,
+        dashboard: Any = None,
     ) -> None:
         self.settings = settings
         self.upstream = upstream
         self.pipeline = pipeline
         self.observer = observer
-        self.metrics = metrics  # repairproxy.metrics.Metrics when metrics are on
+        self.metrics = metrics  # repairproxy.metrics.Metrics when /metrics is served here
+        self.dashboard = dashboard  # the same Metrics, whose numbers /dashboard shows
         self.log = logger
         self._api_keys = tuple(key.encode() for key in settings.api_keys)
         self._metrics_keys = (
@@ -108,7 +111,7 @@ class Proxy:
                 await responder.whole(200 if ready else 503, [_JSON], body)
             elif path == "/metrics" and self.metrics is not None and method == "GET":
                 await self._metrics(scope, responder)
-            elif path == "/dashboard" and self.metrics is not None and method == "GET":
+            elif path == "/dashboard" and self.dashboard is not None and method == "GET":
                 await self._dashboard(scope, responder)
             else:
                 raise NotFoundError(f"no route for {method} {path}")
@@ -190,7 +193,7 @@ class Proxy:
         self._authenticate(header_map(scope), self._api_keys)
         from repairproxy.dashboard import render_dashboard
 
-        page = render_dashboard(self.metrics)
+        page = render_dashboard(self.dashboard)
         await responder.whole(200, [(b"content-type", b"text/html; charset=utf-8")], page)
 
     # -- helpers ----------------------------------------------------------------------------------
