@@ -71,11 +71,16 @@ def warmup_record(model: str) -> RequestRecord:
     return RequestRecord(model=model, upstream_seconds=0.1, overhead_seconds=0.0001)
 
 
-def scripted_workload(model: str) -> list[RequestRecord]:
+def scripted_workload(
+    model: str, answered_right: frozenset[tuple[int, int]] = frozenset()
+) -> list[RequestRecord]:
+    """The workload; (episode, turn) pairs in ``answered_right`` lose their error (not Truth)."""
     records: list[RequestRecord] = []
     for number, steps in enumerate(_EPISODES):
         errors = 0
         for turn, step in enumerate(steps):
+            if (number, turn) in answered_right:
+                step = None
             record = RequestRecord(
                 model=model,
                 tool_calls=1,

@@ -1,0 +1,107 @@
+"""The /dashboard page: numbers read back from the registry, the HTML, and headless Chromium."""
+
+from __future__ import annotations
+
+import re
+import struct
+from pathlib import Path
+
+import pytest
+
+from repairproxy.dashboard import quantile, render_dashboard, summarize
+from repairproxy.events import CaughtCall, RequestRecord
+from repairproxy.metrics import Metrics
+from repairproxy.settings import Settings
+from tests.support.chromium import chromium_binary, dump_dom, screenshot, serving
+from tests.support.metrics_workload import Truth, scripted_workload
+
+MODEL = "qwen2.5-7b-instruct-awq"
+
+
+def fed() -> Metrics:
+    metrics = Metrics(Settings())
+    metrics.bind_active_episodes(lambda: 5)
+    for record in scripted_workload(MODEL):
+        metrics.request_finished(record)
+    return metrics
+
+
+def test_summary_equals_the_truth() -> None:
+    truth = Truth()
+    summary = summarize(fed())
+    assert summary.active_episodes == 5
+    model = summary.models[MODEL]
+    assert model.hallucination_rate == truth.hallucination_rate
+    assert model.repair_success == truth.repairs_fixed / (
+        truth.repairs_fixed + truth.repairs_failed
+    )
+    assert {k: model.ladder_share(k) for k in truth.over_budget} == {
+        k: n / truth.episodes for k, n in truth.over_budget.items()
+    }
+    assert model.invented == {name: float(n) for name, n in truth.invented_by_name.items()}
+    assert model.exhausted == truth.exhausted
+    assert model.thin_margin_share == 5 / 40  # episode 0's margins are 0.5, the rest larger
+
+
+def test_page_shows_the_headline_numbers() -> None:
+    page = render_dashboard(fed(), now=0).decode()
+    assert '<meta http-equiv="refresh" content="5">' in page
+    assert "<script" not in page and page.count("<svg") >= 4
+    assert "1970-01-01 00:00:00 UTC" in page
+    text = re.sub(r"<[^>]+>", " ", page)
+    assert re.search(r"25\.0%\s+hallucination rate", text)
+    assert re.search(r"83\.3%\s+repair success", text)
+    assert re.search(r"75\.0%.*k = 1.*37\.5%.*k = 2", text)
+    assert re.search(r"lookup_order\s+4\s+find_user\s+3\s+cancel\s+2\s+refund_all\s+1", text)
+    assert re.search(r"unknown_tool\s+10 · 25\.0%", text)
+
+
+def test_page_escapes_what_clients_and_models_named() -> None:
+    metrics = Metrics(Settings())
+    caught = [CaughtCall("unknown_tool", tool="<img src=x onerror=alert(1)>")]
+    metrics.request_finished(RequestRecord(model="<script>m</script>", tool_calls=1, caught=caught))
+    page = render_dashboard(metrics).decode()
+    assert "<script>" not in page and "<img" not in page
+    assert "&lt;script&gt;m&lt;/script&gt;" in page and "&lt;img src=x" in page
+
+
+def test_empty_page() -> None:
+    page = render_dashboard(Metrics(Settings())).decode()
+    assert "No requests yet." in page
+
+
+@pytest.mark.parametrize(
+    ("q", "buckets", "expected"),
+    [
+        (0.5, [(1.0, 0.0), (2.0, 10.0), (float("inf"), 10.0)], 1.5),
+        (0.99, [(0.002, 50.0), (0.005, 100.0), (float("inf"), 100.0)], 0.00494),
+        (0.5, [(1.0, 0.0), (float("inf"), 4.0)], 1.0),  # in the +Inf bucket: its lower bound
+        (0.5, [(1.0, 0.0), (float("inf"), 0.0)], None),
+    ],
+)
+def test_quantile_follows_prometheus(
+    q: float, buckets: list[tuple[float, float]], expected: float | None
+) -> None:
+    assert quantile(q, buckets) == (expected if expected is None else pytest.approx(expected))
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", head[16:24])
+    return width, height
+
+
+def test_headless_chromium_renders_the_page(tmp_path: Path) -> None:
+    if chromium_binary() is None:
+        pytest.skip("chromium is not installed (Debian package; .ci/run installs it)")
+    metrics = fed()
+    with serving(lambda: render_dashboard(metrics)) as url:
+        dom = dump_dom(url)
+        shot = tmp_path / "dashboard.png"
+        screenshot(url, shot, width=1280, height=900)
+    text = re.sub(r"<[^>]+>", " ", dom)
+    assert re.search(r"25\.0%\s+hallucination rate", text)
+    assert "lookup_order" in text and "k = 10" in text
+    assert _png_size(shot) == (1280, 900)
+    assert shot.stat().st_size > 20_000  # a blank page compresses to a few kB
