@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from repairproxy.errors import RepairExhaustedError
+from repairproxy.errors import RepairExhaustedError, UpstreamTimeoutError, UpstreamUnavailableError
 from repairproxy.repair import (
     DEFAULT_TEMPLATE,
     OnExhausted,
@@ -132,7 +132,7 @@ def test_instruction_is_appended_to_the_system_prompt() -> None:
 
 
 def test_instruction_inserts_a_system_message_when_there_is_none() -> None:
-    body = {"tools": TOOLS, "messages": [{"role": "user", "content": "hi"}]}
+    body: dict[str, Any] = {"tools": TOOLS, "messages": [{"role": "user", "content": "hi"}]}
     result = with_repair_instruction(body, DEFAULT_TEMPLATE)
     assert result["messages"][0] == {"role": "system", "content": DEFAULT_TEMPLATE.instruction}
     assert len(body["messages"]) == 1
@@ -500,3 +500,198 @@ async def test_outcome_names_the_invalid_calls_the_client_receives(
 async def test_repaired_outcome_delivers_no_invalid_call(tools: CompiledTools) -> None:
     outcome = await _repair(tools, completion(HALLUCINATED), ScriptedSend(completion(REPAIRED)))
     assert outcome.delivered_invalid_call_ids == ()
+
+
+# --- re-asks that change something ---------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_repeated_answer_is_quoted_back_with_the_correction_at_a_lower_temperature(
+    tools: CompiledTools,
+) -> None:
+    body = {**BODY, "temperature": 0.8}
+    send = ScriptedSend(completion(HALLUCINATED), completion(REPAIRED))
+    outcome = await repair_completion(body, completion(HALLUCINATED), tools, RepairPolicy(), send)
+    assert outcome.attempts == 2 and not outcome.exhausted
+    first, second = send.requests
+    assert first["temperature"] == 0.8
+    assert second["temperature"] == pytest.approx(0.4)
+    diagnosis = second["messages"][-1]["content"]
+    assert "repeated the same invalid answer" in diagnosis
+    assert '{"name":"get_order_status","arguments":"{\\"order_id\\": \\"#W1\\"}"}' in diagnosis
+    # The exact correction: the intended tool with the model's own (valid) arguments.
+    assert '{"name":"get_order_details","arguments":{"order_id":"#W1"}}' in diagnosis
+    # The mistake is shown once, not once per attempt.
+    assistant_turns = [m for m in second["messages"] if m["role"] == "assistant"]
+    assert len(assistant_turns) == 1
+
+
+@pytest.mark.anyio
+async def test_a_repeated_text_call_is_quoted_verbatim(tools: CompiledTools) -> None:
+    text = 'Calling now: {"name": "get_order_status", "arguments": {"order_id": "#W1"}}'
+    send = ScriptedSend(completion(content=text), completion(REPAIRED))
+    await repair_completion(BODY, completion(content=text), tools, RepairPolicy(), send)
+    diagnosis = send.requests[1]["messages"][-1]["content"]
+    assert '{"name": "get_order_status", "arguments": {"order_id": "#W1"}}' in diagnosis
+    assert "get_order_details" in diagnosis
+    assert "temperature" in send.requests[1] and send.requests[1]["temperature"] == 0.0
+
+
+@pytest.mark.anyio
+async def test_a_different_invalid_answer_is_not_treated_as_repeated(tools: CompiledTools) -> None:
+    other = call("get_order_info", "{}", "c2")
+    send = ScriptedSend(completion(other), completion(REPAIRED))
+    await repair_completion(BODY, completion(HALLUCINATED), tools, RepairPolicy(), send)
+    second = send.requests[1]
+    assert "repeated" not in second["messages"][-1]["content"]
+    assert second["temperature"] == BODY["temperature"]
+
+
+@pytest.mark.anyio
+async def test_constrained_forces_the_declared_tool_the_model_named(tools: CompiledTools) -> None:
+    # The call's name is invented, but the answer names a declared tool: force that one, not
+    # the closest by spelling (get_order_details).
+    named = completion(
+        call("get_order_status", "{}", "c1"), content="I will use cancel_pending_order."
+    )
+    send = ScriptedSend(copy.deepcopy(named), completion(REPAIRED))
+    await repair_completion(BODY, named, tools, RepairPolicy(mode=RepairMode.CONSTRAINED), send)
+    assert send.requests[1]["tool_choice"] == {
+        "type": "function",
+        "function": {"name": "cancel_pending_order"},
+    }
+
+
+@pytest.mark.anyio
+async def test_constrained_forces_a_declared_name_with_bad_arguments(tools: CompiledTools) -> None:
+    broken = completion(content='{"name": "cancel_pending_order", "arguments": {"order_id": 1}}')
+    send = ScriptedSend(copy.deepcopy(broken), completion(REPAIRED))
+    await repair_completion(BODY, broken, tools, RepairPolicy(mode=RepairMode.CONSTRAINED), send)
+    assert send.requests[1]["tool_choice"]["function"]["name"] == "cancel_pending_order"
+
+
+# --- failed re-asks keep the answer held so far --------------------------------------------------
+
+
+def _status_error(status: int) -> Exception:
+    from repairproxy.upstream import UpstreamReply, UpstreamStatusError
+
+    return UpstreamStatusError(UpstreamReply(status, [], b'{"error": {"message": "too long"}}'))
+
+
+class FailingSend(ScriptedSend):
+    """Answers from the script, then raises ``error`` on the next call."""
+
+    def __init__(self, error: Exception, *responses: dict[str, Any]) -> None:
+        super().__init__(*responses)
+        self.error = error
+
+    async def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.requests.append(copy.deepcopy(request))
+        if not self.responses:
+            raise self.error
+        return self.responses.pop(0)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (_status_error(400), "400"),
+        (_status_error(503), "503"),
+        (UpstreamTimeoutError("slow"), "timeout"),
+        (UpstreamUnavailableError("refused"), "unavailable"),
+    ],
+)
+async def test_a_failed_re_ask_delivers_the_first_answer(
+    tools: CompiledTools, error: Exception, reason: str
+) -> None:
+    first = completion(VALID, HALLUCINATED)
+    outcome = await _repair(tools, first, FailingSend(error))
+    assert outcome.repair_failed == reason
+    assert outcome.exhausted and outcome.attempts == 0
+    assert outcome.response["choices"] == first["choices"]
+    assert outcome.delivered_invalid_call_ids == ("call_bad",)
+
+
+@pytest.mark.anyio
+async def test_a_failed_second_re_ask_keeps_the_first_re_ask_and_the_policy(
+    tools: CompiledTools,
+) -> None:
+    again = call("get_order_info", "{}", "c9")
+    send = FailingSend(_status_error(400), completion(again))
+    outcome = await _repair(
+        tools, completion(VALID, HALLUCINATED), send, on_exhausted=OnExhausted.STRIP
+    )
+    assert outcome.repair_failed == "400" and outcome.attempts == 1
+    assert outcome.response["choices"][0]["message"]["tool_calls"] == [VALID]
+    assert outcome.delivered_invalid == ()
+
+
+@pytest.mark.anyio
+async def test_a_failed_re_ask_with_the_error_policy_raises(tools: CompiledTools) -> None:
+    with pytest.raises(RepairExhaustedError, match="re-ask failed"):
+        await _repair(
+            tools, completion(HALLUCINATED), FailingSend(_status_error(500)), on_exhausted="error"
+        )
+
+
+@pytest.mark.anyio
+async def test_a_re_ask_answer_that_is_no_completion_is_a_failed_repair(
+    tools: CompiledTools,
+) -> None:
+    send = ScriptedSend({"error": {"message": "overloaded"}})
+    outcome = await _repair(tools, completion(HALLUCINATED), send)
+    assert outcome.repair_failed == "bad_answer"
+    assert outcome.response["choices"][0]["message"]["tool_calls"] == [HALLUCINATED]
+
+
+# --- n > 1, ids, usage, nesting ------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_every_choice_is_repaired_and_choice_zero_is_the_verdict(
+    tools: CompiledTools,
+) -> None:
+    first = completion(VALID)
+    second_choice = copy.deepcopy(completion(HALLUCINATED)["choices"][0])
+    second_choice["index"] = 1
+    first["choices"].append(second_choice)
+    send = ScriptedSend(completion(REPAIRED, prompt=7, completion=3))
+    outcome = await repair_completion({**BODY, "n": 2}, first, tools, RepairPolicy(), send)
+    assert send.requests[0]["n"] == 1
+    choices = outcome.response["choices"]
+    assert [c["index"] for c in choices] == [0, 1]
+    assert choices[0]["message"]["tool_calls"] == [VALID]
+    assert choices[1]["message"]["tool_calls"] == [REPAIRED]
+    assert outcome.first_verdict.ok and outcome.caught == () and outcome.attempts == 1
+    assert outcome.response["usage"]["total_tokens"] == 25
+    assert (outcome.repair_prompt_tokens, outcome.repair_completion_tokens) == (7, 3)
+
+
+@pytest.mark.anyio
+async def test_merged_calls_never_repeat_an_id(tools: CompiledTools) -> None:
+    kept = call("get_order_details", '{"order_id": "#W1"}', "0")
+    bad = call("nope", "{}", "1")
+    repaired = call("get_order_details", '{"order_id": "#W2"}', "0")  # the upstream reuses "0"
+    outcome = await _repair(tools, completion(kept, bad), ScriptedSend(completion(repaired)))
+    ids = [c["id"] for c in outcome.response["choices"][0]["message"]["tool_calls"]]
+    assert ids[0] == "0" and len(set(ids)) == 2
+
+
+@pytest.mark.anyio
+async def test_deeply_nested_arguments_never_crash(tools: CompiledTools) -> None:
+    deep: Any = "x"
+    for _ in range(900):
+        deep = {"a": deep}
+    structured = {"id": "d", "type": "function", "function": {"name": "nope", "arguments": deep}}
+    text = '{"name": "get_order_status", "arguments": ' + "[" * 1000 + "]" * 1000 + "}"
+    for first in (completion(structured), completion(content=text)):
+        outcome = await _repair(tools, first, ScriptedSend(completion(REPAIRED)))
+        assert outcome.response["choices"][0]["message"]["tool_calls"] == [REPAIRED]
+    # Deeper than any JSON parser here reads: prose, delivered as it came.
+    too_deep = completion(
+        content=text.replace("[" * 1000, "[" * 5000).replace("]" * 1000, "]" * 5000)
+    )
+    outcome = await _repair(tools, too_deep, ScriptedSend())
+    assert outcome.response == too_deep
