@@ -388,6 +388,7 @@ class ArmSummary:
     provenance: Mapping[str, Any] | None
     cell: str | None
     mode: str | None
+    run_info: dict[str, Any] = field(default_factory=dict)
 
 
 def _recovery(episodes: Sequence[Episode]) -> tuple[int, int, int]:
@@ -488,6 +489,28 @@ def _repair_cost(episodes: Sequence[Episode]) -> RepairCost:
     )
 
 
+def _run_info(info: Mapping[str, Any]) -> dict[str, Any]:
+    """What the results file itself says about how the run was made (provenance.json adds more)."""
+    agent = info.get("agent_info") or {}
+    user = info.get("user_info") or {}
+    environment = info.get("environment_info") or {}
+    picked = {
+        "git_commit": info.get("git_commit"),
+        "seed": info.get("seed"),
+        "domain": environment.get("domain_name"),
+        "agent": agent.get("implementation"),
+        "agent_model": agent.get("llm"),
+        "agent_llm_args": agent.get("llm_args"),
+        "user_simulator": user.get("implementation"),
+        "user_model": user.get("llm"),
+        "max_steps": info.get("max_steps"),
+        "max_errors": info.get("max_errors"),
+        "num_trials": info.get("num_trials"),
+        "nl_assertions_scored": info.get("nl_assertions_scored"),
+    }
+    return {key: value for key, value in picked.items() if value is not None}
+
+
 def scored_episodes(arm: Arm) -> list[Episode]:
     """The episodes success statistics use: NL assertions nobody judged are counted apart."""
     return [e for e in arm.episodes if not e.nl_unjudged]
@@ -551,6 +574,7 @@ def summarize_arm(arm: Arm) -> ArmSummary:
         provenance=arm.provenance,
         cell=cell_mode[0] if cell_mode else None,
         mode=cell_mode[1] if cell_mode else None,
+        run_info=_run_info(arm.info),
     )
 
 

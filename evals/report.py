@@ -116,6 +116,7 @@ def _arm(arm: ArmSummary) -> dict[str, Any]:
         "recovery": {"recovered": recovered, "followed": followed, "failed_agent_calls": failed},
         "proxy": _proxy(arm.proxy),
         "repair_cost": _cost(arm.repair_cost),
+        "run_info": arm.run_info,
         "provenance": arm.provenance,
     }
 
@@ -422,8 +423,14 @@ def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
 
 
 def _provenance_section(summary: Summary) -> Section:
-    section = Section("Provenance", header=["arm", "key", "value"])
+    section = Section(
+        "Provenance",
+        ["From each results file's info block, then the provenance.json beside it (if any)."],
+        header=["arm", "key", "value"],
+    )
     for arm in summary.arms.values():
+        for key, value in _flatten(arm.run_info, "results.info"):
+            section.rows.append([arm.label, key, value])
         if not arm.provenance:
             section.rows.append([arm.label, "provenance.json", "absent"])
             continue

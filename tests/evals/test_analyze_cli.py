@@ -99,7 +99,9 @@ def test_cli_writes_summary_report_and_plots(tmp_path: Path) -> None:
     markdown = (out / "report.md").read_text(encoding="utf-8")
     assert "| q4-off |" in markdown and "80.0% [" in markdown and "| 4 of 5 |" in markdown
     assert "n/a (no failed agent call was followed by another)" in markdown
-    assert "user_simulator" in markdown
+    assert "| q4-off | results.info.user_simulator | user_simulator |" in markdown
+    assert "| retail/reflexive | user_simulator | scripted |" in markdown
+    assert rep_arm["run_info"]["agent_model"] == "openai/qwen2.5-1.5b-q4"
 
     page = (out / "report.html").read_text(encoding="utf-8")
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
