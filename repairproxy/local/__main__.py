@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from repairproxy.local.arms import (
     ARMS,
@@ -77,17 +78,26 @@ def _serve(args: argparse.Namespace) -> int:
     if args.parent_pid is not None:
         _exit_with_parent(args.parent_pid)
     arm = arm_named(args.arm)
-    path = arm_path(arm, resolve_cache_dir(args.cache_dir))
+    cache = resolve_cache_dir(args.cache_dir)
+    path = arm_path(arm, cache)
     started = time.perf_counter()
+    prompt_cache = None if args.no_prompt_cache else cache / "prompt-cache"
     engine = Engine(
-        EngineConfig(path, n_ctx=args.n_ctx, n_threads=args.threads or os.cpu_count() or 1)
+        EngineConfig(
+            path,
+            n_ctx=args.n_ctx,
+            n_threads=args.threads or os.cpu_count() or 1,
+            prompt_cache_dir=prompt_cache,
+        )
     )
     print(
         f"loaded {arm.name} in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True
     )
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    app = create_app(engine.generate, _model_id(arm.name), json_schema_to_gbnf)
+    app = create_app(
+        engine.generate, _model_id(arm.name), json_schema_to_gbnf, answer_log=args.answer_log
+    )
     where = {"fd": args.fd} if args.fd is not None else {"host": args.host, "port": args.port}
     uvicorn.run(app, log_level="warning", access_log=False, **where)
     return 0
@@ -121,6 +131,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--n-ctx", type=int, default=16384)
     serve.add_argument("--parent-pid", type=int, default=None, help="exit when this process ends")
     serve.add_argument("--threads", type=int, default=None)
+    serve.add_argument(
+        "--answer-log", type=Path, default=None, help="append each raw answer as a JSON line"
+    )
+    serve.add_argument(
+        "--no-prompt-cache",
+        action="store_true",
+        help="do not keep system-turn KV states in <cache-dir>/prompt-cache",
+    )
     serve.set_defaults(run=_serve)
     # "--cache-dir" is accepted after the subcommand too (that is how the launcher passes it).
     for child in (fetch, quantize, info, serve):

@@ -92,12 +92,16 @@ def start_embedded_upstream(
     ready_timeout: float = 120.0,
     fetch: bool = True,
     progress: bool = True,
+    prompt_cache: bool = True,
+    answer_log: Path | None = None,
 ) -> EmbeddedUpstream:
     """Start ``python -m repairproxy.local serve`` for ``arm`` and wait until it answers.
 
     With ``fetch`` (the default) a missing GGUF is fetched or requantized first
     (``ensure_model``, progress bar on stderr); without it ``ModelNotFetchedError`` names the
     command. ``EmbeddedUpstreamError``: llama-cpp-python is not installed, or the child failed.
+    ``prompt_cache`` keeps long system turns' KV on disk (``<cache>/prompt-cache``) across runs;
+    ``answer_log`` gets each raw answer as a JSON line (what the model wrote, before any proxy).
     """
     spec = arm_named(arm)
     cache = resolve_cache_dir(cache_dir)
@@ -119,6 +123,10 @@ def start_embedded_upstream(
     command = [sys.executable, "-m", "repairproxy.local", "serve", "--arm", spec.name]
     command += ["--fd", str(listener.fileno()), "--cache-dir", str(cache), "--n-ctx", str(n_ctx)]
     command += ["--parent-pid", str(os.getpid())]
+    if not prompt_cache:
+        command.append("--no-prompt-cache")
+    if answer_log is not None:
+        command += ["--answer-log", str(answer_log)]
     if n_threads is not None:
         # One thread per free core: oversubscribed ggml threads spin at barriers and crawl.
         command += ["--threads", str(n_threads)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
@@ -31,7 +32,7 @@ from repairproxy.local.engine import ContextOverflowError, Generation, SamplingP
 from repairproxy.local.grammar import SchemaToGbnf
 from repairproxy.local.hermes import HermesStreamSplitter, ParsedOutput
 
-__all__ = ["GenerateFn", "create_app"]
+__all__ = ["AnswerLog", "GenerateFn", "create_app"]
 
 
 class GenerateFn(Protocol):
@@ -57,7 +58,36 @@ def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-async def _stream(plan: ChatPlan, model: str, generate: GenerateFn) -> AsyncIterator[bytes]:
+class AnswerLog:
+    """One JSON line per answer: the raw text the model wrote (before any parsing) and its timing.
+
+    For demos and benchmarks that show what the model wrote before a proxy changed it.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def write(self, generation: Generation) -> None:
+        line = orjson.dumps(
+            {
+                "text": generation.text,
+                "finish_reason": generation.finish_reason,
+                "prompt_tokens": generation.prompt_tokens,
+                "cached_tokens": generation.cached_tokens,
+                "completion_tokens": generation.completion_tokens,
+                "prefill_seconds": round(generation.prefill_seconds, 3),
+                "decode_seconds": round(generation.decode_seconds, 3),
+                "prefix_source": generation.prefix_source,
+            }
+        )
+        with self._lock, self.path.open("ab") as handle:
+            handle.write(line + b"\n")
+
+
+async def _stream(
+    plan: ChatPlan, model: str, generate: GenerateFn, answers: AnswerLog | None
+) -> AsyncIterator[bytes]:
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[str, list[TokenLogprob]] | None] = asyncio.Queue()
     cancelled = threading.Event()
@@ -90,6 +120,8 @@ async def _stream(plan: ChatPlan, model: str, generate: GenerateFn) -> AsyncIter
             error = {"message": str(exc), "type": "invalid_request_error", "param": "messages"}
             yield _sse({"error": {**error, "code": "context_length_exceeded"}})
             return
+        if answers is not None:
+            answers.write(generation)
         rest, parsed = splitter.finish() if splitter else ("", ParsedOutput(generation.text))
         if rest:
             yield _sse(chunk(plan, model, {"content": rest}, logprobs=held))
@@ -120,9 +152,17 @@ async def _watch_disconnect(request: Request, cancelled: threading.Event) -> Non
 
 
 def create_app(
-    generate: GenerateFn, model: str, schema_to_gbnf: SchemaToGbnf | None = None
+    generate: GenerateFn,
+    model: str,
+    schema_to_gbnf: SchemaToGbnf | None = None,
+    *,
+    answer_log: Path | None = None,
 ) -> Starlette:
-    """The ASGI app around one ``generate`` function (the engine's, or a fake in unit tests)."""
+    """The ASGI app around one ``generate`` function (the engine's, or a fake in unit tests).
+
+    ``answer_log``: append each answer's raw text and timing there (``AnswerLog``).
+    """
+    answers = AnswerLog(answer_log) if answer_log is not None else None
 
     async def models(_: Request) -> Response:
         card = {"id": model, "object": "model", "created": 0, "owned_by": "repairproxy-local"}
@@ -143,7 +183,9 @@ def create_app(
         except InvalidChatRequest as exc:
             return _error(400, str(exc), param=exc.param)
         if plan.stream:
-            return StreamingResponse(_stream(plan, model, generate), media_type="text/event-stream")
+            return StreamingResponse(
+                _stream(plan, model, generate, answers), media_type="text/event-stream"
+            )
         cancelled = threading.Event()
         job = asyncio.get_running_loop().run_in_executor(
             None, lambda: generate(plan.prompt, plan.params, cancelled=cancelled)
@@ -155,6 +197,8 @@ def create_app(
             return _error(400, str(exc), param="messages", code="context_length_exceeded")
         finally:
             watcher.cancel()
+        if answers is not None:
+            answers.write(generation)
         return Response(
             orjson.dumps(completion_body(plan, model, generation)), media_type="application/json"
         )

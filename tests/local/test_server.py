@@ -169,3 +169,21 @@ async def test_request_parameters_reach_the_engine() -> None:
         9,
         ("\n\n",),
     )
+
+
+@pytest.mark.anyio
+async def test_the_answer_log_keeps_the_raw_text_streamed_or_not(tmp_path: Any) -> None:
+    log = tmp_path / "answers.jsonl"
+    text = '{"name": "get_order_details", "arguments": {"order_id": "#W1"}}'
+    app = create_app(Scripted([text[:10], text[10:]]), "test-model", answer_log=log)
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://local")
+    async with openai.AsyncOpenAI(
+        base_url="http://local/v1", api_key="x", http_client=http
+    ) as client:
+        request: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+        await client.chat.completions.create(**request, tools=TOOLS)
+        stream = await client.chat.completions.create(**request, stream=True)
+        _ = [c async for c in stream]
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [line["text"] for line in lines] == [text, text]
+    assert lines[0]["prompt_tokens"] == 11 and lines[0]["prefix_source"] == "none"
