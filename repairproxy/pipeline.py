@@ -26,6 +26,7 @@ from repairproxy.errors import (
 )
 from repairproxy.events import CaughtCall, EpisodeRecord, Outcome, RepairResult, RepairResultKind
 from repairproxy.events import RequestRecord as Record
+from repairproxy.margin import strip_probe, tool_name_margins, with_probe
 from repairproxy.repair import (
     RepairMode,
     RepairPolicy,
@@ -70,6 +71,7 @@ class ChatRequest:
     snapshot: BudgetSnapshot | None = None
     forward: ChatRequestBody | None = None  # the body as it goes upstream
     forward_raw: bytes = b""
+    probe_added: bool = False  # --margin-probe asked for logprobs the client did not
 
     @property
     def stream(self) -> bool:
@@ -158,12 +160,19 @@ class ChatPipeline:
             )
 
     def prepare_forward(self, request: ChatRequest) -> None:
-        """The body as it goes upstream: byte for byte unless the instruction is added."""
+        """The body as it goes upstream: byte for byte unless the instruction (or the margin
+        probe, on non-streaming requests with tools) is added."""
         request.forward = request.body
         request.forward_raw = request.raw
-        if request.tools is None or request.mode not in _INSTRUCTS:
+        if request.tools is None:
             return
-        forward = with_repair_instruction(request.body, self.policies[request.mode].template)
+        forward: dict[str, Any] = dict(request.body)
+        if request.mode in _INSTRUCTS:
+            forward = with_repair_instruction(forward, self.policies[request.mode].template)
+        if self.settings.margin_probe and not request.stream:
+            forward, request.probe_added = with_probe(forward)
+        if forward == request.body:
+            return
         try:
             request.forward_raw = orjson.dumps(forward)
         except (TypeError, orjson.JSONEncodeError) as exc:  # nested deeper than orjson writes
@@ -177,15 +186,20 @@ class ChatPipeline:
     ) -> ChatOutcome:
         """Validate (and maybe repair) one answer; charge the episode; fill the record."""
         tools = request.tools
+        probed = request.probe_added
+        if self.settings.margin_probe:
+            record.tool_name_margins = tool_name_margins(completion)
+            if probed:  # the client never asked for logprobs: it does not get them
+                completion = cast(ChatCompletion, strip_probe(cast(dict[str, Any], completion)))
         message = first_message(completion)
         if tools is None or message is None or _tool_choice_none(request.body):
-            return ChatOutcome(completion, False, None, (), 0)
+            return ChatOutcome(completion, probed, None, (), 0)
         verdict = tools.check_message(message)
         record.tool_calls = _calls_seen(verdict)
         record.caught = list(caught_calls(verdict))
         if verdict.ok or request.mode not in _CHANGES_ANSWERS:
             await self._charge(request, verdict, _invalid_ids(verdict), record)
-            return ChatOutcome(completion, False, verdict, _channels(verdict), 0)
+            return ChatOutcome(completion, probed, verdict, _channels(verdict), 0)
         started = time.perf_counter()
         try:
             repaired = await repair_completion(
@@ -214,7 +228,7 @@ class ChatPipeline:
         await self._charge(
             request, repaired.first_verdict, repaired.delivered_invalid_call_ids, record
         )
-        changed = repaired.attempts > 0 or repaired.response != completion
+        changed = probed or repaired.attempts > 0 or repaired.response != completion
         return ChatOutcome(
             cast(ChatCompletion, repaired.response),
             changed,
