@@ -1,10 +1,13 @@
 """SSE streams of chat completions: parse, hold tool-call deltas until the call is whole, re-emit.
 
 Content deltas go to the client at once, except while the text so far could still open a tool
-call written as text (``{``, ``[``, ``<tool_call>``, a code fence): that prefix is held, so a call
-in text can still be repaired. Tool-call deltas, the finish chunk and the usage chunk are held
-until the upstream stream ends; then the assembled message is validated and either released
-byte for byte or replaced by chunks rendered from the repaired answer (``completion_to_chunks``).
+call written as text (``{"``, ``[{``, ``<tool_call>``, ``<function=``, a JSON code fence): that
+prefix is held, up to ``MAX_HELD_CONTENT_CHARS``, so a call in text can still be promoted or
+repaired; content that cannot be a call (prose, a markdown link, a python fence) is flushed at once.
+A call written after prose has begun streams out as text; the proxy still adds it as a tool call.
+Tool-call deltas, the finish chunk and the usage chunk are held until the upstream stream ends;
+then the assembled message is validated and either released byte for byte or replaced by chunks
+rendered from the repaired answer (``completion_to_chunks``).
 
 What a stream's HTTP headers can carry (headers leave before the first body byte):
 * an answer made only of tool calls (or call-shaped text) is held whole, so its headers carry
@@ -25,21 +28,27 @@ from typing import Any
 
 import orjson
 
+from repairproxy.textcalls import JSON_FENCE_LANGUAGES
+
 __all__ = [
     "DONE_EVENT",
+    "MAX_HELD_CONTENT_CHARS",
     "SSEEvent",
     "SSEParser",
     "StreamAssembler",
     "ToolCallGate",
     "comment_event",
     "completion_to_chunks",
+    "could_open_call",
     "data_event",
 ]
 
 DONE_EVENT = b"data: [DONE]\n\n"
 _SEPARATORS = (b"\r\n\r\n", b"\n\n", b"\r\r")
-# Text that may open a tool call written as text; while the content only matches these, hold it.
-_CALL_OPENERS = ("{", "[", "<tool_call", "<function", "```", "<|")
+# Content held while it could still be a call written as text, at most this many characters:
+# a longer answer is flushed (and, if it was a call after all, still promoted, its text kept).
+MAX_HELD_CONTENT_CHARS = 16_384
+_TAG_OPENERS = ("<tool_call>", "<function=")
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,11 +209,16 @@ class ToolCallGate:
     is read at the end of the stream (in upstream order).
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, hold_text: bool = True, max_held_chars: int = MAX_HELD_CONTENT_CHARS
+    ) -> None:
         self.assembler = StreamAssembler()
         self._held: list[bytes] = []
         self._held_calls = False  # a tool-call/finish/usage event is among the held ones
-        self._prose = False  # the content is plain text: stream it straight through
+        # The content is plain text: stream it straight through. Without ``hold_text`` (the
+        # client sent tool_choice "none": text is text) content is never held.
+        self._prose = not hold_text
+        self._max_held_chars = max_held_chars
         self.released_content = False
 
     def feed(self, event: SSEEvent) -> list[bytes]:
@@ -228,7 +242,8 @@ class ToolCallGate:
             self.released_content = True
             return [event.raw]
         self._held.append(event.raw)
-        if _could_open_call(self.assembler.content or ""):
+        content = self.assembler.content or ""
+        if len(content) <= self._max_held_chars and could_open_call(content):
             return []
         self._prose = True
         self.released_content = True
@@ -255,12 +270,29 @@ def _is_content_only(chunk: Mapping[str, Any]) -> bool:
     return True
 
 
-def _could_open_call(text: str) -> bool:
+def could_open_call(text: str) -> bool:
+    """Whether content beginning with ``text`` may still turn out to be a call written as text."""
     stripped = text.lstrip()
     if not stripped:
         return True
+    first, rest = stripped[0], stripped[1:].lstrip()
+    if first == "{":
+        return not rest or rest[0] == '"'  # a JSON object opens with a key
+    if first == "[":
+        return not rest or rest[0] == "{"  # a list of call objects
+    if stripped.startswith("```"):
+        language, newline, body = stripped[3:].partition("\n")
+        language = language.strip().lower()
+        if not newline:
+            return len(language) < 16 and any(
+                known.startswith(language) for known in JSON_FENCE_LANGUAGES
+            )
+        body = body.lstrip()
+        return language in JSON_FENCE_LANGUAGES and (not body or body[0] in "{[<")
+    if "```".startswith(stripped):
+        return True
     return any(
-        stripped.startswith(opener) or opener.startswith(stripped) for opener in _CALL_OPENERS
+        stripped.startswith(opener) or opener.startswith(stripped) for opener in _TAG_OPENERS
     )
 
 

@@ -13,6 +13,7 @@ from repairproxy.streaming import (
     StreamAssembler,
     ToolCallGate,
     completion_to_chunks,
+    could_open_call,
     data_event,
 )
 from tests.support.scripted_upstream import completion, sse_events, tool_call
@@ -110,3 +111,92 @@ def test_rendered_chunks_reassemble_into_the_completion(include_usage: bool) -> 
 
 def test_data_event_is_one_sse_event() -> None:
     assert data_event({"a": 1}) == b'data: {"a":1}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "could"),
+    [
+        ("", True),
+        ("  ", True),
+        ("{", True),
+        ('{"na', True),
+        ('{ "name"', True),
+        ("{not json", False),
+        ("[", True),
+        ('[{"name"', True),
+        ("[see the docs](http://x)", False),
+        ("[1, 2]", False),
+        ("`", True),
+        ("``", True),
+        ("```", True),
+        ("```js", True),  # may still become ```json
+        ("```json\n", True),
+        ('```json\n{"name"', True),
+        ("```\n[{", True),
+        ("```python", False),
+        ("```\nimport os", False),
+        ("```json\nnot json", False),
+        ("<", True),
+        ("<tool_", True),
+        ("<tool_call>\n{", True),
+        ("<function=get_order", True),
+        ("<b>bold</b>", False),
+        ("Sure, let me check.", False),
+        ("The order {#W1}", False),
+    ],
+)
+def test_could_open_call(text: str, could: bool) -> None:
+    assert could_open_call(text) is could
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>',
+        '```json\n{"name": "a", "arguments": {}}\n```',
+        "<function=a>\n<parameter=x>\n1\n</parameter>\n</function>",
+        '[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {}}]',
+    ],
+)
+def test_gate_holds_every_text_call_shape_whole(content: str) -> None:
+    events = sse_events(completion(content=content).body, include_usage=False)
+    gate, released = _run_gate(events)
+    assert released == [] and gate.held == events
+
+
+@pytest.mark.parametrize(
+    "content", ["[see the docs](http://x) for more.", "```python\nprint(1)\n```", "{not json}"]
+)
+def test_gate_flushes_what_cannot_be_a_call_at_once(content: str) -> None:
+    events = sse_events(completion(content=content).body, include_usage=False)
+    gate, released = _run_gate(events)
+    assert gate.released_content
+    assert released + gate.held == events
+    assert len(released) >= len(events) - 2  # only the finish chunk (and [DONE]) stay held
+
+
+def test_gate_hold_is_bounded() -> None:
+    content = '{"name": "a", "arguments": {"text": "' + "x" * 300 + '"}}'
+    events = sse_events(completion(content=content).body, include_usage=False)
+    gate = ToolCallGate(max_held_chars=100)
+    released: list[bytes] = []
+    held_at_first_release = None
+    for event in SSEParser().feed(b"".join(events)):
+        out = gate.feed(event)
+        if out and held_at_first_release is None:
+            held_at_first_release = len(gate.assembler.content or "")
+        released += out
+    assert gate.released_content and released + gate.held == events
+    # Held up to the bound, then the whole prefix left in one go.
+    assert held_at_first_release is not None and 100 < held_at_first_release < len(content)
+
+
+def test_gate_without_text_hold_streams_call_shaped_text() -> None:
+    events = sse_events(
+        completion(content='{"name": "a", "arguments": {}}').body, include_usage=False
+    )
+    gate = ToolCallGate(hold_text=False)
+    released = []
+    for event in SSEParser().feed(b"".join(events)):
+        released += gate.feed(event)
+    assert released and released + gate.held == events
