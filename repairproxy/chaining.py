@@ -9,10 +9,12 @@ merge, whatever their opening.
 The digest runs over canonical per-message forms, one pass per request, so it survives what
 clients change when they resend an answer they received: tool-call arguments re-serialised
 (``json.dumps`` spacing, key order), missing vs null vs empty content, fields added or dropped
-(``refusal``, ``annotations``, ``audio``, ``reasoning_content``, a tool call's ``type``/``index``),
-and tool-call ids a client invents for calls that had none (assistant call ids are left out; the
-``tool_call_id`` of results, which the client echoes back unchanged, is kept). System and developer
-messages are left out too: frameworks rebuild them every turn (dates, dynamic instructions).
+(``refusal``, ``annotations``, ``audio``, ``reasoning_content``, a tool call's ``type``/``index``).
+Tool-call ids (random per call from vLLM, llama.cpp, OpenAI) are part of the digest, which tells
+apart runs whose texts coincide; a client may invent ids for calls an upstream sent without one,
+so an answer with id-less calls is remembered under a second digest that leaves assistant call
+ids out, tried when the first finds nothing. System and developer messages are left out: many
+frameworks rebuild them every turn (dates, dynamic instructions).
 
 What stays ambiguous: two conversations whose histories are identical up to an answer (identical
 concurrent runs of one task with a deterministic model, before a random tool-call id sets them
@@ -82,18 +84,21 @@ def _arguments(arguments: Any) -> str:
     return "" if arguments is None else _json(arguments)
 
 
-def _calls(message: Mapping[str, Any]) -> list[list[str]]:
+def _calls(message: Mapping[str, Any], with_call_ids: bool) -> list[list[str]]:
     calls: list[list[str]] = []
     tool_calls = message.get("tool_calls")
     for call in tool_calls if isinstance(tool_calls, list) else ():
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if isinstance(function, Mapping):
-            name = function.get("name")
-            calls.append(
-                [name if isinstance(name, str) else "", _arguments(function.get("arguments"))]
-            )
-        else:
+        if not isinstance(call, Mapping):
             calls.append(["", ""])
+            continue
+        function = call.get("function")
+        function = function if isinstance(function, Mapping) else {}
+        name = function.get("name")
+        form = [name if isinstance(name, str) else "", _arguments(function.get("arguments"))]
+        if with_call_ids:
+            call_id = call.get("id")
+            form.append(call_id if isinstance(call_id, str) else "")
+        calls.append(form)
     function_call = message.get("function_call")
     if isinstance(function_call, Mapping):
         name = function_call.get("name")
@@ -103,13 +108,13 @@ def _calls(message: Mapping[str, Any]) -> list[list[str]]:
     return calls
 
 
-def canonical_message(message: Mapping[str, Any]) -> bytes:
+def canonical_message(message: Mapping[str, Any], *, with_call_ids: bool = True) -> bytes:
     """The bytes a message contributes to the conversation digest."""
     role = message.get("role")
     role = role if isinstance(role, str) else ""
     form: list[Any] = [role, _content(message.get("content"))]
     if role == "assistant":
-        form.append(_calls(message))
+        form.append(_calls(message, with_call_ids))
     elif role == "tool":
         call_id = message.get("tool_call_id")
         form.append(call_id if isinstance(call_id, str) else "")
@@ -119,32 +124,61 @@ def canonical_message(message: Mapping[str, Any]) -> bytes:
     return orjson.dumps(form)
 
 
-def extend(digest: bytes, message: Any) -> bytes:
+def extend(digest: bytes, message: Any, *, with_call_ids: bool = True) -> bytes:
     """The running digest after one more message (system/developer messages leave it as is)."""
     if not isinstance(message, Mapping) or message.get("role") in _SKIPPED_ROLES:
         return digest
-    return hashlib.blake2b(digest + canonical_message(message), digest_size=DIGEST_BYTES).digest()
+    form = canonical_message(message, with_call_ids=with_call_ids)
+    return hashlib.blake2b(digest + form, digest_size=DIGEST_BYTES).digest()
+
+
+def _has_all_call_ids(message: Mapping[str, Any]) -> bool:
+    tool_calls = message.get("tool_calls")
+    if message.get("function_call") is not None:
+        return False
+    return all(
+        isinstance(call, Mapping) and isinstance(call.get("id"), str) and call.get("id")
+        for call in (tool_calls if isinstance(tool_calls, list) else ())
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class ConversationKeys:
-    """``resume``: the digest up to the last assistant message (None when there is none), the
-    key a continuing request is looked up by; ``history``: the digest of the whole history, which
-    ``extend(history, answer)`` turns into the key the answer is remembered under."""
+    """The digests of one request's history.
 
-    resume: bytes | None
+    ``resume``: the keys a continuing request is looked up by, best first (the history up to its
+    last assistant message, with and without assistant call ids; empty when there is none);
+    ``history``/``history_plain``: the whole history, the two ways; ``answer_key`` extends them.
+    """
+
+    resume: tuple[bytes, ...]
     history: bytes
+    history_plain: bytes
+
+    def answer_key(self, answer: Mapping[str, Any]) -> bytes:
+        """The key an answer is remembered under: with its call ids, unless one is missing."""
+        if _has_all_call_ids(answer):
+            return extend(self.history, answer)
+        return extend(self.history_plain, answer, with_call_ids=False)
 
 
 def conversation_keys(messages: Iterable[Any]) -> ConversationKeys:
-    """Both keys of a request's history, in one pass over its messages."""
-    digest = _SEED
-    resume: bytes | None = None
+    """All keys of a request's history, in one pass over its messages."""
+    digest = plain = _SEED
+    resume: tuple[bytes, ...] = ()
     for message in messages:
-        digest = extend(digest, message)
-        if isinstance(message, Mapping) and message.get("role") == "assistant":
-            resume = digest
-    return ConversationKeys(resume, digest)
+        if not isinstance(message, Mapping) or message.get("role") in _SKIPPED_ROLES:
+            continue
+        form = canonical_message(message)
+        digest = hashlib.blake2b(digest + form, digest_size=DIGEST_BYTES).digest()
+        if message.get("role") == "assistant":
+            if message.get("tool_calls") or message.get("function_call") is not None:
+                form = canonical_message(message, with_call_ids=False)
+            plain = hashlib.blake2b(plain + form, digest_size=DIGEST_BYTES).digest()
+            resume = (digest, plain) if digest != plain else (digest,)
+        else:
+            plain = hashlib.blake2b(plain + form, digest_size=DIGEST_BYTES).digest()
+    return ConversationKeys(resume, digest, plain)
 
 
 @dataclass(frozen=True, slots=True)

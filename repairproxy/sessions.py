@@ -35,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
-from repairproxy.chaining import ChainIndex, MemoryChainIndex, conversation_keys, extend
+from repairproxy.chaining import ChainIndex, ConversationKeys, MemoryChainIndex, conversation_keys
 from repairproxy.tool_errors import (
     DEFAULT_ENV_ERROR_TABLE,
     DEFAULT_TOOL_ERROR_PATTERN,
@@ -136,15 +136,15 @@ class EpisodeRef:
     """The episode of one request.
 
     ``explicit``: named by the client's header (only those may be rejected when spent);
-    ``new``: nothing was counted for it before; ``history_digest``: the conversation digest of
-    the request, so ``remember_answer(ref, ...)`` need not hash the history again;
+    ``new``: nothing was counted for it before; ``conversation``: the digests of the request's
+    history, so ``remember_answer(ref, ...)`` need not hash the history again;
     ``warn_missing_header``: true on the first header-less request this process sees.
     """
 
     id: str
     explicit: bool
     new: bool
-    history_digest: bytes | None = None
+    conversation: ConversationKeys | None = None
     warn_missing_header: bool = False
 
 
@@ -356,18 +356,22 @@ class ErrorBudget:
         self._warned_missing_header = True
         messages = body.get("messages")
         keys = conversation_keys(messages if isinstance(messages, list) else ())
-        link = await self.chains.lookup(keys.resume) if keys.resume is not None else None
+        link = None
+        for key in keys.resume:
+            link = await self.chains.lookup(key)
+            if link is not None:
+                break
         if link is None:
-            return EpisodeRef(self._new_episode_id(), False, True, keys.history, warn)
+            return EpisodeRef(self._new_episode_id(), False, True, keys, warn)
         if not link.ambiguous:
-            return EpisodeRef(link.episode_id, False, False, keys.history, warn)
+            return EpisodeRef(link.episode_id, False, False, keys, warn)
         # Identical histories from different episodes: continue a copy of the latest, so each
         # conversation keeps the count they share without adding to the other's.
         fork = self._new_episode_id()
         source = await self.store.get(link.episode_id)
         if source is not None:
             await self.store.update(fork, lambda state: state.copy_from(source))
-        return EpisodeRef(fork, False, source is None, keys.history, warn)
+        return EpisodeRef(fork, False, source is None, keys, warn)
 
     async def remember_answer(
         self, episode: EpisodeRef | str, body: Mapping[str, Any], answer_message: Any
@@ -382,13 +386,13 @@ class ErrorBudget:
         if isinstance(episode, EpisodeRef):
             if episode.explicit:
                 return
-            episode_id, history = episode.id, episode.history_digest
+            episode_id, keys = episode.id, episode.conversation
         else:
-            episode_id, history = episode, None
-        if history is None:
+            episode_id, keys = episode, None
+        if keys is None:
             messages = body.get("messages")
-            history = conversation_keys(messages if isinstance(messages, list) else ()).history
-        await self.chains.link(extend(history, answer_message), episode_id)
+            keys = conversation_keys(messages if isinstance(messages, list) else ())
+        await self.chains.link(keys.answer_key(answer_message), episode_id)
 
     # -- counting ---------------------------------------------------------------------------------
 
