@@ -43,7 +43,7 @@ from evals.grid import (
     load_grid,
 )
 from evals.launch import LaunchError, ManagedProcess, free_port, proxy_command
-from evals.logs import SimulationRun, load_results
+from evals.logs import SimulationRun
 from evals.run import RESULTS_FILE, RunConfig, run
 from evals.tasks import as_task
 
@@ -94,13 +94,17 @@ def _cell_task_ids(cell: CellSpec, domain: Domain) -> tuple[str, ...]:
 
 
 def _saved_episodes(path: Path, task_ids: Sequence[str], trials: int) -> int:
+    """Episodes of this run already in its results file (read as plain JSON: it may be large)."""
     if not path.exists():
         return 0
     wanted = set(task_ids)
+    simulations = json.loads(path.read_text(encoding="utf-8")).get("simulations") or []
     saved = {
-        (s.task_id, s.trial)
-        for s in load_results(path).simulations
-        if s.task_id in wanted and s.trial is not None and s.trial < trials
+        (str(s.get("task_id")), s.get("trial"))
+        for s in simulations
+        if str(s.get("task_id")) in wanted
+        and isinstance(s.get("trial"), int)
+        and s["trial"] < trials
     }
     return len(saved)
 
@@ -437,15 +441,23 @@ def _print_plan(grid: Grid, planned: Sequence[PlannedRun], out: Path) -> None:
 
 def _analyze(grid: Grid, planned: Sequence[PlannedRun], out: Path) -> None:
     paths = [p.results_path for p in planned if p.results_path.exists()]
-    pairs = [pair for pair in analysis_pairs(grid, planned) if all(p.exists() for p in pair)]
+    pairs = [
+        (str(a), str(b)) for a, b in analysis_pairs(grid, planned) if a.exists() and b.exists()
+    ]
     try:
-        analysis = importlib.import_module("evals.analysis")
-        analyze = analysis.analyze
+        analyze = importlib.import_module("evals.analyze").analyze
     except (ImportError, AttributeError) as exc:
         print(f"analysis unavailable ({exc}); results: {', '.join(map(str, paths))}")
         return
-    analyze(paths, pairs, out / "analysis")
-    print(f"analysis: {out / 'analysis'}")
+    if not paths:
+        print("analysis skipped: no results yet")
+        return
+    try:
+        analyze(paths, pairs, out / "analysis", f"repair ablation: {grid.name}")
+    except Exception as exc:  # the episodes are saved; a failing report must not hide that
+        print(f"analysis failed ({type(exc).__name__}: {exc}); rerun: python -m evals.analyze")
+        return
+    print(f"analysis: {out / 'analysis' / 'report.html'}")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -486,7 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 progress=not args.no_progress,
             )
         )
-    except (GridError, LaunchError) as exc:
+    except (GridError, LaunchError, ValueError) as exc:  # ValueError: a results file of another run
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if not args.no_analysis:

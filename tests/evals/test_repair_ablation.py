@@ -85,12 +85,16 @@ def test_grid_resumes_after_sigkill_and_matches_the_scripted_truth(
             f'[arms.flaky]\nupstream = "{upstream.base_url("flaky")}"\nmodel = "gold"\n',
         )
         command = [sys.executable, "-m", "evals.repair_ablation", str(grid), "--out", str(out)]
-        command += ["--tau2-data", str(tau2_data_dir), "--no-progress", "--no-analysis"]
+        command += ["--tau2-data", str(tau2_data_dir), "--no-progress"]
         first_results = out / "retail-flaky-scripted-k2" / "off" / "results.json"
         with (tmp_path / "first.log").open("wb") as log:
             # Its own session, so the kill takes the proxy it started down with it.
             first = subprocess.Popen(
-                command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                [*command, "--no-analysis"],
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
             deadline = time.monotonic() + 90
             while _saved(first_results) < 1 and first.poll() is None:
@@ -132,8 +136,20 @@ def test_grid_resumes_after_sigkill_and_matches_the_scripted_truth(
                 assert simulation["termination_reason"] == "user_stop"
                 assert reward == 1.0, task_id
                 reports = [m["repairproxy"] for m in simulation["messages"] if m.get("repairproxy")]
-                if reports:  # the proxy's headers, recorded per agent turn by the engine
-                    assert sum(r.get("repairs", 0) for r in reports) == len(truth[task_id])
+                # The proxy's headers, recorded on each agent turn by the engine.
+                assert sum(r.get("repairs", 0) for r in reports) == len(truth[task_id])
+
+    # The analysis the runner ends with sees the same truth.
+    summary = json.loads((out / "analysis" / "summary.json").read_text(encoding="utf-8"))
+    off = summary["arms"]["retail-flaky-scripted-k2/off"]
+    repaired = summary["arms"]["retail-flaky-scripted-k2/reflexive"]
+    assert off["success"]["estimate"] == pytest.approx(2 / 3)  # task 69 ran out of budget
+    assert off["success_at_budget"]["1"]["estimate"] == pytest.approx(1 / 3)  # only 88 is clean
+    assert off["channel_counts"]["hallucinated_name"] == 3
+    assert repaired["success"]["estimate"] == 1.0
+    assert repaired["channel_counts"]["hallucinated_name"] == 0
+    assert repaired["proxy"]["repairs"] == 3
+    assert len(summary["pairs"]) == 1
 
 
 def _stand_in_vllm(tmp_path: Path, tasks_file: Path, argv_file: Path) -> Path:
