@@ -215,35 +215,73 @@ def _validation_us(iterations: int = 20_000) -> float:
     return (time.perf_counter() - started) / iterations / calls * 1e6
 
 
-async def _measure(args: argparse.Namespace, direct: _Target, proxy: _Target, pid: int) -> None:
+@dataclass
+class _Variant:
+    """One proxy to measure: a label, the source tree it runs from, extra serve flags."""
+
+    label: str
+    source: str | None = None  # a checkout (e.g. a git worktree of an older commit)
+    extra: list[str] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, text: str) -> _Variant:
+        """``LABEL[@DIR][=FLAGS]``, e.g. ``base@/tmp/base``, ``no-metrics=--metrics false``."""
+        head, _, flags = text.partition("=")
+        label, _, source = head.partition("@")
+        return cls(label, source or None, flags.split())
+
+
+async def _measure(
+    args: argparse.Namespace, direct: _Target, proxies: list[tuple[_Target, int]]
+) -> None:
     print(
-        f"{'conc':>4} {'direct p50':>10} {'proxy p50':>10} {'added p50':>10} {'added p99':>10} "
-        f"{'direct rps':>10} {'proxy rps':>10} {'proxy RSS':>10}"
+        f"{'conc':>4} {'variant':>12} {'p50':>9} {'added p50':>10} {'added p99':>10} "
+        f"{'rps':>7} {'RSS':>9}"
     )
+    targets = [direct, *(target for target, _ in proxies)]
     for concurrency in args.concurrency:
         requests = args.requests if concurrency == 1 else args.requests * 4
-        for target in (direct, proxy):  # warm-up: connections, caches, JIT-free but lazy imports
+        for target in targets:  # warm-up: connections, caches, JIT-free but lazy imports
             await target.round(concurrency, min(requests, 200), record=False)
         for index in range(args.rounds):
-            order = (direct, proxy) if index % 2 == 0 else (proxy, direct)
-            for target in order:
+            shift = index % len(targets)  # rotate the order so drift hits every target alike
+            for target in targets[shift:] + targets[:shift]:
                 await target.round(concurrency, requests)
-        d, p = direct.latencies[concurrency], proxy.latencies[concurrency]
+        d = direct.latencies[concurrency]
         print(
-            f"{concurrency:>4} {_pct(d, 0.5) * 1e3:>8.3f}ms {_pct(p, 0.5) * 1e3:>8.3f}ms "
-            f"{(_pct(p, 0.5) - _pct(d, 0.5)) * 1e3:>8.3f}ms "
-            f"{(_pct(p, 0.99) - _pct(d, 0.99)) * 1e3:>8.3f}ms "
-            f"{direct.count[concurrency] / direct.elapsed[concurrency]:>10.0f} "
-            f"{proxy.count[concurrency] / proxy.elapsed[concurrency]:>10.0f} "
-            f"{_rss_mib(pid):>7.1f}MiB",
-            flush=True,
+            f"{concurrency:>4} {'direct':>12} {_pct(d, 0.5) * 1e3:>7.3f}ms {'':>10} {'':>10} "
+            f"{direct.count[concurrency] / direct.elapsed[concurrency]:>7.0f}"
         )
-    seq_d, seq_p = direct.latencies.get(1), proxy.latencies.get(1)
-    if seq_d and seq_p:
-        print(
-            "sequential mean added: "
-            f"{(statistics.mean(seq_p) - statistics.mean(seq_d)) * 1e3:.3f} ms"
-        )
+        for proxy, pid in proxies:
+            p = proxy.latencies[concurrency]
+            print(
+                f"{concurrency:>4} {proxy.name:>12} {_pct(p, 0.5) * 1e3:>7.3f}ms "
+                f"{(_pct(p, 0.5) - _pct(d, 0.5)) * 1e3:>8.3f}ms "
+                f"{(_pct(p, 0.99) - _pct(d, 0.99)) * 1e3:>8.3f}ms "
+                f"{proxy.count[concurrency] / proxy.elapsed[concurrency]:>7.0f} "
+                f"{_rss_mib(pid):>6.1f}MiB",
+                flush=True,
+            )
+    seq_d = direct.latencies.get(1)
+    for proxy, _ in proxies:
+        seq_p = proxy.latencies.get(1)
+        if seq_d and seq_p:
+            print(
+                f"{proxy.name}: sequential mean added "
+                f"{(statistics.mean(seq_p) - statistics.mean(seq_d)) * 1e3:.3f} ms"
+            )
+
+
+def _start_proxy(
+    variant: _Variant, upstream_port: int, port: int, repair: str
+) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if variant.source:
+        env["PYTHONPATH"] = variant.source
+    command = [sys.executable, "-m", "repairproxy", "serve"]
+    command += ["--upstream", f"http://127.0.0.1:{upstream_port}/v1", "--port", str(port)]
+    command += ["--repair", repair, *variant.extra]
+    return subprocess.Popen(command, env=env, cwd=variant.source or None, stdout=subprocess.DEVNULL)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -256,47 +294,52 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--repair", default="reflexive")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        type=_Variant.parse,
+        help="a proxy to measure, LABEL[@DIR][=FLAGS] (repeatable; interleaved in one run), "
+        "e.g. --variant now --variant base@/tmp/base --variant no-metrics='--metrics false'",
+    )
     args = parser.parse_args(argv)
+    variants: list[_Variant] = args.variant or [_Variant("proxy")]
 
-    upstream_port, proxy_port = _free_port(), _free_port()
+    upstream_port = _free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     upstream = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.fast_upstream", "--port", str(upstream_port)], env=env
     )
-    proxy = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "repairproxy",
-            "serve",
-            "--upstream",
-            f"http://127.0.0.1:{upstream_port}/v1",
-            "--port",
-            str(proxy_port),
-            "--repair",
-            args.repair,
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
+    ports = [_free_port() for _ in variants]
+    processes = [
+        _start_proxy(v, upstream_port, port, args.repair)
+        for v, port in zip(variants, ports, strict=True)
+    ]
     try:
         _wait_port(upstream_port)
-        _wait_port(proxy_port)
+        for port in ports:
+            _wait_port(port)
         body = orjson.dumps(REQUEST_BODY)
         direct = _Target("direct", upstream_port, _http_request(upstream_port, body))
-        proxied = _Target("proxy", proxy_port, _http_request(proxy_port, body))
+        proxies = [
+            (_Target(v.label, port, _http_request(port, body)), process.pid)
+            for v, port, process in zip(variants, ports, processes, strict=True)
+        ]
         print(
             f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f}, "
             f"sum(range(1000)) takes {_speed_marker_us():.1f} us (other processes share the cpus)"
         )
         print(
             f"request {len(body)} B, answer with 1 tool call, repair={args.repair}, "
-            f"{args.rounds} interleaved rounds"
+            f"{args.rounds} interleaved rounds, variants: "
+            + ", ".join(
+                f"{v.label}{'@' + v.source if v.source else ''} {' '.join(v.extra)}"
+                for v in variants
+            )
         )
-        uvloop.run(_measure(args, direct, proxied, proxy.pid))
+        uvloop.run(_measure(args, direct, proxies))
         print(f"validation: {_validation_us():.2f} us per tool call (check_message, warm cache)")
     finally:
-        for process in (proxy, upstream):
+        for process in [*processes, upstream]:
             process.terminate()
             process.wait(timeout=10)
 
