@@ -13,6 +13,7 @@ from evals.logs import AssistantMessage, Message, ToolMessage, UserMessage
 from evals.participants import OUT_OF_SCOPE, STOP, TRANSFER, EpisodeContext, is_user_stop
 from evals.run import RunConfig, run
 from evals.scripted_user import ScriptedUser, extract_facts, first_person, opening_message
+from evals.tasks import as_task
 
 pytestmark = pytest.mark.anyio
 
@@ -26,7 +27,8 @@ def _task(data_dir: Path, domain: str, task_id: str) -> dict[str, Any]:
 
 
 def _user(task: dict[str, Any], user_tools: list[dict[str, Any]] | None = None) -> ScriptedUser:
-    context = EpisodeContext("ep", task, "policy", [], user_tools or [], trial=0, seed=None)
+    typed = as_task(task)
+    context = EpisodeContext("ep", typed, "policy", [], user_tools or [], trial=0, seed=None)
     return ScriptedUser(context)
 
 
