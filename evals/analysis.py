@@ -511,6 +511,13 @@ def _run_info(info: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in picked.items() if value is not None}
 
 
+def _beyond(budget: int, run_budget: int | None) -> NotAvailable | None:
+    """Past the run's own budget the sweep is unknown: those episodes were stopped there."""
+    if run_budget is not None and budget > run_budget:
+        return NotAvailable(f"beyond the run's budget K={run_budget} (episodes stopped there)")
+    return None
+
+
 def scored_episodes(arm: Arm) -> list[Episode]:
     """The episodes success statistics use: NL assertions nobody judged are counted apart."""
     return [e for e in arm.episodes if not e.nl_unjudged]
@@ -550,7 +557,9 @@ def summarize_arm(arm: Arm) -> ArmSummary:
         no_reward=sum(1 for e in episodes if e.reward is None),
         success=stats.wilson(successes, len(scored)),
         sweep={
-            k: stats.wilson(sum(success_at(e, k) for e in scored), len(scored)) for k in BUDGETS
+            k: _beyond(k, arm.max_errors)
+            or stats.wilson(sum(success_at(e, k) for e in scored), len(scored))
+            for k in BUDGETS
         },
         messages_mean=_mean([e.num_messages for e in episodes], why_len),
         messages_median=_median([e.num_messages for e in episodes], why_len),
@@ -625,7 +634,9 @@ def summarize_pair(
         [(ref_keyed[k].success, cmp_keyed[k].success) for k in keys]
     )
     sweep_gap = {
-        k: stats.paired_difference(
+        k: _beyond(k, reference.max_errors)
+        or _beyond(k, compared.max_errors)
+        or stats.paired_difference(
             stats.PairedTable.from_pairs(
                 [(success_at(ref_keyed[key], k), success_at(cmp_keyed[key], k)) for key in keys]
             )
@@ -713,7 +724,7 @@ def build_summary(arms: Sequence[Arm], pairs: Sequence[tuple[str, str]]) -> Summ
             )
         if summary.max_errors is not None and summary.max_errors < max(BUDGETS):
             notes.append(
-                f"{summary.label}: the run's budget was {summary.max_errors}; success@K' for "
-                f"K' > {summary.max_errors} cannot exceed the run's own success."
+                f"{summary.label}: the run's budget was K={summary.max_errors}; success@K' "
+                f"past it is n/a (episodes were stopped at {summary.max_errors} errors)."
             )
     return Summary(summaries, compared, notes)

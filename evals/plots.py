@@ -64,6 +64,14 @@ def sweep(summary: Summary, pair: PairSummary, path: Path) -> Path | None:
     budgets = {arm.max_errors for arm in arms if arm.max_errors is not None}
     for budget in budgets:
         axes.axvline(budget, color="grey", linestyle=":", linewidth=1)
+        if budget < max(BUDGETS):
+            axes.text(
+                budget + 0.15,
+                0.5,
+                f"past the run's budget K={budget}: n/a",
+                fontsize=8,
+                color="grey",
+            )
     axes.set_xticks(list(BUDGETS))
     axes.set_xlabel("error budget K' (episode fails once failed tool calls reach K')")
     axes.set_ylabel("success rate")

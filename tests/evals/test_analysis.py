@@ -106,6 +106,17 @@ def test_sweep_boundary_k_equal_to_errors_fails() -> None:
     assert [success_at(ep, k) for k in (1, 2, 3, 10)] == [False, False, True, True]
 
 
+def test_sweep_past_the_runs_budget_is_not_available() -> None:
+    data = results([episode("t", 0, [Turn((Call("x", "Error: a"),))])], max_errors=3)
+    arm = summarize_arm(
+        Arm("k3", Path("k3/results.json"), data["info"], tuple(read_episodes(data)))
+    )
+    assert isinstance(arm.sweep[3], Interval) and arm.sweep[3].estimate == 1.0
+    assert isinstance(arm.sweep[1], Interval) and arm.sweep[1].estimate == 0.0
+    assert arm.sweep[4] == NotAvailable("beyond the run's budget K=3 (episodes stopped there)")
+    assert arm.success == arm.sweep[3]
+
+
 def test_dir_format_reads_simulations_folder(tmp_path: Path) -> None:
     data = results([episode("t", 0, []), episode("t", 1, [], reward=0.0)])
     for simulation in data["simulations"]:
