@@ -16,6 +16,7 @@ from typing import Any
 from evals.chat import complete_turn, to_openai_messages
 from evals.logs import AssistantMessage, Message, ToolCall
 from evals.participants import STOP, AgentError, EpisodeContext
+from evals.tasks import Action
 
 __all__ = [
     "AGENT_INSTRUCTION",
@@ -110,20 +111,22 @@ class LLMAgent:
         return False
 
 
-def action_blocks(actions: Sequence[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+def action_blocks(
+    actions: Sequence[Action | Mapping[str, Any]],
+) -> list[tuple[str, list[Action]]]:
     """Gold actions grouped into maximal runs with the same requestor, in order."""
-    blocks: list[tuple[str, list[dict[str, Any]]]] = []
-    for action in actions:
-        requestor = action.get("requestor", "assistant")
-        if blocks and blocks[-1][0] == requestor:
+    blocks: list[tuple[str, list[Action]]] = []
+    for raw in actions:
+        action = raw if isinstance(raw, Action) else Action.model_validate(raw)
+        if blocks and blocks[-1][0] == action.requestor:
             blocks[-1][1].append(action)
         else:
-            blocks.append((requestor, [action]))
+            blocks.append((action.requestor, [action]))
     return blocks
 
 
-def describe_action(action: dict[str, Any]) -> str:
-    return f"{action['name']}({json.dumps(action.get('arguments', {}), sort_keys=True)})"
+def describe_action(action: Action) -> str:
+    return f"{action.name}({json.dumps(action.arguments, sort_keys=True)})"
 
 
 class GoldAgent:
@@ -137,8 +140,7 @@ class GoldAgent:
     CLOSING = "Your request has been handled. Is there anything else I can help you with?"
 
     def __init__(self, context: EpisodeContext) -> None:
-        criteria = context.task.get("evaluation_criteria") or {}
-        self._blocks = action_blocks(criteria.get("actions") or [])
+        self._blocks = action_blocks(context.task.gold_actions)
         self._block = 0
         self._within = 0
         self._closed = False
@@ -155,9 +157,9 @@ class GoldAgent:
             if self._within == len(actions):
                 self._block, self._within = self._block + 1, 0
             call = ToolCall(
-                id=f"gold_{self._block}_{self._within}_{action.get('action_id', '')}",
-                name=action["name"],
-                arguments=dict(action.get("arguments", {})),
+                id=f"gold_{self._block}_{self._within}_{action.action_id}",
+                name=action.name,
+                arguments=dict(action.arguments),
             )
             return AssistantMessage(tool_calls=[call])
         if not self._closed:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,6 +35,7 @@ from evals.participants import (
     UserFactory,
     is_user_stop,
 )
+from evals.tasks import Task, as_task
 
 __all__ = ["GREETING", "Episode", "OrchestratorConfig", "run_episode"]
 
@@ -97,7 +98,7 @@ def _with_call_ids(message: AssistantMessage | UserMessage, requestor: Requestor
 async def run_episode(
     *,
     domain: Domain,
-    task: dict[str, Any],
+    task: Task | Mapping[str, Any],
     make_agent: AgentFactory,
     make_user: UserFactory,
     config: OrchestratorConfig,
@@ -105,11 +106,12 @@ async def run_episode(
     seed: int | None = None,
     episode_id: str | None = None,
 ) -> Episode:
-    """Play one episode of ``task`` to its end."""
+    """Play one episode of ``task`` (typed, or a raw ``tasks.json`` entry) to its end."""
+    task = as_task(task)
     episode_id = episode_id or str(uuid.uuid4())
     start_time, start = now(), time.perf_counter()
     environment = domain.new_environment()
-    environment.apply_initial_state(task.get("initial_state"))
+    environment.apply_initial_state(task.initial_state)
     context = EpisodeContext(
         episode_id=episode_id,
         task=task,
@@ -195,7 +197,7 @@ async def run_episode(
     run = SimulationRun(
         id=episode_id,
         episode_id=episode_id,
-        task_id=str(task["id"]),
+        task_id=task.id,
         start_time=start_time,
         end_time=now(),
         duration=time.perf_counter() - start,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from evals.logs import AssistantMessage, Message, UserMessage
+from evals.tasks import Task
 
 __all__ = [
     "OUT_OF_SCOPE",
@@ -52,7 +53,7 @@ class EpisodeContext:
     """What a participant may know about the episode it is created for."""
 
     episode_id: str
-    task: dict[str, Any]
+    task: Task
     policy: str
     agent_tools: list[dict[str, Any]]
     user_tools: list[dict[str, Any]]

@@ -46,6 +46,7 @@ from evals.orchestrator import (
 from evals.participants import Agent, AgentFactory, EpisodeContext, User, UserFactory
 from evals.reward import Judge, OpenAIJudge, evaluate_episode, is_successful, pass_hat_ks
 from evals.scripted_user import ScriptedUser
+from evals.tasks import Task
 from evals.users import GoldUser, LLMUserSimulator, load_guidelines
 
 __all__ = ["RESULTS_FILE", "RunConfig", "main", "parse_args", "run", "summarize"]
@@ -157,10 +158,10 @@ def _participants(config: RunConfig, domain: Domain) -> _Participants:
     return _Participants(make_agent, make_user, judge, (agent_info, user_info), clients)
 
 
-def _select_tasks(domain: Domain, config: RunConfig) -> list[dict[str, Any]]:
+def _select_tasks(domain: Domain, config: RunConfig) -> list[Task]:
     tasks = domain.tasks(config.split)
     if config.task_ids is not None:
-        by_id = {str(t["id"]): t for t in domain.tasks(None)}
+        by_id = {t.id: t for t in domain.tasks(None)}
         missing = [i for i in config.task_ids if i not in by_id]
         if missing:
             raise ValueError(f"unknown task ids: {missing}")
@@ -245,9 +246,11 @@ async def run(
         results = load_results(config.results_path)
         _check_resumable(results.info, info)
         known = {str(t["id"]) for t in results.tasks}
-        results.tasks += [t for t in tasks if str(t["id"]) not in known]
+        results.tasks += [t.model_dump(mode="json") for t in tasks if t.id not in known]
     else:
-        results = Results(info=info, tasks=tasks, simulations=[])
+        results = Results(
+            info=info, tasks=[t.model_dump(mode="json") for t in tasks], simulations=[]
+        )
     writer = ResultsWriter(config.results_path, results)
     writer.flush()
     done = {(s.task_id, s.trial) for s in results.simulations}
@@ -260,7 +263,7 @@ async def run(
         (task, trial)
         for trial in range(config.num_trials)
         for task in tasks
-        if (str(task["id"]), trial) not in done
+        if (task.id, trial) not in done
     ]
     orchestrator = OrchestratorConfig(max_steps=config.max_steps, max_errors=config.max_errors)
     gate = asyncio.Semaphore(max(1, config.concurrency))
@@ -272,7 +275,7 @@ async def run(
         disable=not config.progress,
     )
 
-    async def one(task: dict[str, Any], trial: int) -> None:
+    async def one(task: Task, trial: int) -> None:
         async with gate:
             episode = await run_episode(
                 domain=domain,
@@ -299,9 +302,7 @@ async def run(
     return results
 
 
-async def _score(
-    domain: Domain, task: dict[str, Any], episode: Episode, judge: Judge | None
-) -> RewardInfo:
+async def _score(domain: Domain, task: Task, episode: Episode, judge: Judge | None) -> RewardInfo:
     try:
         return await evaluate_episode(
             domain=domain,

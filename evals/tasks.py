@@ -28,6 +28,8 @@ __all__ = [
     "StructuredUserInstructions",
     "Task",
     "UserScenario",
+    "as_env_assertion",
+    "as_initial_state",
     "as_task",
 ]
 
@@ -103,7 +105,7 @@ class EnvFunctionCall(_Model):
 
     env_type: Requestor
     func_name: str
-    arguments: dict[str, Any]
+    arguments: dict[str, Any] = Field(default_factory=dict)
 
 
 class EnvAssertion(EnvFunctionCall):
@@ -170,3 +172,17 @@ class Task(_Model):
 def as_task(task: Task | Mapping[str, Any]) -> Task:
     """A typed task, from a typed one (returned as is) or a raw ``tasks.json`` entry."""
     return task if isinstance(task, Task) else Task.model_validate(task)
+
+
+def as_initial_state(state: InitialState | Mapping[str, Any] | None) -> InitialState | None:
+    """A typed initial state (None stays None), from a typed one or a raw dict."""
+    if state is None or isinstance(state, InitialState):
+        return state
+    return InitialState.model_validate(state)
+
+
+def as_env_assertion(assertion: EnvAssertion | Mapping[str, Any]) -> EnvAssertion:
+    """A typed env assertion, from a typed one or a raw dict."""
+    return (
+        assertion if isinstance(assertion, EnvAssertion) else EnvAssertion.model_validate(assertion)
+    )

@@ -17,7 +17,7 @@ from evals.agents import ModelConfig, action_blocks
 from evals.chat import complete_turn, to_openai_messages
 from evals.logs import Message, ToolCall, ToolMessage, UserMessage
 from evals.participants import STOP, EpisodeContext, UserError
-from evals.tasks import UserScenario
+from evals.tasks import Action, UserScenario
 
 __all__ = [
     "GoldUser",
@@ -57,7 +57,7 @@ class LLMUserSimulator:
         self._client = client
         self._model = model
         self._context = context
-        self._system_prompt = user_system_prompt(guidelines, context.task["user_scenario"])
+        self._system_prompt = user_system_prompt(guidelines, context.task.user_scenario)
         self._history: list[Message] = []
 
     async def generate(self, incoming: Sequence[Message]) -> UserMessage:
@@ -85,10 +85,9 @@ class GoldUser:
     DONE = "Done. What next?"
 
     def __init__(self, context: EpisodeContext) -> None:
-        criteria = context.task.get("evaluation_criteria") or {}
-        self._blocks = [a for r, a in action_blocks(criteria.get("actions") or []) if r == "user"]
+        self._blocks = [a for r, a in action_blocks(context.task.gold_actions) if r == "user"]
         self._opened = False
-        self._queue: list[dict[str, Any]] = []
+        self._queue: list[Action] = []
         self._count = 0
 
     async def generate(self, incoming: Sequence[Message]) -> UserMessage:
@@ -105,8 +104,8 @@ class GoldUser:
             self._count += 1
             call = ToolCall(
                 id=f"user_gold_{self._count}",
-                name=action["name"],
-                arguments=dict(action.get("arguments", {})),
+                name=action.name,
+                arguments=dict(action.arguments),
                 requestor="user",
             )
             return UserMessage(tool_calls=[call])

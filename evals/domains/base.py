@@ -9,9 +9,12 @@ Tool results and error texts follow τ²-bench v1.0.1 exactly: a failing call yi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
+
+from evals.tasks import EnvAssertion, InitialState, Task
 
 Requestor = Literal["assistant", "user"]
 
@@ -39,11 +42,11 @@ class DomainEnvironment(Protocol):
         """Run one call for ``requestor``; a bad call returns an error result, never raises."""
         ...
 
-    def apply_initial_state(self, initial_state: dict[str, Any] | None) -> None:
-        """Apply a task's ``initial_state`` (initialization data and actions)."""
+    def apply_initial_state(self, initial_state: InitialState | Mapping[str, Any] | None) -> None:
+        """Apply a task's ``initial_state`` (initialization data and actions); raw dicts too."""
         ...
 
-    def run_env_assertion(self, assertion: dict[str, Any]) -> bool:
+    def run_env_assertion(self, assertion: EnvAssertion | Mapping[str, Any]) -> bool:
         """Evaluate one ``evaluation_criteria.env_assertions`` entry against the current state."""
         ...
 
@@ -53,13 +56,13 @@ class DomainEnvironment(Protocol):
 
 
 class Domain(Protocol):
-    """A loaded domain: its policy, its tasks (raw τ²-bench dicts) and an environment factory."""
+    """A loaded domain: its policy, its typed tasks and an environment factory."""
 
     name: str
     policy: str
 
-    def tasks(self, split: str | None = "base") -> list[dict[str, Any]]:
-        """Tasks in τ²-bench's ``tasks.json`` shape, optionally filtered by ``split_tasks.json``."""
+    def tasks(self, split: str | None = "base") -> list[Task]:
+        """The tasks of ``tasks.json``, optionally filtered by ``split_tasks.json``."""
         ...
 
     def new_environment(self) -> DomainEnvironment:

@@ -10,11 +10,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from evals.domains.base import Requestor, ToolResult
 from evals.logs import AssistantMessage, Message, ToolCall, UserMessage
+from evals.tasks import (
+    EnvAssertion,
+    InitialState,
+    Task,
+    as_env_assertion,
+    as_initial_state,
+    as_task,
+)
 
 POLICY = "Add what the customer asks for."
 
@@ -59,13 +67,15 @@ class CounterEnvironment:
             return ToolResult("pressed", False)
         return ToolResult(f"Error: Tool '{name}' not found.", True)
 
-    def apply_initial_state(self, initial_state: dict[str, Any] | None) -> None:
-        for action in (initial_state or {}).get("initialization_actions") or []:
-            self.call_tool(action["env_type"], action["func_name"], action["arguments"])
+    def apply_initial_state(self, initial_state: InitialState | Mapping[str, Any] | None) -> None:
+        state = as_initial_state(initial_state)
+        for action in (state.initialization_actions if state else None) or []:
+            self.call_tool(action.env_type, action.func_name, action.arguments)
 
-    def run_env_assertion(self, assertion: dict[str, Any]) -> bool:
-        value = self.total == assertion["arguments"]["value"]
-        return value == assertion.get("assert_value", True)
+    def run_env_assertion(self, assertion: EnvAssertion | Mapping[str, Any]) -> bool:
+        typed = as_env_assertion(assertion)
+        value = self.total == typed.arguments["value"]
+        return value == typed.assert_value
 
     def db_hash(self) -> str:
         state = json.dumps({"total": self.total, "presses": self.presses}, sort_keys=True)
@@ -77,10 +87,10 @@ class CounterDomain:
     policy = POLICY
 
     def __init__(self, tasks: list[dict[str, Any]] | None = None) -> None:
-        self._tasks = tasks or []
+        self._tasks = [as_task(task) for task in tasks or []]
 
-    def tasks(self, split: str | None = "base") -> list[dict[str, Any]]:
-        return list(self._tasks)
+    def tasks(self, split: str | None = "base") -> list[Task]:
+        return [task.model_copy(deep=True) for task in self._tasks]
 
     def new_environment(self) -> CounterEnvironment:
         return CounterEnvironment()

@@ -76,7 +76,7 @@ async def play_all(
         )
         run = episode.run
         detail = f"{run.termination_reason}, errors={run.num_errors}, {info.reward_breakdown}"
-        outcome[str(task["id"])] = (info.reward, detail)
+        outcome[task.id] = (info.reward, detail)
     return outcome
 
 

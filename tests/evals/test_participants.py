@@ -146,12 +146,12 @@ async def test_openai_judge(upstream: ScriptedUpstream, client: openai.AsyncOpen
 
 def test_action_blocks_group_consecutive_requestors() -> None:
     actions = [
-        {"name": "a"},
-        {"name": "b", "requestor": "user"},
-        {"name": "c", "requestor": "user"},
-        {"name": "d", "requestor": "assistant"},
+        {"action_id": "0", "name": "a", "arguments": {}},
+        {"action_id": "1", "name": "b", "arguments": {}, "requestor": "user"},
+        {"action_id": "2", "name": "c", "arguments": {}, "requestor": "user"},
+        {"action_id": "3", "name": "d", "arguments": {}, "requestor": "assistant"},
     ]
-    assert [(r, [a["name"] for a in b]) for r, b in action_blocks(actions)] == [
+    assert [(r, [a.name for a in b]) for r, b in action_blocks(actions)] == [
         ("assistant", ["a"]),
         ("user", ["b", "c"]),
         ("assistant", ["d"]),

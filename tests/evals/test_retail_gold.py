@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, cast
 
 import pytest
 
-from evals.domains.base import Requestor
 from evals.domains.retail import WRITE_TOOLS, RetailDomain, load
 from evals.domains.retail.hashing import canonical_json
+from evals.tasks import Task
 
 # (task id, index of the gold action) -> (tool message, why it is expected).
 _COMMON_EXPECTED: dict[tuple[str, int], tuple[str, str]] = {
@@ -83,17 +82,16 @@ def domain(tau2_data_dir: Path, tasks_file: str) -> RetailDomain:
 
 
 def replay(
-    domain: RetailDomain, task: dict[str, Any], *, check_hash: bool = False
+    domain: RetailDomain, task: Task, *, check_hash: bool = False
 ) -> tuple[str, dict[tuple[str, int], str]]:
     """Run a task's gold actions on a fresh environment: final hash and the errors met."""
     env = domain.new_environment()
-    env.apply_initial_state(task.get("initial_state"))
+    env.apply_initial_state(task.initial_state)
     errors: dict[tuple[str, int], str] = {}
-    for index, action in enumerate(task["evaluation_criteria"]["actions"]):
-        requestor = cast(Requestor, action.get("requestor") or "assistant")
-        result = env.call_tool(requestor, action["name"], action["arguments"])
+    for index, action in enumerate(task.gold_actions):
+        result = env.call_tool(action.requestor, action.name, action.arguments)
         if result.error:
-            errors[(task["id"], index)] = result.content
+            errors[(task.id, index)] = result.content
     if check_hash:  # the cached hash equals hashing the whole dump (slow, so only sometimes)
         whole = canonical_json(env.db.model_dump()).encode("utf-8")
         assert env.db_hash() == hashlib.sha256(whole).hexdigest()
@@ -110,17 +108,17 @@ def test_gold_replay(domain: RetailDomain, tasks_file: str) -> None:
     for position, task in enumerate(tasks):
         first_hash, errors = replay(domain, task, check_hash=position % 20 == 0)
         second_hash, again = replay(domain, task)
-        assert first_hash == second_hash, f"task {task['id']}: replay is not deterministic"
+        assert first_hash == second_hash, f"task {task.id}: replay is not deterministic"
         assert errors == again
         met.update(errors)
         clean += not errors
         # The DB changes exactly when some write action succeeded.
-        actions = task["evaluation_criteria"]["actions"]
+        actions = task.gold_actions
         wrote = any(
-            action["name"] in WRITE_TOOLS and (task["id"], index) not in errors
+            action.name in WRITE_TOOLS and (task.id, index) not in errors
             for index, action in enumerate(actions)
         )
-        assert (first_hash != initial) == wrote, f"task {task['id']}"
+        assert (first_hash != initial) == wrote, f"task {task.id}"
         changed += wrote
     print(f"\n{tasks_file}: gold replay of {len(tasks)} base tasks")
     print(f"  {clean} clean, {len(tasks) - clean} with expected errors, {changed} change the DB")

@@ -810,18 +810,18 @@ def test_tasks_and_splits(retail: RetailDomain, tau2_data_dir: Path) -> None:
     base = retail.tasks()
     assert len(base) == 114 and len(retail.tasks(None)) == 114
     train, test = retail.tasks("train"), retail.tasks("test")
-    assert {t["id"] for t in train} | {t["id"] for t in test} == {t["id"] for t in base}
-    assert not {t["id"] for t in train} & {t["id"] for t in test}
+    assert {t.id for t in train} | {t.id for t in test} == {t.id for t in base}
+    assert not {t.id for t in train} & {t.id for t in test}
     with pytest.raises(ValueError, match="Invalid task split name"):
         retail.tasks("nope")
     copy = retail.tasks()
-    copy[0]["id"] = "mutated"
-    assert retail.tasks()[0]["id"] == base[0]["id"]
+    copy[0].id = "mutated"
+    assert retail.tasks()[0].id == base[0].id
     assert retail.policy.startswith("# Retail agent policy")
     assert retail.name == "retail"
     older = load(tau2_data_dir, tasks_file="tasks_v0.2.0.json")
-    assert [t["id"] for t in older.tasks()] == [t["id"] for t in base]
-    assert older.tasks()[0]["evaluation_criteria"] != base[0]["evaluation_criteria"]
+    assert [t.id for t in older.tasks()] == [t.id for t in base]
+    assert older.tasks()[0].evaluation_criteria != base[0].evaluation_criteria
 
 
 def test_domain_satisfies_the_protocols(retail: RetailDomain) -> None:

@@ -199,3 +199,25 @@ def test_pass_hat_k_caps_k_at_the_fewest_trials_of_any_task() -> None:
     result = pass_hat_ks({"a": [1.0, 1.0, 1.0], "b": [1.0, 0.0]}, num_trials=3)
     assert sorted(result) == [1, 2]
     assert result[2] == pytest.approx((1 + 0) / 2)
+
+
+async def test_env_assertions_run_when_the_task_has_no_actions() -> None:
+    # τ²-bench skips the environment components only when actions AND env_assertions are missing.
+    assertion = {"env_type": "assistant", "func_name": "total_is", "arguments": {"value": 3}}
+    task = make_task(reward_basis=["ENV_ASSERTION"], env_assertions=[assertion])
+    task["evaluation_criteria"]["actions"] = None
+    info = await score(task, env_with(5))
+    assert info.reward == 0.0 and [c.met for c in info.env_assertions] == [False]
+    assert (await score(task, env_with(3))).reward == 1.0
+    task["evaluation_criteria"]["env_assertions"] = None
+    info = await score(task, env_with(5))
+    assert info.reward == 1.0 and info.reward_breakdown == {}
+    assert info.db_check is not None and info.db_check.db_match
+
+
+async def test_db_uses_an_empty_gold_replay_when_only_env_assertions_are_given() -> None:
+    assertion = {"env_type": "assistant", "func_name": "total_is", "arguments": {"value": 0}}
+    task = make_task(reward_basis=["DB"], env_assertions=[assertion])
+    task["evaluation_criteria"]["actions"] = None
+    assert (await score(task, env_with(0))).reward == 1.0
+    assert (await score(task, env_with(2))).reward == 0.0

@@ -7,15 +7,20 @@ For each task: apply its initial state, replay ``evaluation_criteria.actions`` i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from evals.domains.telecom import TelecomDomain, load
+from evals.tasks import EvaluationCriteria, Task
 
 # Tasks whose gold replay cannot satisfy their assertions, with the reason. None are known: all
 # 114 base tasks pass. A new entry here must say why the task is unachievable.
 KNOWN_EXCEPTIONS: dict[str, str] = {}
+
+
+def _criteria(task: Task) -> EvaluationCriteria:
+    assert task.evaluation_criteria is not None
+    return task.evaluation_criteria
 
 
 @pytest.fixture(scope="module")
@@ -23,18 +28,18 @@ def telecom(tau2_data_dir: Path) -> TelecomDomain:
     return load(tau2_data_dir)
 
 
-def replay(telecom: TelecomDomain, task: dict[str, Any]) -> tuple[list[str], list[str], str]:
+def replay(telecom: TelecomDomain, task: Task) -> tuple[list[str], list[str], str]:
     """Failed gold calls, unmet assertions, and the final db_hash."""
     env = telecom.new_environment()
-    env.apply_initial_state(task["initial_state"])
+    env.apply_initial_state(task.initial_state)
     failed_calls = []
-    for action in task["evaluation_criteria"]["actions"] or []:
-        result = env.call_tool(action["requestor"], action["name"], action["arguments"])
+    for action in task.gold_actions:
+        result = env.call_tool(action.requestor, action.name, action.arguments)
         if result.error:
-            failed_calls.append(f"{action['name']}: {result.content}")
+            failed_calls.append(f"{action.name}: {result.content}")
     unmet = [
-        f"{check['func_name']}({check['arguments']})"
-        for check in task["evaluation_criteria"]["env_assertions"] or []
+        f"{check.func_name}({check.arguments})"
+        for check in _criteria(task).env_assertions or []
         if not env.run_env_assertion(check)
     ]
     return failed_calls, unmet, env.db_hash()
@@ -47,7 +52,7 @@ def test_gold_actions_satisfy_every_base_task(telecom: TelecomDomain) -> None:
     for task in tasks:
         failed_calls, unmet, _ = replay(telecom, task)
         if failed_calls or unmet:
-            failures[task["id"]] = f"failed calls {failed_calls}; unmet assertions {unmet}"
+            failures[task.id] = f"failed calls {failed_calls}; unmet assertions {unmet}"
         else:
             passed += 1
     print(f"\ntelecom gold replay: {passed}/{len(tasks)} base tasks reach all env assertions")
@@ -61,24 +66,21 @@ def test_gold_replay_is_deterministic_and_changes_state(telecom: TelecomDomain) 
         first, second = replay(telecom, task)[2], replay(telecom, task)[2]
         assert first == second
         env = telecom.new_environment()
-        env.apply_initial_state(task["initial_state"])
-        if any(
-            action["name"] != "transfer_to_human_agents"
-            for action in task["evaluation_criteria"]["actions"]
-        ):
-            assert env.db_hash() != first, task["id"]
+        env.apply_initial_state(task.initial_state)
+        if any(action.name != "transfer_to_human_agents" for action in task.gold_actions):
+            assert env.db_hash() != first, task.id
 
 
 def test_assertions_fail_before_the_gold_actions(telecom: TelecomDomain) -> None:
     """The assertions discriminate: without the fix, some assertion of a fixable task is unmet."""
     fixable = 0
     for task in telecom.tasks("base"):
-        names = {action["name"] for action in task["evaluation_criteria"]["actions"]}
+        names = {action.name for action in task.gold_actions}
         if names == {"transfer_to_human_agents"}:
             continue  # unfixable by design: the assertion is that service stays down
         fixable += 1
         env = telecom.new_environment()
-        env.apply_initial_state(task["initial_state"])
-        checks = task["evaluation_criteria"]["env_assertions"]
-        assert not all(env.run_env_assertion(check) for check in checks), task["id"]
+        env.apply_initial_state(task.initial_state)
+        checks = _criteria(task).env_assertions or []
+        assert not all(env.run_env_assertion(check) for check in checks), task.id
     assert fixable == 94

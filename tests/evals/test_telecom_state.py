@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from evals.domains.telecom import TelecomDomain, TelecomEnvironment, load
 from evals.domains.telecom.agent_tools import TelecomTools
 from evals.domains.telecom.toolkit import ToolKit
 from evals.domains.telecom.user_tools import TelecomUserTools
+from evals.tasks import EnvFunctionCall
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,11 +46,13 @@ def test_every_function_the_tasks_name_is_implemented(telecom: TelecomDomain) ->
     sides: dict[str, type[ToolKit]] = {"assistant": TelecomTools, "user": TelecomUserTools}
     named = set()
     for task in telecom.tasks(split=None):
-        calls = (task["initial_state"] or {}).get("initialization_actions") or []
-        calls = calls + (task["evaluation_criteria"].get("env_assertions") or [])
-        named |= {(call["env_type"], call["func_name"]) for call in calls}
-        for action in task["evaluation_criteria"].get("actions") or []:
-            assert sides[action["requestor"]].has_tool(action["name"]), action
+        assert task.evaluation_criteria is not None
+        calls: list[EnvFunctionCall] = []
+        calls += (task.initial_state.initialization_actions if task.initial_state else None) or []
+        calls += task.evaluation_criteria.env_assertions or []
+        named |= {(call.env_type, call.func_name) for call in calls}
+        for action in task.gold_actions:
+            assert sides[action.requestor].has_tool(action.name), action
     missing = sorted(pair for pair in named if not sides[pair[0]].has_env_function(pair[1]))
     assert missing == []
     assert len(named) >= 20
@@ -207,7 +209,7 @@ def test_db_hash_is_the_same_in_another_process(
         "print(env.db_hash())\n"
     )
     output = subprocess.run(
-        [sys.executable, "-c", script, str(tau2_data_dir), json.dumps(task)],
+        [sys.executable, "-c", script, str(tau2_data_dir), task.model_dump_json()],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -215,7 +217,7 @@ def test_db_hash_is_the_same_in_another_process(
         env={"PYTHONHASHSEED": "123", "PATH": ""},
     ).stdout.strip()
     env = telecom.new_environment()
-    env.apply_initial_state(task["initial_state"])
+    env.apply_initial_state(task.initial_state)
     assert output == env.db_hash()
 
 
@@ -223,12 +225,12 @@ def test_tasks_and_policy(telecom: TelecomDomain) -> None:
     base = telecom.tasks()
     assert len(base) == 114
     # The other splits of split_tasks.json name v1's 2,285 tasks, which this tasks.json lacks.
-    assert {task["id"] for task in telecom.tasks("test")} <= {task["id"] for task in base}
+    assert {task.id for task in telecom.tasks("test")} <= {task.id for task in base}
     assert len(telecom.tasks(None)) >= len(base)
     with pytest.raises(ValueError, match="Invalid task split name"):
         telecom.tasks("nope")
-    base[0]["id"] = "edited"
-    assert telecom.tasks()[0]["id"] != "edited"
+    base[0].id = "edited"
+    assert telecom.tasks()[0].id != "edited"
     assert telecom.name == "telecom"
     assert telecom.policy.startswith("<main_policy>\n# Telecom Agent Policy")
     assert "\n</main_policy>\n<tech_support_policy>\n" in telecom.policy

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
-from typing import Any
 
 from evals.domains.base import domain_dir
 from evals.domains.retail.db import RetailDB
 from evals.domains.retail.environment import RetailEnvironment
 from evals.domains.retail.hashing import CanonicalCache
+from evals.tasks import Task
 
 __all__ = ["DEFAULT_TASKS_FILE", "RetailDomain", "load"]
 
@@ -26,7 +25,7 @@ class RetailDomain:
         self,
         policy: str,
         pristine: RetailDB,
-        tasks: list[dict[str, Any]],
+        tasks: list[Task],
         splits: dict[str, list[str]],
     ) -> None:
         self.policy = policy
@@ -35,8 +34,8 @@ class RetailDomain:
         self._tasks = tasks
         self._splits = splits
 
-    def tasks(self, split: str | None = "base") -> list[dict[str, Any]]:
-        """Raw task dicts (copies), in file order, filtered by ``split`` unless it is None."""
+    def tasks(self, split: str | None = "base") -> list[Task]:
+        """Typed tasks (copies), in file order, filtered by ``split`` unless it is None."""
         if split is None:
             chosen = self._tasks
         elif split not in self._splits:
@@ -45,8 +44,8 @@ class RetailDomain:
             )
         else:
             wanted = set(self._splits[split])
-            chosen = [task for task in self._tasks if task["id"] in wanted]
-        return copy.deepcopy(chosen)
+            chosen = [task for task in self._tasks if task.id in wanted]
+        return [task.model_copy(deep=True) for task in chosen]
 
     def new_environment(self) -> RetailEnvironment:
         """A world in the database's initial state; it shares unchanged objects with the others."""
@@ -69,7 +68,8 @@ def load(data_dir: Path, tasks_file: str = DEFAULT_TASKS_FILE) -> RetailDomain:
     folder = domain_dir(Path(data_dir), "retail")
     pristine = RetailDB.model_validate_json((folder / "db.json").read_bytes())
     policy = (folder / "policy.md").read_text(encoding="utf-8")
-    tasks = json.loads((folder / tasks_file).read_text(encoding="utf-8"))
+    raw_tasks = json.loads((folder / tasks_file).read_text(encoding="utf-8"))
+    tasks = [Task.model_validate(task) for task in raw_tasks]
     split_path = _split_file(folder, tasks_file)
     splits = json.loads(split_path.read_text(encoding="utf-8")) if split_path.exists() else {}
     return RetailDomain(policy=policy, pristine=pristine, tasks=tasks, splits=splits)

@@ -8,7 +8,7 @@ as ``json.dumps(model.model_dump())``. Retail is single-control: the user has no
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -18,6 +18,13 @@ from evals.domains.retail.db import RetailDB
 from evals.domains.retail.hashing import CanonicalCache
 from evals.domains.retail.schemas import AGENT_TOOL_NAMES, WRITE_TOOLS, agent_tool_schemas
 from evals.domains.retail.tools import RetailTools
+from evals.tasks import (
+    EnvAssertion,
+    EnvFunctionCall,
+    InitialState,
+    as_env_assertion,
+    as_initial_state,
+)
 
 __all__ = ["RetailEnvironment", "serialize_result"]
 
@@ -77,18 +84,19 @@ class RetailEnvironment:
             raise TypeError(f"Tool arguments must be an object, not {type(arguments).__name__}")
         return getattr(self._tools, name)(**arguments)
 
-    def apply_initial_state(self, initial_state: dict[str, Any] | None) -> None:
-        if not initial_state:
+    def apply_initial_state(self, initial_state: InitialState | Mapping[str, Any] | None) -> None:
+        state = as_initial_state(initial_state)
+        if state is None:
             return
-        data = initial_state.get("initialization_data") or {}
-        if data.get("agent_data") is not None:
-            merged = _deep_merge(self._tools.db.model_dump(), data["agent_data"])
+        data = state.initialization_data
+        if data is not None and data.agent_data is not None:
+            merged = _deep_merge(self._tools.db.model_dump(), data.agent_data)
             self._tools.replace_db(RetailDB.model_validate(merged))
-        if data.get("user_data") is not None:
+        if data is not None and data.user_data is not None:
             raise ValueError("User tools not available")
-        for call in initial_state.get("initialization_actions") or []:
+        for call in state.initialization_actions or []:
             self._run_env_function_call(call)
-        self._replay_write_calls(initial_state.get("message_history") or [])
+        self._replay_write_calls(state.message_history or [])
 
     def _replay_write_calls(self, messages: list[dict[str, Any]]) -> None:
         # τ²-bench re-executes only state-changing calls of a given history; reads change nothing.
@@ -98,27 +106,24 @@ class RetailEnvironment:
                     requestor = tool_call.get("requestor", "assistant")
                     self.call_tool(requestor, tool_call["name"], tool_call.get("arguments") or {})
 
-    def _run_env_function_call(self, call: dict[str, Any]) -> Any:
-        env_type = call.get("env_type")
+    def _run_env_function_call(self, call: EnvFunctionCall) -> Any:
+        env_type = call.env_type
         if env_type == "user":
             raise ValueError("User tools not available")
-        if env_type != "assistant":
-            raise ValueError(f"Invalid environment type: {env_type}")
-        name = call["func_name"]
+        name = call.func_name
         function: Callable[..., Any] | None = (
             None if name.startswith("_") else getattr(self._tools, name, None)
         )
         if not callable(function):
             raise ValueError(f"Function {name} not found in {env_type} tools")
-        return function(**(call.get("arguments") or {}))
+        return function(**call.arguments)
 
-    def run_env_assertion(self, assertion: dict[str, Any]) -> bool:
-        result = self._run_env_function_call(assertion)
+    def run_env_assertion(self, assertion: EnvAssertion | Mapping[str, Any]) -> bool:
+        typed = as_env_assertion(assertion)
+        result = self._run_env_function_call(typed)
         if not isinstance(result, bool):
-            raise ValueError(
-                f"Function {assertion['func_name']} returned {type(result)} instead of bool"
-            )
-        return bool(result == assertion.get("assert_value", True))
+            raise ValueError(f"Function {typed.func_name} returned {type(result)} instead of bool")
+        return bool(result == typed.assert_value)
 
     def db_hash(self) -> str:
         return self._cache.hash(self._tools.db)

@@ -5,11 +5,9 @@ Files are read once per ``load``; each ``new_environment`` gets its own deep cop
 
 from __future__ import annotations
 
-import copy
 import json
 import tomllib
 from pathlib import Path
-from typing import Any
 
 from evals.domains.base import domain_dir
 from evals.domains.telecom.agent_tools import TelecomTools
@@ -17,6 +15,7 @@ from evals.domains.telecom.device import TelecomUserDB
 from evals.domains.telecom.environment import TelecomEnvironment
 from evals.domains.telecom.models import TelecomDB
 from evals.domains.telecom.user_tools import TelecomUserTools
+from evals.tasks import Task
 
 __all__ = ["TelecomDomain", "assemble_policy", "load"]
 
@@ -35,7 +34,7 @@ class TelecomDomain:
     def __init__(
         self,
         policy: str,
-        tasks: list[dict[str, Any]],
+        tasks: list[Task],
         splits: dict[str, list[str]],
         db: TelecomDB,
         user_db: TelecomUserDB,
@@ -48,18 +47,18 @@ class TelecomDomain:
         self._user_db = user_db
         self._schemas = (TelecomTools.openai_tools(), TelecomUserTools.openai_tools())
 
-    def tasks(self, split: str | None = "base") -> list[dict[str, Any]]:
-        """Raw τ²-bench task dicts (copies), in ``tasks.json`` order, optionally of one split."""
+    def tasks(self, split: str | None = "base") -> list[Task]:
+        """Typed tasks (copies), in ``tasks.json`` order, optionally of one split."""
         if split is None:
             chosen = self._tasks
         elif split in self._splits:
             wanted = set(self._splits[split])
-            chosen = [task for task in self._tasks if task["id"] in wanted]
+            chosen = [task for task in self._tasks if task.id in wanted]
         else:
             raise ValueError(
                 f"Invalid task split name: {split}. Valid splits are: {sorted(self._splits)}"
             )
-        return copy.deepcopy(chosen)
+        return [task.model_copy(deep=True) for task in chosen]
 
     def new_environment(self) -> TelecomEnvironment:
         return TelecomEnvironment(
@@ -78,7 +77,8 @@ def load(data_dir: Path) -> TelecomDomain:
         (folder / "main_policy.md").read_text(encoding="utf-8"),
         (folder / "tech_support_manual.md").read_text(encoding="utf-8"),
     )
-    tasks = json.loads((folder / "tasks.json").read_text(encoding="utf-8"))
+    raw_tasks = json.loads((folder / "tasks.json").read_text(encoding="utf-8"))
+    tasks = [Task.model_validate(task) for task in raw_tasks]
     split_file = folder / "split_tasks.json"
     splits = json.loads(split_file.read_text(encoding="utf-8")) if split_file.exists() else {}
     return TelecomDomain(policy, tasks, splits, db, user_db)

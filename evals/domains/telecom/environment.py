@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from evals.domains.base import Requestor, ToolResult
@@ -19,6 +20,13 @@ from evals.domains.telecom.models import LineStatus, TelecomDB
 from evals.domains.telecom.serialize import to_json_str
 from evals.domains.telecom.toolkit import ToolKit
 from evals.domains.telecom.user_tools import TelecomUserTools
+from evals.tasks import (
+    EnvAssertion,
+    EnvFunctionCall,
+    InitialState,
+    as_env_assertion,
+    as_initial_state,
+)
 
 __all__ = ["TelecomEnvironment", "ToolSchemas"]
 
@@ -76,23 +84,24 @@ class TelecomEnvironment:
             return ToolResult(content=f"Error: {exc}", error=True)
         return ToolResult(content=content, error=False)
 
-    def apply_initial_state(self, initial_state: dict[str, Any] | None) -> None:
+    def apply_initial_state(self, initial_state: InitialState | Mapping[str, Any] | None) -> None:
         """Apply ``initialization_data``, then run ``initialization_actions``, then replay history.
 
         Bad task data raises: a task that cannot be set up must not be scored.
         """
-        if not initial_state:
+        state = as_initial_state(initial_state)
+        if state is None:
             return
-        data = initial_state.get("initialization_data") or {}
-        if data.get("agent_data"):
-            merged = _deep_merge(self._agent.db.model_dump(), data["agent_data"])
+        data = state.initialization_data
+        if data is not None and data.agent_data:
+            merged = _deep_merge(self._agent.db.model_dump(), data.agent_data)
             self._agent.db = TelecomDB.model_validate(merged)
-        if data.get("user_data"):
-            merged = _deep_merge(self._user.db.model_dump(), data["user_data"])
+        if data is not None and data.user_data:
+            merged = _deep_merge(self._user.db.model_dump(), data.user_data)
             self._user.db = TelecomUserDB.model_validate(merged)
-        for action in initial_state.get("initialization_actions") or []:
+        for action in state.initialization_actions or []:
             self._run_env_function(action)
-        self._replay(initial_state.get("message_history") or [])
+        self._replay(state.message_history or [])
         self._sync()
 
     def _replay(self, messages: list[dict[str, Any]]) -> None:
@@ -105,29 +114,30 @@ class TelecomEnvironment:
                 if spec is not None and spec.mutates:
                     self.call_tool(side, call["name"], call.get("arguments") or {})
 
-    def _run_env_function(self, call: dict[str, Any]) -> Any:
-        toolkit = self._toolkit(call["env_type"])
-        result = toolkit.call_env_function(call["func_name"], call.get("arguments") or {})
+    def _run_env_function(self, call: EnvFunctionCall) -> Any:
+        toolkit = self._toolkit(call.env_type)
+        result = toolkit.call_env_function(call.func_name, call.arguments)
         self._sync()
         return result
 
-    def run_env_assertion(self, assertion: dict[str, Any]) -> bool:
+    def run_env_assertion(self, assertion: EnvAssertion | Mapping[str, Any]) -> bool:
         """True when the assertion function's verdict equals ``assert_value``.
 
         An unknown function or a non-boolean verdict is a task-data error and raises; an assertion
         function that itself raises (e.g. the bill it checks does not exist) counts as not met.
         """
-        toolkit = self._toolkit(assertion["env_type"])
-        name = assertion["func_name"]
+        typed = as_env_assertion(assertion)
+        toolkit = self._toolkit(typed.env_type)
+        name = typed.func_name
         if not toolkit.has_env_function(name):
-            raise ValueError(f"Function {name} not found in {assertion['env_type']} tools")
+            raise ValueError(f"Function {name} not found in {typed.env_type} tools")
         try:
-            verdict = self._run_env_function(assertion)
+            verdict = self._run_env_function(typed)
         except Exception:
             return False
         if not isinstance(verdict, bool):
             raise ValueError(f"Function {name} returned {type(verdict)} instead of bool")
-        return bool(verdict == assertion.get("assert_value", True))
+        return bool(verdict == typed.assert_value)
 
     def db_hash(self) -> str:
         """sha256 of canonical JSON of both databases (carrier's and phone's)."""
