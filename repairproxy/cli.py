@@ -61,10 +61,12 @@ def _start_embedded(arm: str) -> Any:
 
 def _model_ids(base_url: str) -> str:
     """The model ids the upstream serves (what clients send as ``model``), for the start line."""
-    import httpx
+    import json
+    import urllib.request
 
     try:
-        data = httpx.get(base_url.rstrip("/") + "/models", timeout=5.0).json()["data"]
+        with urllib.request.urlopen(base_url.rstrip("/") + "/models", timeout=5.0) as reply:
+            data = json.load(reply)["data"]
         return ", ".join(str(card["id"]) for card in data) or "?"
     except Exception:  # informative only: an upstream without /models still works
         return "?"
