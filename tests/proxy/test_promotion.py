@@ -9,12 +9,20 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import httpx
+import openai
 import orjson
 import pytest
+from openai.types.chat import ChatCompletionMessageToolCall
 
 from repairproxy.events import CaughtCall
 from repairproxy.repair import OnExhausted, RepairMode, RepairPolicy, repair_completion
 from repairproxy.validation import Channel, CompiledTools, ToolsCache
+from tests.proxy.conftest import MESSAGES, StartProxy
+from tests.proxy.conftest import TOOLS as PROXY_TOOLS
+from tests.support.proxy_server import RunningProxy
+from tests.support.scripted_upstream import ScriptedUpstream, tool_call
+from tests.support.scripted_upstream import completion as sse_completion
 
 TOOLS = [
     {
@@ -310,3 +318,113 @@ async def test_strip_after_promotion_keeps_prose_and_valid_calls(tools: Compiled
     assert not outcome.exhausted and outcome.promoted == 1
     assert _message(outcome)["content"] == "Sure."
     assert _calls(_message(outcome)) == [("get_order_details", W1)]
+
+
+# --- through a real proxy, with the official openai client ---------------------------------------
+
+ORDER_CALL = '{"name": "get_order_details", "arguments": {"order_id": "#W1"}}'
+
+
+def _client(proxy: RunningProxy) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy.base_url, api_key="sk-client", max_retries=0)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        ORDER_CALL,
+        f"<tool_call>\n{ORDER_CALL}\n</tool_call>",
+        f"```json\n{ORDER_CALL}\n```",
+        "<function=get_order_details>\n<parameter=order_id>\n#W1\n</parameter>\n</function>",
+    ],
+    ids=["bare", "tagged", "fenced", "xml"],
+)
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
+def test_openai_client_receives_a_normal_tool_call(
+    upstream: ScriptedUpstream, start_proxy: StartProxy, content: str, stream: bool
+) -> None:
+    proxy = start_proxy(repair="promote")
+    upstream.push(sse_completion(content=content))
+    with _client(proxy) as client:
+        if stream:
+            raw_stream = client.chat.completions.with_raw_response.create(
+                model="m", messages=MESSAGES, tools=PROXY_TOOLS, stream=True
+            )
+            headers = raw_stream.headers
+            calls: dict[int, dict[str, str]] = {}
+            text = ""
+            finish = None
+            for chunk in raw_stream.parse():
+                for choice in chunk.choices:
+                    text += choice.delta.content or ""
+                    finish = choice.finish_reason or finish
+                    for part in choice.delta.tool_calls or ():
+                        entry = calls.setdefault(part.index, {"id": "", "name": "", "args": ""})
+                        entry["id"] += part.id or ""
+                        if part.function is not None:
+                            entry["name"] += part.function.name or ""
+                            entry["args"] += part.function.arguments or ""
+            assert text == "" and finish == "tool_calls"
+            ((name, arguments, call_id),) = [
+                (c["name"], c["args"], c["id"]) for c in calls.values()
+            ]
+        else:
+            raw = client.chat.completions.with_raw_response.create(
+                model="m", messages=MESSAGES, tools=PROXY_TOOLS
+            )
+            headers = raw.headers
+            reply = raw.parse()
+            message = reply.choices[0].message
+            assert message.content is None and reply.choices[0].finish_reason == "tool_calls"
+            assert message.tool_calls is not None
+            (tool,) = message.tool_calls
+            assert isinstance(tool, ChatCompletionMessageToolCall)
+            name, arguments, call_id = tool.function.name, tool.function.arguments, tool.id
+    assert name == "get_order_details" and orjson.loads(arguments) == {"order_id": "#W1"}
+    assert call_id.startswith("call_")
+    assert headers["x-repairproxy-promoted"] == "1"
+    assert headers["x-repairproxy-tool-errors"] == "tool_call_in_content"
+    assert headers["x-repairproxy-repairs"] == "0"
+    assert len(upstream.chat_requests) == 1  # promotion never asks the upstream again
+
+
+def test_parallel_text_calls_with_prose_reach_the_client_as_calls(
+    upstream: ScriptedUpstream, start_proxy: StartProxy
+) -> None:
+    proxy = start_proxy(repair="promote")
+    second = ORDER_CALL.replace("#W1", "#W2")
+    text = f"I will check both orders.\n<tool_call>{ORDER_CALL}</tool_call>\n<tool_call>{second}"
+    upstream.push(sse_completion(content=text + "</tool_call>"))
+    with _client(proxy) as client:
+        reply = client.chat.completions.create(model="m", messages=MESSAGES, tools=PROXY_TOOLS)
+    message = reply.choices[0].message
+    assert message.content == "I will check both orders."
+    calls = [c for c in message.tool_calls or () if isinstance(c, ChatCompletionMessageToolCall)]
+    assert [orjson.loads(c.function.arguments)["order_id"] for c in calls] == ["#W1", "#W2"]
+    assert len({c.id for c in calls}) == 2
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
+def test_an_invented_name_in_text_is_re_asked(
+    upstream: ScriptedUpstream, start_proxy: StartProxy, stream: bool
+) -> None:
+    proxy = start_proxy(repair="reflexive")
+    upstream.push(
+        sse_completion(content='{"name": "track_package", "arguments": {"order_id": "#W1"}}'),
+        sse_completion(tool_calls=[tool_call("get_order_details", {"order_id": "#W1"})]),
+    )
+    body = {"model": "m", "messages": MESSAGES, "tools": PROXY_TOOLS, "stream": stream}
+    response = httpx.post(proxy.base_url + "/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200
+    assert response.headers["x-repairproxy-repairs"] == "1"
+    assert "x-repairproxy-promoted" not in response.headers
+    _, repair = upstream.chat_requests
+    assert repair["stream"] is False
+    assert "'track_package' does not exist" in repair["messages"][-1]["content"]
+    if stream:
+        assert b"get_order_details" in response.content and response.content.endswith(
+            b"data: [DONE]\n\n"
+        )
+    else:
+        (call,) = response.json()["choices"][0]["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_order_details"
