@@ -329,6 +329,13 @@ def summarize(results: Results) -> dict[str, Any]:
     for sim in results.simulations:
         rewards[sim.task_id].append(sim.reward_info.reward if sim.reward_info else 0.0)
     flat = [r for task_rewards in rewards.values() for r in task_rewards]
+    # Episodes whose basis holds NL_ASSERTION but no judge scored it: their reward leaves that
+    # component out, so they are counted apart (τ²-bench would end them as infra errors).
+    unscored = [
+        s.reward_info.reward
+        for s in results.simulations
+        if s.reward_info is not None and s.reward_info.nl_assertions_scored is False
+    ]
     return {
         "episodes": len(flat),
         "successes": sum(is_successful(r) for r in flat),
@@ -339,6 +346,10 @@ def summarize(results: Results) -> dict[str, Any]:
         "malformed_tool_calls": _totals(s.malformed_tool_calls for s in results.simulations),
         "empty_turns": _totals(s.empty_turns for s in results.simulations),
         "nl_assertions_scored": results.info.nl_assertions_scored,
+        "nl_unscored": {
+            "episodes": len(unscored),
+            "successes": sum(is_successful(r) for r in unscored),
+        },
     }
 
 

@@ -119,6 +119,7 @@ def test_cli_gold_run_on_retail(tau2_data_dir: Path, tmp_path: Path) -> None:
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "successes: 4" in done.stdout
+    assert "nl_unscored: {'episodes': 2, 'successes': 2}" in done.stdout
     results = load_results(tmp_path / RESULTS_FILE)
     assert results.info.nl_assertions_scored is False
     assert sorted((s.task_id, s.trial) for s in results.simulations) == [
