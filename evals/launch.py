@@ -1,5 +1,8 @@
 """Start, health-check and stop the servers a grid needs: model servers and proxies.
 
+``ArmEndpoint`` makes one arm reachable for a while: it starts the arm's model server when the
+arm says ``launch = ...`` and one proxy in front of the upstream, and stops both on exit.
+
 Each server is a child process with its output in a log file. On Linux the child is asked to
 receive SIGTERM when the runner dies, so a killed grid run leaves no server holding a port or a GPU
 behind (the next run starts fresh ones and resumes from the results files).
@@ -16,12 +19,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
-__all__ = ["LaunchError", "ManagedProcess", "free_port", "proxy_command"]
+from evals.grid import ArmSpec, Launch, VllmLaunch
+
+__all__ = ["ArmEndpoint", "LaunchError", "ManagedProcess", "free_port", "proxy_command"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -153,3 +160,83 @@ class ManagedProcess:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class ArmEndpoint:
+    """An arm made reachable for a while: its model server (if launched) and its proxy."""
+
+    def __init__(self, arm: ArmSpec, logs: Path, proxy_args: Sequence[str] = ()) -> None:
+        self.arm = arm
+        self._proxy_args = list(proxy_args)
+        self._logs = logs
+        self._stack = ExitStack()
+        self.upstream_url = ""
+        self.proxy_url = ""
+        self.proxy_command: list[str] | str = "external"
+        self.processes: list[ManagedProcess] = []
+
+    def describe(self) -> dict[str, Any]:
+        """The proxy this arm is reached through, for the provenance."""
+        return {"url": self.proxy_url, "command": self.proxy_command}
+
+    def open(self) -> ArmEndpoint:
+        arm = self.arm
+        if arm.arm_dir is not None:
+            raise LaunchError(f"arms.{arm.name}: arm = DIR (a made arm.json) is not supported yet")
+        if len(arm.upstreams) > 1:
+            raise LaunchError(f"arms.{arm.name}: several upstreams per arm are not supported yet")
+        if arm.launch is not None:
+            self.upstream_url = self._launch(arm.launch)
+        else:
+            self.upstream_url = arm.upstreams[0]
+        if arm.proxy is not None:
+            self.proxy_url = arm.proxy
+            return self
+        port = free_port()
+        command = proxy_command(self.upstream_url, port, [*self._proxy_args, *arm.proxy_args])
+        env = None
+        if arm.api_key_env and arm.api_key_env in os.environ:
+            # The upstream key travels in the environment, never on a command line or in a log.
+            env = {"REPAIRPROXY_UPSTREAM_API_KEY": os.environ[arm.api_key_env]}
+        proxy = ManagedProcess(
+            f"proxy for {arm.name}",
+            command,
+            f"http://127.0.0.1:{port}/healthz",
+            self._logs / f"proxy-{arm.name}.log",
+            env=env,
+        )
+        self._start(proxy)
+        self.proxy_command = command
+        self.proxy_url = f"http://127.0.0.1:{port}/v1"
+        return self
+
+    def _launch(self, launch: Launch) -> str:
+        port = launch.port or free_port(launch.host)
+        kind = "vllm" if isinstance(launch, VllmLaunch) else "embedded"
+        server = ManagedProcess(
+            f"{kind} server for {self.arm.name}",
+            launch.command(port),
+            f"http://{launch.host}:{port}{launch.health_path}",
+            self._logs / f"{kind}-{self.arm.name}.log",
+            ready_timeout_s=launch.ready_timeout_s,
+        )
+        self._start(server)
+        return f"http://{launch.host}:{port}/v1"
+
+    def _start(self, process: ManagedProcess) -> None:
+        process.start()
+        self.processes.append(process)
+        self._stack.callback(process.stop)
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> ArmEndpoint:
+        try:
+            return self.open()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -5,24 +5,20 @@ cell x repair mode then runs through ``evals.run`` in this process, with the mod
 (``X-Repairproxy-Repair``) and the proxy's budget set to the cell's ``max_errors``. Each run writes
 ``<out>/<cell>/<mode>/results.json`` (τ²-bench's layout) and ``provenance.json`` beside it. A killed
 grid resumes where it stopped: finished runs are skipped, partial ones resume episode by episode.
-It ends by handing every results file and the pairs to compare to ``evals.analysis``.
+It ends by handing every results file and the pairs to compare to ``evals.analyze``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
-import hashlib
 import importlib
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +27,17 @@ from tqdm import tqdm
 from evals.agents import ModelConfig
 from evals.data import ChecksumError, DataNotFoundError, resolve_data_dir
 from evals.domains import load_domain
-from evals.domains.base import Domain, domain_dir
+from evals.domains.base import Domain
 from evals.grid import (
-    ArmSpec,
     CellSpec,
-    EmbeddedLaunch,
     Grid,
     GridError,
-    VllmLaunch,
     cell_name,
     load_grid,
 )
-from evals.launch import LaunchError, ManagedProcess, free_port, proxy_command
+from evals.launch import ArmEndpoint, LaunchError, proxy_command
 from evals.logs import SimulationRun
+from evals.provenance import PROVENANCE_FILE, cell_provenance
 from evals.run import RESULTS_FILE, RunConfig, run
 from evals.tasks import as_task
 
@@ -55,12 +49,17 @@ __all__ = [
     "analysis_pairs",
     "main",
     "plan_runs",
+    "request_headers",
     "run_grid",
 ]
 
 REPAIR_HEADER = "X-Repairproxy-Repair"
 BUDGET_HEADER = "X-Repairproxy-Budget"
-PROVENANCE_FILE = "provenance.json"
+
+
+def request_headers(mode: str, max_errors: int) -> dict[str, str]:
+    """What the agent sends with every request: the repair mode and the cell's error budget."""
+    return {REPAIR_HEADER: mode, BUDGET_HEADER: str(max_errors)}
 
 
 @dataclass(frozen=True)
@@ -142,174 +141,6 @@ def analysis_pairs(grid: Grid, planned: Sequence[PlannedRun]) -> list[tuple[Path
     return list(dict.fromkeys(pairs))
 
 
-# --- provenance ---------------------------------------------------------------------------------
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 16), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _git(*args: str) -> str:
-    try:
-        done = subprocess.run(
-            ["git", *args],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return done.stdout.strip()
-
-
-def _repair_template(proxy_args: Sequence[str]) -> dict[str, Any]:
-    from repairproxy.repair import RepairTemplate
-
-    path: Path | None = None
-    for index, arg in enumerate(proxy_args):
-        if arg == "--repair-template" and index + 1 < len(proxy_args):
-            path = Path(proxy_args[index + 1])
-        elif arg.startswith("--repair-template="):
-            path = Path(arg.split("=", 1)[1])
-    if path is None:
-        import repairproxy
-
-        path = Path(repairproxy.__file__).parent / "templates" / "repair_v1.txt"
-    try:
-        template = RepairTemplate.from_file(path)
-    except (OSError, ValueError) as exc:
-        return {"file": str(path), "error": str(exc)}
-    return {"file": str(path), "version": template.version, "sha256": _sha256(path)}
-
-
-def _data_pins(data_dir: Path, domain: str) -> dict[str, str]:
-    folder = domain_dir(data_dir, domain)
-    files = sorted(p for p in folder.iterdir() if p.is_file())
-    files += sorted((data_dir / "tau2" / "user_simulator").glob("*.md"))
-    return {str(p.relative_to(data_dir)): _sha256(p) for p in files}
-
-
-def _provenance(
-    grid: Grid, planned: PlannedRun, endpoint: ArmEndpoint, data_dir: Path, concurrency: int
-) -> dict[str, Any]:
-    cell = planned.cell
-    return {
-        "written_at": datetime.now(UTC).isoformat(),
-        "grid": {
-            "name": grid.name,
-            "file": str(grid.source) if grid.source else None,
-            "sha256": _sha256(grid.source) if grid.source else None,
-        },
-        "cell": dataclasses.asdict(cell),
-        "mode": planned.mode,
-        "task_ids": list(planned.task_ids),
-        "episodes": planned.episodes,
-        "episodes_saved_before_this_start": planned.done,
-        "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
-        "arm": grid.arms[cell.arm].describe(),
-        "proxy": {
-            "url": endpoint.proxy_url,
-            "command": endpoint.proxy_command,
-            "request_headers": endpoint.headers(planned.mode, cell.max_errors),
-        },
-        "repair_template": _repair_template([*grid.proxy_args, *grid.arms[cell.arm].proxy_args]),
-        "user": grid.users[cell.user].describe(),
-        "tau2_data": {"dir": str(data_dir), "sha256": _data_pins(data_dir, cell.domain)},
-        "seeds": {"run_seed": cell.seed, "llm_seed": grid.llm_seed},
-        "concurrency": concurrency,
-        "python": sys.version.split()[0],
-    }
-
-
-# --- arms ---------------------------------------------------------------------------------------
-
-
-class ArmEndpoint:
-    """An arm made reachable for a while: its model server (if launched) and its proxy."""
-
-    def __init__(self, grid: Grid, arm: ArmSpec, logs: Path) -> None:
-        self.arm = arm
-        self._grid = grid
-        self._logs = logs
-        self._stack = ExitStack()
-        self.upstream_url = ""
-        self.proxy_url = ""
-        self.proxy_command: list[str] | str = "external"
-        self.processes: list[ManagedProcess] = []
-
-    def headers(self, mode: str, max_errors: int) -> dict[str, str]:
-        return {REPAIR_HEADER: mode, BUDGET_HEADER: str(max_errors)}
-
-    def open(self) -> ArmEndpoint:
-        arm = self.arm
-        if arm.arm_dir is not None:
-            raise GridError(f"arms.{arm.name}: arm = DIR (a made arm.json) is not supported yet")
-        if len(arm.upstreams) > 1:
-            raise GridError(f"arms.{arm.name}: several upstreams per arm are not supported yet")
-        if arm.launch is not None:
-            self.upstream_url = self._launch(arm.launch)
-        else:
-            self.upstream_url = arm.upstreams[0]
-        if arm.proxy is not None:
-            self.proxy_url = arm.proxy
-            return self
-        port = free_port()
-        command = proxy_command(self.upstream_url, port, [*self._grid.proxy_args, *arm.proxy_args])
-        env = None
-        if arm.api_key_env and arm.api_key_env in os.environ:
-            # The upstream key travels in the environment, never on a command line or in a log.
-            env = {"REPAIRPROXY_UPSTREAM_API_KEY": os.environ[arm.api_key_env]}
-        proxy = ManagedProcess(
-            f"proxy for {arm.name}",
-            command,
-            f"http://127.0.0.1:{port}/healthz",
-            self._logs / f"proxy-{arm.name}.log",
-            env=env,
-        )
-        self._start(proxy)
-        self.proxy_command = command
-        self.proxy_url = f"http://127.0.0.1:{port}/v1"
-        return self
-
-    def _launch(self, launch: VllmLaunch | EmbeddedLaunch) -> str:
-        port = launch.port or free_port(launch.host)
-        kind = "vllm" if isinstance(launch, VllmLaunch) else "embedded"
-        server = ManagedProcess(
-            f"{kind} server for {self.arm.name}",
-            launch.command(port),
-            f"http://{launch.host}:{port}{launch.health_path}",
-            self._logs / f"{kind}-{self.arm.name}.log",
-            ready_timeout_s=launch.ready_timeout_s,
-        )
-        self._start(server)
-        return f"http://{launch.host}:{port}/v1"
-
-    def _start(self, process: ManagedProcess) -> None:
-        process.start()
-        self.processes.append(process)
-        self._stack.callback(process.stop)
-
-    def close(self) -> None:
-        self._stack.close()
-
-    def __enter__(self) -> ArmEndpoint:
-        try:
-            return self.open()
-        except BaseException:
-            self.close()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 # --- running ------------------------------------------------------------------------------------
 
 
@@ -333,7 +164,7 @@ def _run_config(
         temperature=arm.temperature,
         seed=grid.llm_seed,
         max_tokens=arm.max_tokens,
-        extra_headers=endpoint.headers(planned.mode, cell.max_errors),
+        extra_headers=request_headers(planned.mode, cell.max_errors),
     )
     user_model = None
     if user.kind == "llm":
@@ -398,10 +229,24 @@ async def run_grid(
             pending = [p for p in planned if p.cell.arm == arm_name and p.done < p.episodes]
             if not pending:
                 continue
-            with ArmEndpoint(grid, grid.arms[arm_name], out / "logs") as endpoint:
+            arm = grid.arms[arm_name]
+            with ArmEndpoint(arm, out / "logs", grid.proxy_args) as endpoint:
                 for item in pending:
                     item.out_dir.mkdir(parents=True, exist_ok=True)
-                    provenance = _provenance(grid, item, endpoint, data_dir, concurrency)
+                    proxy = {
+                        **endpoint.describe(),
+                        "request_headers": request_headers(item.mode, item.cell.max_errors),
+                    }
+                    provenance = cell_provenance(
+                        grid,
+                        item.cell,
+                        item.mode,
+                        task_ids=item.task_ids,
+                        episodes_saved=item.done,
+                        proxy=proxy,
+                        data_dir=data_dir,
+                        concurrency=concurrency,
+                    )
                     (item.out_dir / PROVENANCE_FILE).write_text(
                         json.dumps(provenance, indent=2) + "\n", encoding="utf-8"
                     )
