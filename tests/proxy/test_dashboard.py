@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import struct
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,8 @@ from repairproxy.metrics import Metrics
 from repairproxy.settings import Settings
 from tests.support.chromium import chromium_binary, dump_dom, screenshot, serving
 from tests.support.metrics_workload import Truth, scripted_workload
+from tests.support.proxy_server import running_proxy
+from tests.support.scripted_upstream import ScriptedUpstream
 
 MODEL = "qwen2.5-7b-instruct-awq"
 
@@ -105,3 +109,29 @@ def test_headless_chromium_renders_the_page(tmp_path: Path) -> None:
     assert "lookup_order" in text and "k = 10" in text
     assert _png_size(shot) == (1280, 900)
     assert shot.stat().st_size > 20_000  # a blank page compresses to a few kB
+
+
+def _status(url: str, key: str | None = None) -> int:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return int(exc.code)
+
+
+def test_proxy_serves_the_page_and_metrics_with_their_keys() -> None:
+    with ScriptedUpstream() as upstream:
+        settings = Settings(upstream=upstream.base_url, api_keys=("client",), metrics_api_key="m")
+        with running_proxy(settings) as proxy:
+            page, metrics = f"{proxy.root_url}/dashboard", f"{proxy.root_url}/metrics"
+            assert (_status(page), _status(page, "client")) == (401, 200)
+            assert (_status(metrics), _status(metrics, "client"), _status(metrics, "m")) == (
+                401,
+                401,
+                200,
+            )
+        with running_proxy(Settings(upstream=upstream.base_url)) as proxy:
+            assert _status(f"{proxy.root_url}/metrics") == 200  # open by default
+            assert _status(f"{proxy.root_url}/dashboard") == 200
