@@ -265,6 +265,8 @@ class Info(BaseModel):
     # Ours: whether NL assertions are scored (a judge model is configured), and by which model.
     nl_assertions_scored: bool | None = None
     judge_info: dict[str, Any] | None = None
+    # Ours: named deviations from τ²-bench v1.0.1 and whether each was on (evals.domains).
+    domain_options: dict[str, bool] | None = None
 
 
 class Results(BaseModel):

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from evals.agents import GoldAgent, LLMAgent, ModelConfig
 from evals.data import ChecksumError, DataNotFoundError, resolve_data_dir
-from evals.domains import DOMAINS, load_domain
+from evals.domains import DOMAIN_OPTIONS, DOMAINS, load_domain
 from evals.domains.base import Domain
 from evals.logs import (
     AgentInfo,
@@ -75,6 +75,16 @@ class RunConfig:
     concurrency: int = 1
     seed: int = DEFAULT_SEED
     progress: bool = True
+    # Named deviations from τ²-bench v1.0.1 (``evals.domains.DOMAIN_OPTIONS``) turned on.
+    domain_options: tuple[str, ...] = ()
+
+    def domain_option_values(self) -> dict[str, bool]:
+        """Every option of this run's domain, on or off, as ``info.domain_options`` records."""
+        return {
+            name: name in self.domain_options
+            for name, (owner, _) in DOMAIN_OPTIONS.items()
+            if owner == self.domain
+        }
 
     @property
     def results_path(self) -> Path:
@@ -199,6 +209,7 @@ def _info(config: RunConfig, domain: Domain, participants: _Participants) -> Inf
         seed=config.seed,
         nl_assertions_scored=judge is not None,
         judge_info=None if judge is None else {"llm": judge.model, **_model_args(judge)},
+        domain_options=config.domain_option_values(),
     )
 
 
@@ -209,6 +220,7 @@ def _check_resumable(previous: Info, current: Info) -> None:
         previous.max_errors,
         previous.max_steps,
         previous.seed,
+        sorted(k for k, on in (previous.domain_options or {}).items() if on),
     )
     theirs = (
         current.environment_info.domain_name,
@@ -216,10 +228,12 @@ def _check_resumable(previous: Info, current: Info) -> None:
         current.max_errors,
         current.max_steps,
         current.seed,
+        sorted(k for k, on in (current.domain_options or {}).items() if on),
     )
     if mine != theirs:
         raise ValueError(
-            f"results file was written by a different run (domain, trials, K, steps, seed): "
+            f"results file was written by a different run "
+            f"(domain, trials, K, steps, seed, domain options): "
             f"{mine} != {theirs}; use another --save-to"
         )
 
@@ -236,7 +250,9 @@ async def run(
     ``domain`` and ``make_agent`` replace what ``config`` names (tests use a small fake domain);
     ``on_episode`` is called with each episode once it is saved (the grid's progress bar).
     """
-    domain = domain or load_domain(config.domain, config.data_dir)
+    domain = domain or load_domain(
+        config.domain, config.data_dir, dict.fromkeys(config.domain_options, True)
+    )
     tasks = _select_tasks(domain, config)
     participants = _participants(config, domain)
     if make_agent is not None:
@@ -394,6 +410,14 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> RunConfig:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--domain-option",
+        action="append",
+        default=[],
+        choices=sorted(DOMAIN_OPTIONS),
+        help="turn on a named deviation from τ²-bench v1.0.1 (recorded in the results' info); "
+        "retail_modify_items_fix: modify_pending_order_items gives each item its own variant",
+    )
     args = parser.parse_args(argv)
     try:
         data_dir = resolve_data_dir(
@@ -418,6 +442,7 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> RunConfig:
         concurrency=args.concurrency,
         seed=args.seed,
         progress=not args.no_progress,
+        domain_options=tuple(args.domain_option),
     )
 
 

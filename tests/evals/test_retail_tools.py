@@ -421,6 +421,49 @@ def test_modify_pending_order_items(env: RetailEnvironment, raw: Raw) -> None:
     assert again == ToolResult("Error: Non-pending order cannot be modified", True)
 
 
+def _two_item_swap(raw: Raw) -> tuple[str, list[Raw], list[Raw], str]:
+    """A pending order with two items of different products, each with another variant."""
+    for order_id, order in raw["orders"].items():
+        if order["status"] != "pending":
+            continue
+        swaps = [(i, other_variant(raw, i)) for i in order["items"]]
+        usable = [(i, v) for i, v in swaps if v is not None]
+        by_product = {i["product_id"]: (i, v) for i, v in usable}
+        if len(by_product) >= 2:
+            (a, va), (b, vb) = list(by_product.values())[:2]
+            if va["price"] != vb["price"] and va["options"] != vb["options"]:
+                method = order["payment_history"][0]["payment_method_id"]
+                if not method.startswith("gift_card"):
+                    return order_id, [a, b], [va, vb], method
+    pytest.fail("db.json has no pending order with two swappable items of different products")
+
+
+@pytest.mark.parametrize("fix", [False, True])
+def test_modify_pending_order_items_variant_bug(retail: RetailDomain, raw: Raw, fix: bool) -> None:
+    # τ²-bench v1.0.1 gives every modified item the last checked variant's price and options;
+    # we reproduce that by default and fix it only under the retail_modify_items_fix option.
+    order_id, items, variants, method = _two_item_swap(raw)
+    domain = RetailDomain(retail.policy, retail._pristine, [], {}, modify_items_fix=fix)
+    result = ok_json(
+        call(
+            domain.new_environment(),
+            "modify_pending_order_items",
+            order_id=order_id,
+            item_ids=[item["item_id"] for item in items],
+            new_item_ids=[variant["item_id"] for variant in variants],
+            payment_method_id=method,
+        )
+    )
+    changed = [next(i for i in result["items"] if i["item_id"] == v["item_id"]) for v in variants]
+    expected = variants if fix else [variants[-1], variants[-1]]
+    assert [(c["price"], c["options"]) for c in changed] == [
+        (v["price"], v["options"]) for v in expected
+    ]
+    # The payment is the true difference either way (τ²-bench computes it before the bug).
+    difference = sum(v["price"] - i["price"] for i, v in zip(items, variants, strict=True))
+    assert result["payment_history"][-1]["amount"] == pytest.approx(abs(difference))
+
+
 def test_modify_pending_order_items_errors(env: RetailEnvironment, raw: Raw) -> None:
     order_id, item, variant, card = _pending_item_swap(raw)
     unavailable = find(

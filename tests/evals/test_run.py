@@ -122,6 +122,7 @@ def test_cli_gold_run_on_retail(tau2_data_dir: Path, tmp_path: Path) -> None:
     assert "nl_unscored: {'episodes': 2, 'successes': 2}" in done.stdout
     results = load_results(tmp_path / RESULTS_FILE)
     assert results.info.nl_assertions_scored is False
+    assert results.info.domain_options == {"retail_modify_items_fix": False}
     assert sorted((s.task_id, s.trial) for s in results.simulations) == [
         ("0", 0),
         ("0", 1),
@@ -184,3 +185,22 @@ async def test_llm_run_sends_one_episode_id_per_episode_and_uses_the_judge(tmp_p
     assert sims[0].id != sims[1].id
     judge_requests = [r for r in requests if r.json()["model"] == "judge-m"]
     assert len(judge_requests) == 2 and "x-episode-id" not in judge_requests[0].headers
+
+
+def test_domain_options_are_named_loaded_and_recorded(tau2_data_dir: Path, tmp_path: Path) -> None:
+    from evals.domains import load_domain
+    from evals.run import parse_args
+
+    argv = ["--domain", "retail", "--tau2-data", str(tau2_data_dir), "--save-to", str(tmp_path)]
+    plain = parse_args(argv, {})
+    assert plain.domain_options == ()
+    assert plain.domain_option_values() == {"retail_modify_items_fix": False}
+    fixed = parse_args([*argv, "--domain-option", "retail_modify_items_fix"], {})
+    assert fixed.domain_option_values() == {"retail_modify_items_fix": True}
+    with pytest.raises(SystemExit):
+        parse_args([*argv, "--domain-option", "no_such_fix"], {})
+    retail = load_domain("retail", tau2_data_dir, {"retail_modify_items_fix": True})
+    assert retail.modify_items_fix is True
+    assert load_domain("retail", tau2_data_dir).modify_items_fix is False
+    with pytest.raises(ValueError, match="unknown domain option"):
+        load_domain("retail", tau2_data_dir, {"no_such_fix": True})

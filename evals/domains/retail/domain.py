@@ -17,7 +17,14 @@ DEFAULT_TASKS_FILE = "tasks.json"
 
 
 class RetailDomain:
-    """τ²-bench Retail, read once from a data folder; implements ``evals.domains.base.Domain``."""
+    """τ²-bench Retail, read once from a data folder; implements ``evals.domains.base.Domain``.
+
+    ``modify_items_fix`` (option ``retail_modify_items_fix``, off by default): τ²-bench v1.0.1's
+    ``modify_pending_order_items`` gives every modified item the price and options of the variant
+    checked last (a bug in the benchmark). We reproduce it, since the agent must see the tool
+    output τ²-bench shows; with the option on, each item gets its own new variant. Runs record
+    the option in their results' ``info.domain_options``.
+    """
 
     name = "retail"
 
@@ -27,7 +34,10 @@ class RetailDomain:
         pristine: RetailDB,
         tasks: list[Task],
         splits: dict[str, list[str]],
+        *,
+        modify_items_fix: bool = False,
     ) -> None:
+        self.modify_items_fix = modify_items_fix
         self.policy = policy
         self._pristine = pristine
         self._cache = CanonicalCache(pristine)
@@ -49,7 +59,9 @@ class RetailDomain:
 
     def new_environment(self) -> RetailEnvironment:
         """A world in the database's initial state; it shares unchanged objects with the others."""
-        return RetailEnvironment(self._pristine, self._cache)
+        return RetailEnvironment(
+            self._pristine, self._cache, modify_items_fix=self.modify_items_fix
+        )
 
     def initial_db_hash(self) -> str:
         """The hash every new environment starts from."""
@@ -63,7 +75,9 @@ def _split_file(folder: Path, tasks_file: str) -> Path:
     return own if own.exists() else folder / f"split_{Path(DEFAULT_TASKS_FILE).stem}.json"
 
 
-def load(data_dir: Path, tasks_file: str = DEFAULT_TASKS_FILE) -> RetailDomain:
+def load(
+    data_dir: Path, tasks_file: str = DEFAULT_TASKS_FILE, *, modify_items_fix: bool = False
+) -> RetailDomain:
     """Read ``tau2/domains/retail/`` under ``data_dir``; ``tasks_file`` may name v0.2.0's."""
     folder = domain_dir(Path(data_dir), "retail")
     pristine = RetailDB.model_validate_json((folder / "db.json").read_bytes())
@@ -72,4 +86,10 @@ def load(data_dir: Path, tasks_file: str = DEFAULT_TASKS_FILE) -> RetailDomain:
     tasks = [Task.model_validate(task) for task in raw_tasks]
     split_path = _split_file(folder, tasks_file)
     splits = json.loads(split_path.read_text(encoding="utf-8")) if split_path.exists() else {}
-    return RetailDomain(policy=policy, pristine=pristine, tasks=tasks, splits=splits)
+    return RetailDomain(
+        policy=policy,
+        pristine=pristine,
+        tasks=tasks,
+        splits=splits,
+        modify_items_fix=modify_items_fix,
+    )

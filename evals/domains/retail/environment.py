@@ -51,8 +51,14 @@ def _deep_merge(target: dict[str, Any], updates: dict[str, Any]) -> dict[str, An
 class RetailEnvironment:
     """A fresh Retail world; implements ``evals.domains.base.DomainEnvironment``."""
 
-    def __init__(self, pristine: RetailDB, cache: CanonicalCache | None = None) -> None:
-        self._tools = RetailTools.sharing(pristine)
+    def __init__(
+        self,
+        pristine: RetailDB,
+        cache: CanonicalCache | None = None,
+        *,
+        modify_items_fix: bool = False,
+    ) -> None:
+        self._tools = RetailTools.sharing(pristine, modify_items_fix=modify_items_fix)
         self._cache = cache if cache is not None else CanonicalCache(pristine)
 
     @property

@@ -99,20 +99,21 @@ def calculate_expression(expression: Any) -> str:
 class RetailTools:
     """The Retail agent tools over one episode's view of the store (see the module docstring)."""
 
-    def __init__(self, db: RetailDB) -> None:
+    def __init__(self, db: RetailDB, *, modify_items_fix: bool = False) -> None:
         self.db = db
+        self.modify_items_fix = modify_items_fix
         self._private_orders: set[str] = set()
         self._private_users: set[str] = set()
 
     @classmethod
-    def sharing(cls, pristine: RetailDB) -> RetailTools:
+    def sharing(cls, pristine: RetailDB, *, modify_items_fix: bool = False) -> RetailTools:
         """Tools over a view that shares ``pristine``'s objects until they are written."""
         view = RetailDB.model_construct(
             products=pristine.products,  # no tool ever changes a product
             users=dict(pristine.users),
             orders=dict(pristine.orders),
         )
-        return cls(view)
+        return cls(view, modify_items_fix=modify_items_fix)
 
     def replace_db(self, db: RetailDB) -> None:
         """Adopt a freshly validated database that shares nothing with the pristine one."""
@@ -322,6 +323,7 @@ class RetailTools:
         if len(item_ids) != len(new_item_ids):
             raise ValueError("The number of items to be exchanged should match")
         price_difference: float = 0
+        variant: Variant | None = None
         for item_id, new_item_id in zip(item_ids, new_item_ids, strict=False):
             if item_id == new_item_id:
                 raise ValueError("The new item id should be different from the old item id")
@@ -345,11 +347,17 @@ class RetailTools:
         )
         if isinstance(method, GiftCard):
             method.balance = round(method.balance - price_difference, 2)
+        last_variant = variant
         for item_id, new_item_id in zip(item_ids, new_item_ids, strict=False):
             item = next((item for item in order.items if item.item_id == item_id), None)
             if item is None:
                 raise ValueError(f"Item {item_id} not found")
-            variant = self._get_variant(item.product_id, new_item_id)
+            # τ²-bench v1.0.1 gives every modified item the variant checked last (its loop
+            # variable leaks); the fix, an option, gives each item its own new variant.
+            if self.modify_items_fix or last_variant is None:
+                variant = self._get_variant(item.product_id, new_item_id)
+            else:
+                variant = last_variant
             item.item_id = new_item_id
             item.price = variant.price
             item.options = dict(variant.options)
