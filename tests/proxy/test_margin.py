@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import copy
 import threading
+import urllib.request
 from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from repairproxy.local.engine import Generation, SamplingParams, TokenLogprob
 from repairproxy.local.server import create_app
 from repairproxy.margin import PROBE_TOP_LOGPROBS, strip_probe, tool_name_margins, with_probe
+from repairproxy.settings import Settings
+from tests.support.proxy_server import running_proxy
+from tests.support.scripted_upstream import Reply, ScriptedUpstream
 
 TOOLS = [
     {
@@ -187,3 +193,39 @@ async def test_embedded_server_answers_carry_the_margin() -> None:
     )
     assert tool_name_margins(reply) == [1.5]
     assert strip_probe(reply)["choices"][0]["logprobs"] is None
+
+
+def _margin_sum(root_url: str) -> tuple[float, float]:
+    """(sum, count) of repairproxy_tool_name_margin, read from the proxy's /metrics."""
+    with urllib.request.urlopen(f"{root_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("repairproxy_tool_name_margin_")
+    }
+    return values.get("repairproxy_tool_name_margin_sum", 0.0), values.get(
+        "repairproxy_tool_name_margin_count", 0.0
+    )
+
+
+def test_margin_probe_through_the_proxy() -> None:
+    tokens = hermes_tokens([entry("get", -0.125, {"find": -2.625}), entry("_order_details", -0.5)])
+    answer = vllm_answer(tokens, [call("get_order_details", '{"order_id": "#W1"}')])
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": TOOLS}
+    with ScriptedUpstream() as upstream:
+        settings = Settings(upstream=upstream.base_url, margin_probe=True)
+        with running_proxy(settings) as proxy, httpx.Client(base_url=proxy.root_url) as client:
+            upstream.push(Reply(body=copy.deepcopy(answer)))
+            reply = client.post("/v1/chat/completions", json=body).json()
+            sent = upstream.chat_requests[-1]
+            assert sent["logprobs"] is True and sent["top_logprobs"] == PROBE_TOP_LOGPROBS
+            assert reply["choices"][0]["logprobs"] is None  # what the client did not ask for
+            assert _margin_sum(proxy.root_url) == (2.5, 1.0)
+            upstream.push(Reply(body=copy.deepcopy(answer)))
+            asked = {**body, "logprobs": True, "top_logprobs": 2}
+            reply = client.post("/v1/chat/completions", json=asked).json()
+            assert upstream.chat_requests[-1]["top_logprobs"] == 2
+            assert reply["choices"][0]["logprobs"] == answer["choices"][0]["logprobs"]
+            assert _margin_sum(proxy.root_url) == (5.0, 2.0)
