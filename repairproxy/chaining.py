@@ -28,8 +28,8 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
@@ -41,30 +41,11 @@ __all__ = [
     "MemoryChainIndex",
     "canonical_message",
     "conversation_keys",
-    "extend",
 ]
 
 DIGEST_BYTES = 16
 _SEED = b"repairproxy/chain/v1"
 _SKIPPED_ROLES = frozenset({"system", "developer"})
-
-
-def _content(content: Any) -> str:
-    """Text content, the same whether sent as a string, as text parts, as null or not at all."""
-    if isinstance(content, str):
-        return content.strip()
-    if isinstance(content, list):
-        texts: list[str] = []
-        others: list[str] = []
-        for part in content:
-            if isinstance(part, Mapping) and part.get("type", "text") == "text":
-                text = part.get("text")
-                texts.append(text if isinstance(text, str) else "")
-            else:
-                others.append(_json(part))
-        joined = "".join(texts).strip()
-        return joined if not others else joined + "\x00" + "\x00".join(others)
-    return "" if content is None else _json(content)
 
 
 def _json(value: Any) -> str:
@@ -74,62 +55,80 @@ def _json(value: Any) -> str:
         return repr(value)
 
 
+def _text(content: Any) -> str:
+    """Text content, the same whether sent as a string, as text parts, as null or not at all."""
+    if type(content) is str:
+        return content.strip()
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        texts: list[str] = []
+        others: list[Any] = []
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type", "text") == "text":
+                text = part.get("text")
+                texts.append(text if isinstance(text, str) else "")
+            else:
+                others.append(part)
+        joined = "".join(texts).strip()
+        return joined if not others else f"{joined}\x00{_json(others)}"
+    return _json(content)
+
+
 def _arguments(arguments: Any) -> str:
-    """Arguments as sorted compact JSON when they parse (clients re-serialise them), else raw."""
-    if isinstance(arguments, str):
+    """Arguments as sorted compact JSON (clients re-serialise them) when they parse, else raw."""
+    if type(arguments) is str:
         try:
             return _json(orjson.loads(arguments))
         except orjson.JSONDecodeError:
-            return arguments.strip()
-    return "" if arguments is None else _json(arguments)
+            return "\x00" + arguments.strip()
+    return _json("" if arguments is None else arguments)
 
 
-def _calls(message: Mapping[str, Any], with_call_ids: bool) -> list[list[str]]:
-    calls: list[list[str]] = []
-    tool_calls = message.get("tool_calls")
-    for call in tool_calls if isinstance(tool_calls, list) else ():
-        if not isinstance(call, Mapping):
-            calls.append(["", ""])
-            continue
-        function = call.get("function")
-        function = function if isinstance(function, Mapping) else {}
-        name = function.get("name")
-        form = [name if isinstance(name, str) else "", _arguments(function.get("arguments"))]
-        if with_call_ids:
-            call_id = call.get("id")
-            form.append(call_id if isinstance(call_id, str) else "")
-        calls.append(form)
-    function_call = message.get("function_call")
-    if isinstance(function_call, Mapping):
-        name = function_call.get("name")
-        calls.append(
-            [name if isinstance(name, str) else "", _arguments(function_call.get("arguments"))]
-        )
-    return calls
+def _str(value: Any) -> str:
+    return value if type(value) is str else ""
 
 
 def canonical_message(message: Mapping[str, Any], *, with_call_ids: bool = True) -> bytes:
-    """The bytes a message contributes to the conversation digest."""
-    role = message.get("role")
-    role = role if isinstance(role, str) else ""
-    form: list[Any] = [role, _content(message.get("content"))]
+    """The bytes a message contributes to the conversation digest.
+
+    Every field is length-prefixed, so no two different histories make the same stream. (Built
+    as one string: orjson spends ~2 us escaping a 400-character text that encodes in 0.05 us.)
+    """
+    role = _str(message.get("role"))
+    text = _text(message.get("content"))
+    form = f"{len(role)}:{role}{len(text)}:{text}"
     if role == "assistant":
-        form.append(_calls(message, with_call_ids))
-    elif role == "tool":
-        call_id = message.get("tool_call_id")
-        form.append(call_id if isinstance(call_id, str) else "")
-    elif role == "function":
-        name = message.get("name")
-        form.append(name if isinstance(name, str) else "")
-    return orjson.dumps(form)
+        calls = message.get("tool_calls")
+        calls = calls if type(calls) is list else []
+        function_call = message.get("function_call")
+        if function_call is not None and isinstance(function_call, Mapping):
+            calls = [*calls, {"function": function_call}]
+        parts = [form, f"{len(calls)}:"]
+        for call in calls:
+            if type(call) is not dict and not isinstance(call, Mapping):
+                call = {}
+            function = call.get("function")
+            if type(function) is not dict and not isinstance(function, Mapping):
+                function = {}
+            name = _str(function.get("name"))
+            arguments = _arguments(function.get("arguments"))
+            if with_call_ids:
+                call_id = _str(call.get("id"))
+                parts.append(
+                    f"{len(name)}:{name}{len(arguments)}:{arguments}{len(call_id)}:{call_id}"
+                )
+            else:
+                parts.append(f"{len(name)}:{name}{len(arguments)}:{arguments}")
+        form = "".join(parts)
+    elif role == "tool" or role == "function":
+        extra = _str(message.get("tool_call_id" if role == "tool" else "name"))
+        form = f"{form}{len(extra)}:{extra}"
+    return form.encode("utf-8", "surrogatepass")
 
 
-def extend(digest: bytes, message: Any, *, with_call_ids: bool = True) -> bytes:
-    """The running digest after one more message (system/developer messages leave it as is)."""
-    if not isinstance(message, Mapping) or message.get("role") in _SKIPPED_ROLES:
-        return digest
-    form = canonical_message(message, with_call_ids=with_call_ids)
-    return hashlib.blake2b(digest + form, digest_size=DIGEST_BYTES).digest()
+def _has_calls(message: Mapping[str, Any]) -> bool:
+    return bool(message.get("tool_calls")) or message.get("function_call") is not None
 
 
 def _has_all_call_ids(message: Mapping[str, Any]) -> bool:
@@ -142,43 +141,69 @@ def _has_all_call_ids(message: Mapping[str, Any]) -> bool:
     )
 
 
+def _messages(messages: Iterable[Any]) -> list[Mapping[str, Any]]:
+    return [
+        m
+        for m in messages
+        if (type(m) is dict or isinstance(m, Mapping)) and m.get("role") not in _SKIPPED_ROLES
+    ]
+
+
+def _stream(messages: Sequence[Mapping[str, Any]], with_call_ids: bool) -> tuple[Any, bytes | None]:
+    """The running hash over ``messages`` and its digest at the last assistant message."""
+    last = -1
+    for position, message in enumerate(messages):
+        if message.get("role") == "assistant":
+            last = position
+    stream = hashlib.blake2b(_SEED, digest_size=DIGEST_BYTES)
+    resume: bytes | None = None
+    for position, message in enumerate(messages):
+        stream.update(canonical_message(message, with_call_ids=with_call_ids))
+        if position == last:
+            resume = stream.digest()
+    return stream, resume
+
+
 @dataclass(frozen=True, slots=True)
 class ConversationKeys:
     """The digests of one request's history.
 
-    ``resume``: the keys a continuing request is looked up by, best first (the history up to its
-    last assistant message, with and without assistant call ids; empty when there is none);
-    ``history``/``history_plain``: the whole history, the two ways; ``answer_key`` extends them.
+    ``resume``: the digest up to the last assistant message (None when there is none), which a
+    continuing request is looked up by; ``plain_resume()`` is the same without assistant call
+    ids (computed only when asked: the fallback for clients that invent ids); ``history``: the
+    whole history's digest; ``answer_key`` extends it with an answer.
     """
 
-    resume: tuple[bytes, ...]
+    resume: bytes | None
     history: bytes
-    history_plain: bytes
+    _stream: Any = field(compare=False, repr=False)
+    _messages: Sequence[Mapping[str, Any]] = field(compare=False, repr=False)
+    _ids_matter: bool = field(compare=False, repr=False)
+
+    def plain_resume(self) -> bytes | None:
+        """``resume`` without assistant call ids; None when that is ``resume`` itself."""
+        if not self._ids_matter:
+            return None
+        return _stream(self._messages, with_call_ids=False)[1]
 
     def answer_key(self, answer: Mapping[str, Any]) -> bytes:
         """The key an answer is remembered under: with its call ids, unless one is missing."""
         if _has_all_call_ids(answer):
-            return extend(self.history, answer)
-        return extend(self.history_plain, answer, with_call_ids=False)
+            stream = self._stream.copy()
+            stream.update(canonical_message(answer))
+        else:
+            stream = _stream(self._messages, with_call_ids=False)[0]
+            stream.update(canonical_message(answer, with_call_ids=False))
+        digest: bytes = stream.digest()
+        return digest
 
 
 def conversation_keys(messages: Iterable[Any]) -> ConversationKeys:
-    """All keys of a request's history, in one pass over its messages."""
-    digest = plain = _SEED
-    resume: tuple[bytes, ...] = ()
-    for message in messages:
-        if not isinstance(message, Mapping) or message.get("role") in _SKIPPED_ROLES:
-            continue
-        form = canonical_message(message)
-        digest = hashlib.blake2b(digest + form, digest_size=DIGEST_BYTES).digest()
-        if message.get("role") == "assistant":
-            if message.get("tool_calls") or message.get("function_call") is not None:
-                form = canonical_message(message, with_call_ids=False)
-            plain = hashlib.blake2b(plain + form, digest_size=DIGEST_BYTES).digest()
-            resume = (digest, plain) if digest != plain else (digest,)
-        else:
-            plain = hashlib.blake2b(plain + form, digest_size=DIGEST_BYTES).digest()
-    return ConversationKeys(resume, digest, plain)
+    """The keys of a request's history: one pass over its messages."""
+    kept = _messages(messages)
+    stream, resume = _stream(kept, with_call_ids=True)
+    ids_matter = any(m.get("role") == "assistant" and _has_calls(m) for m in kept)
+    return ConversationKeys(resume, stream.digest(), stream, kept, ids_matter)
 
 
 @dataclass(frozen=True, slots=True)

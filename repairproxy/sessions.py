@@ -357,10 +357,11 @@ class ErrorBudget:
         messages = body.get("messages")
         keys = conversation_keys(messages if isinstance(messages, list) else ())
         link = None
-        for key in keys.resume:
-            link = await self.chains.lookup(key)
-            if link is not None:
-                break
+        if keys.resume is not None:
+            link = await self.chains.lookup(keys.resume)
+            plain = keys.plain_resume() if link is None else None
+            if plain is not None:
+                link = await self.chains.lookup(plain)
         if link is None:
             return EpisodeRef(self._new_episode_id(), False, True, keys, warn)
         if not link.ambiguous:

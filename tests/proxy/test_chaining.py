@@ -16,7 +16,6 @@ from repairproxy.chaining import (
     MemoryChainIndex,
     canonical_message,
     conversation_keys,
-    extend,
 )
 from repairproxy.sessions import BudgetSnapshot, EpisodeRef, ErrorBudget, MemoryEpisodeStore
 from repairproxy.validation import CallVerdict, Channel, CompiledTools
@@ -109,11 +108,11 @@ def test_text_parts_and_strings_digest_alike_and_system_prompts_are_left_out() -
         {"role": "user", "content": [{"type": "text", "text": "hi"}]},
     ]
     assert conversation_keys(plain) == conversation_keys(parts)
-    assert conversation_keys(plain).resume == ()
+    assert conversation_keys(plain).resume is None
     answer = {"role": "assistant", "content": "hello"}
     keys = conversation_keys([*plain, answer, {"role": "user", "content": "?"}])
-    assert keys.resume == (conversation_keys(plain).answer_key(answer),)
-    assert keys.history != keys.resume[0]
+    assert keys.resume == conversation_keys(plain).answer_key(answer)
+    assert keys.history != keys.resume and keys.plain_resume() is None
 
 
 def test_answers_without_call_ids_are_remembered_without_ids() -> None:
@@ -127,10 +126,10 @@ def test_answers_without_call_ids_are_remembered_without_ids() -> None:
     }
     remembered = conversation_keys(opening).answer_key(answer)
     later = conversation_keys([*opening, resent, {"role": "tool", "tool_call_id": "pyd_ai_1"}])
-    assert len(later.resume) == 2 and later.resume[1] == remembered
+    assert later.resume != remembered and later.plain_resume() == remembered
     # With ids present, the id-carrying key is the one remembered and tried first.
-    assert conversation_keys(opening).answer_key(resent) == later.resume[0]
-    assert extend(b"", answer) != extend(b"", resent)
+    assert conversation_keys(opening).answer_key(resent) == later.resume
+    assert canonical_message(answer) != canonical_message(resent)
 
 
 # --- the index -----------------------------------------------------------------------------------
