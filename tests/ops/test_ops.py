@@ -129,3 +129,21 @@ def test_dockerfile_copies_what_the_package_build_reads() -> None:
         assert name in copied
     if "license-files" in pyproject:
         assert "LICENSE" in copied
+
+
+def test_dashboard_panels_have_ids_queries_and_do_not_overlap() -> None:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    ids = [panel["id"] for panel in panels]
+    assert len(ids) == len(set(ids))
+    cells: set[tuple[int, int]] = set()
+    for panel in panels:
+        assert panel["type"] == "row" or panel["targets"], panel["title"]
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, panel["title"]
+        mine = {
+            (x, y)
+            for x in range(grid["x"], grid["x"] + grid["w"])
+            for y in range(grid["y"], grid["y"] + grid["h"])
+        }
+        assert not mine & cells, f"{panel['title']} overlaps another panel"
+        cells |= mine
