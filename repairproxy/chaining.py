@@ -232,7 +232,7 @@ class MemoryChainIndex:
 
     def __init__(
         self,
-        max_links: int = 400_000,
+        max_links: int = 200_000,
         idle_ttl_seconds: float = 3600.0,
         *,
         clock: Callable[[], float] = time.monotonic,
@@ -242,7 +242,8 @@ class MemoryChainIndex:
         self.max_links = max_links
         self.idle_ttl_seconds = idle_ttl_seconds
         self._clock = clock
-        self._links: OrderedDict[bytes, tuple[float, ChainLink]] = OrderedDict()
+        # key -> (last touched, episode id, ambiguous); least recently used first.
+        self._links: OrderedDict[bytes, tuple[float, str, bool]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._links)
@@ -251,8 +252,8 @@ class MemoryChainIndex:
         now = self._clock()
         self._expire(now)
         entry = self._links.pop(key, None)
-        ambiguous = entry is not None and (entry[1].ambiguous or entry[1].episode_id != episode_id)
-        self._links[key] = (now, ChainLink(episode_id, ambiguous))
+        ambiguous = entry is not None and (entry[2] or entry[1] != episode_id)
+        self._links[key] = (now, episode_id, ambiguous)
         if len(self._links) > self.max_links:
             self._links.popitem(last=False)
 
@@ -262,13 +263,13 @@ class MemoryChainIndex:
         entry = self._links.pop(key, None)
         if entry is None:
             return None
-        self._links[key] = (now, entry[1])
-        return entry[1]
+        self._links[key] = (now, entry[1], entry[2])
+        return ChainLink(entry[1], entry[2])
 
     def _expire(self, now: float) -> None:
         deadline = now - self.idle_ttl_seconds
         while self._links:
-            touched, _ = next(iter(self._links.values()))
+            touched = next(iter(self._links.values()))[0]
             if touched > deadline:
                 break
             self._links.popitem(last=False)

@@ -78,6 +78,9 @@ MAX_SEEN_RESULTS = 1024
 MAX_PENDING_RESULTS = 256
 # Per episode: call ids whose result count in the latest history is kept (most recent ones).
 MAX_TRACKED_CALL_IDS = 512
+# Conversation links kept per episode the store can hold (the latest answer, and one before it
+# for a client that retries a request).
+LINKS_PER_EPISODE = 2
 
 NO_HEADER_WARNING = (
     "requests arrive without an episode header: episodes are told apart by conversation "
@@ -334,10 +337,10 @@ class ErrorBudget:
         self.detector = ToolErrorDetector(tool_error_pattern)
         self.classify = ErrorClassifier(classifier)
         if chains is None:
-            # One link per answer: a few per live episode, with the store's idle TTL.
+            # One link per answer; the LRU keeps each live episode's latest ones.
             max_episodes = getattr(store, "max_episodes", 100_000)
             ttl = getattr(store, "idle_ttl_seconds", 3600.0)
-            chains = MemoryChainIndex(4 * max_episodes, ttl)
+            chains = MemoryChainIndex(LINKS_PER_EPISODE * max_episodes, ttl)
         self.chains = chains
         self.episode_header = episode_header.lower()
         self._new_episode_id = new_episode_id
