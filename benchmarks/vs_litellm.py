@@ -195,12 +195,13 @@ class _Target:
         )
 
     async def round(self, stream: bool, concurrency: int, requests: int, record: bool) -> None:
-        if concurrency not in self.pools:
-            loop = asyncio.get_running_loop()
-            self.pools[concurrency] = [
-                (await loop.create_connection(_Connection, "127.0.0.1", self.port))[1]
-                for _ in range(concurrency)
-            ]
+        # Servers close keep-alive connections idle for a few seconds (uvicorn: 5 s) while the
+        # other targets run their rounds: reopen those before the round, outside its clock.
+        loop = asyncio.get_running_loop()
+        pool = self.pools.setdefault(concurrency, [])
+        pool[:] = [c for c in pool if c.transport is not None and not c.transport.is_closing()]
+        while len(pool) < concurrency:
+            pool.append((await loop.create_connection(_Connection, "127.0.0.1", self.port))[1])
         data = self.payload(stream)
         taken: list[float] = []
 
@@ -227,7 +228,7 @@ async def _compare(targets: list[_Target], args: argparse.Namespace) -> None:
     names = [t.name for t in targets[1:]]
     header = f"{'mode':<10}{'conc':>5}{'direct p50':>12}"
     for name in names:
-        header += f"{name + ' +p50':>20}{'+p99':>10}{'req/s':>8}"
+        header += f"{name + ' +p50':>20}{'+p99':>12}{'req/s':>8}"
     if len(names) == 2:
         header += f"{'ratio p50':>11}{'ratio p99':>11}"
     print(header, flush=True)
@@ -251,7 +252,7 @@ async def _compare(targets: list[_Target], args: argparse.Namespace) -> None:
                 p99 = (_pct(got, 0.99) - _pct(base, 0.99)) * 1e3
                 added.append((p50, p99))
                 rate = len(got) / target.busy[key]
-                line += f"{p50:>18.3f}ms{p99:>8.3f}ms{rate:>8.0f}"
+                line += f"{p50:>18.3f}ms{p99:>10.3f}ms{rate:>8.0f}"
             if len(added) == 2:
                 (ours50, ours99), (theirs50, theirs99) = added
                 line += (
