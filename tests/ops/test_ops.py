@@ -3,6 +3,7 @@ and the Grafana provisioning the dashboard depends on."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -147,3 +148,14 @@ def test_dashboard_panels_have_ids_queries_and_do_not_overlap() -> None:
         }
         assert not mine & cells, f"{panel['title']} overlaps another panel"
         cells |= mine
+
+
+def test_compose_proxy_environment_names_real_settings() -> None:
+    from repairproxy.settings import Settings, settings_from_args
+
+    environment = load_yaml(ROOT / "docker/compose.yaml")["services"]["proxy"]["environment"]
+    names = {field.name for field in dataclasses.fields(Settings)}
+    for key in environment:
+        assert key.startswith("REPAIRPROXY_") and key[12:].lower() in names, key
+    settings = settings_from_args([], {k: str(v) for k, v in environment.items()})
+    assert settings.margin_probe and settings.metrics
