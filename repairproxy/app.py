@@ -74,7 +74,8 @@ class RepairProxyApp:
         budget = ErrorBudget(
             store,
             default_budget=settings.budget,
-            tool_error_pattern=settings.tool_error_pattern or r"^Error",
+            tool_error_pattern=settings.tool_error_pattern,
+            episode_header=settings.episode_header,
         )
         tools = ToolsCache(
             settings.tools_cache_size, forbid_extra_arguments=settings.forbid_extra_arguments

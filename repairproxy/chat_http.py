@@ -73,6 +73,7 @@ class ChatCall:
             ex.repairs = ex.record.repair_attempts
         ex.channels = outcome.caught
         ex.repair_failed = outcome.repair_failed
+        await self.pipeline.remember(self.request, outcome.answer)
         return outcome
 
     async def buffered(self, responder: Responder) -> None:

@@ -35,7 +35,7 @@ class Exchange:
     timer: UpstreamTimer = field(default_factory=UpstreamTimer)
     record: RequestRecord = field(default_factory=RequestRecord)
     episode_id: str | None = None  # for the log line, even before a snapshot exists
-    chained_episode: bool = False  # no episode header: the episode came from the history
+    warn_missing_header: bool = False  # the first request without an episode header
     mode: str | None = None
     channels: tuple[str, ...] = ()
     repairs: int = 0

@@ -12,8 +12,8 @@ owns the transport. The chat-completions shape is read here only through small a
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import orjson
@@ -34,9 +34,9 @@ from repairproxy.repair import (
     repair_completion,
     with_repair_instruction,
 )
-from repairproxy.sessions import BudgetSnapshot, ErrorBudget, episode_id_for
+from repairproxy.sessions import BudgetSnapshot, EpisodeRef, ErrorBudget
 from repairproxy.settings import BudgetPolicy, Settings
-from repairproxy.validation import Channel, CompiledTools, MessageVerdict, ToolsCache
+from repairproxy.validation import CallVerdict, Channel, CompiledTools, MessageVerdict, ToolsCache
 from repairproxy.wire import ChatCompletion, ChatRequestBody, first_message
 
 __all__ = ["ChatOutcome", "ChatPipeline", "ChatRequest", "Send"]
@@ -66,6 +66,7 @@ class ChatRequest:
     tools: CompiledTools | None
     mode: RepairMode
     budget: int | None  # per-request override of the episode budget
+    episode: EpisodeRef | None = None
     episode_id: str | None = None
     explicit_episode: bool = False
     snapshot: BudgetSnapshot | None = None
@@ -140,22 +141,23 @@ class ChatPipeline:
 
     async def admit(self, request: ChatRequest, headers: Mapping[str, str], record: Record) -> None:
         """Find the episode, count the error results the history reports, and apply the policy."""
-        request.episode_id = episode_id_for(headers, request.body, self.settings.episode_header)
-        request.explicit_episode = self.settings.episode_header in headers
-        before = await self.budget.snapshot(request.episode_id, request.budget)
-        snapshot = await self.budget.observe_request(
-            request.episode_id, request.body, request.budget
-        )
+        budget = self.budget
+        ref = await budget.resolve_episode(headers, request.body)
+        request.episode = ref
+        request.episode_id = ref.id
+        request.explicit_episode = ref.explicit
+        snapshot = await budget.observe_request(ref.id, request.body, request.budget)
         request.snapshot = snapshot
-        record.episode = _episode_record(before, snapshot, request.explicit_episode)
+        record.env_errors = list(snapshot.new_env_errors)
+        record.episode = _episode_record(ref.new, ref.explicit, snapshot)
         if (
             snapshot.exhausted
-            and request.explicit_episode
+            and ref.explicit  # a chained episode may be a fresh conversation that looks old
             and self.settings.on_budget_exhausted is BudgetPolicy.REJECT
         ):
             record.outcome = Outcome.BUDGET_REJECTED
             raise BudgetExhaustedError(
-                f"episode {request.episode_id} spent its error budget "
+                f"episode {ref.id} spent its error budget "
                 f"({snapshot.errors} errors, budget {snapshot.budget})"
             )
 
@@ -198,7 +200,7 @@ class ChatPipeline:
         record.tool_calls = _calls_seen(verdict)
         record.caught = list(caught_calls(verdict))
         if verdict.ok or request.mode not in _CHANGES_ANSWERS:
-            await self._charge(request, verdict, _invalid_ids(verdict), record)
+            await self._charge(request, verdict, _invalid_calls(verdict), record)
             return ChatOutcome(completion, probed, verdict, _channels(verdict), 0)
         started = time.perf_counter()
         try:
@@ -225,9 +227,7 @@ class ChatPipeline:
         else:
             kind, record.outcome = RepairResultKind.FIXED, Outcome.REPAIRED
         record.repairs = _results(record.caught, kind)
-        await self._charge(
-            request, repaired.first_verdict, repaired.delivered_invalid_call_ids, record
-        )
+        await self._charge(request, repaired.first_verdict, repaired.delivered_invalid, record)
         changed = probed or repaired.attempts > 0 or repaired.response != completion
         return ChatOutcome(
             cast(ChatCompletion, repaired.response),
@@ -243,28 +243,29 @@ class ChatPipeline:
         self,
         request: ChatRequest,
         first: MessageVerdict,
-        delivered_invalid: tuple[str, ...],
+        delivered_invalid: Sequence[CallVerdict],
         record: Record,
     ) -> None:
         """Charge the first answer's errors; remember invalid calls the client will still see."""
-        if request.episode_id is None:
+        if request.episode is None:
             return
         snapshot = await self.budget.observe_answer(
-            request.episode_id,
-            first.error_channels,
-            request.budget,
-            delivered_call_ids=delivered_invalid,
+            request.episode.id, first, request.budget, delivered_invalid
         )
         if record.episode is not None:
-            record.episode = EpisodeRecord(
-                new=record.episode.new,
-                explicit=record.episode.explicit,
-                errors_before=record.episode.errors_before,
+            record.episode = replace(
+                record.episode,
                 errors_after=snapshot.errors,
                 budget=snapshot.budget,
                 exhausted=snapshot.exhausted,
             )
         request.snapshot = snapshot
+
+    async def remember(self, request: ChatRequest, answer: ChatCompletion) -> None:
+        """Link history + delivered answer to the episode, so the next turn continues it."""
+        message = first_message(answer)
+        if request.episode is not None and message is not None:
+            await self.budget.remember_answer(request.episode, request.body, message)
 
     # -- per-request options ----------------------------------------------------------------------
 
@@ -301,8 +302,8 @@ def _channels(verdict: MessageVerdict) -> tuple[str, ...]:
     return tuple(c.value for c in verdict.error_channels)
 
 
-def _invalid_ids(verdict: MessageVerdict) -> tuple[str, ...]:
-    return verdict.error_call_ids
+def _invalid_calls(verdict: MessageVerdict) -> tuple[CallVerdict, ...]:
+    return tuple(c for c in verdict.calls if c.channel is not Channel.VALID)
 
 
 def _calls_seen(verdict: MessageVerdict) -> int:
@@ -313,12 +314,12 @@ def _results(caught: list[CaughtCall], kind: RepairResultKind) -> list[RepairRes
     return [RepairResult(call.channel, kind) for call in caught]
 
 
-def _episode_record(before: BudgetSnapshot, after: BudgetSnapshot, explicit: bool) -> EpisodeRecord:
+def _episode_record(new: bool, explicit: bool, snapshot: BudgetSnapshot) -> EpisodeRecord:
     return EpisodeRecord(
-        new=before.errors == 0 and not before.by_channel and after.errors == 0,
+        new=new,
         explicit=explicit,
-        errors_before=before.errors,
-        errors_after=after.errors,
-        budget=after.budget,
-        exhausted=after.exhausted,
+        errors_before=snapshot.errors_before,
+        errors_after=snapshot.errors,
+        budget=snapshot.budget,
+        exhausted=snapshot.exhausted,
     )

@@ -34,6 +34,7 @@ from repairproxy.errors import (
     BadRequestError,
     NotFoundError,
     RepairProxyError,
+    UpstreamError,
     UpstreamStatusError,
 )
 from repairproxy.events import Outcome, PipelineObserver
@@ -89,7 +90,6 @@ class Proxy:
         self._metrics_keys = (
             (settings.metrics_api_key.encode(),) if settings.metrics_api_key else ()
         )
-        self._warned_no_episode = False
 
     # -- dispatch ---------------------------------------------------------------------------------
 
@@ -123,6 +123,12 @@ class Proxy:
         except RepairProxyError as exc:
             if ex.record.outcome is Outcome.OK:
                 ex.record.outcome = exc.outcome
+            if responder.started and isinstance(exc, UpstreamError):
+                # The upstream failed mid-body: the client must see a cut body, never one that
+                # looks complete. Returning without the last message makes the server close
+                # the connection without the final chunk.
+                ex.status = exc.status_code
+                return
             await self._send_error(responder, ex, exc)
         except Exception as exc:  # the process must survive any bug in one request
             self.log.exception("unhandled", path=path, error=repr(exc))
@@ -151,7 +157,7 @@ class Proxy:
             await pipeline.admit(request, headers, ex.record)
         finally:
             ex.episode_id, ex.snapshot = request.episode_id, request.snapshot
-        ex.chained_episode = not request.explicit_episode
+        ex.warn_missing_header = request.episode is not None and request.episode.warn_missing_header
         pipeline.prepare_forward(request)
         call = ChatCall(self.upstream, self.pipeline, ex, request, scope, self.settings.log_bodies)
         await cancel_on_disconnect(
@@ -173,7 +179,7 @@ class Proxy:
             async with self.upstream.stream(
                 ex.method, target, out_headers, raw, ex.timer, scope["query_string"]
             ) as response:
-                sent = response_headers(response.headers)
+                sent = response_headers(response.headers, head=ex.method == "HEAD")
                 sent.extend(ex.proxy_headers(verdict=False))
                 await responder.start(response.status_code, sent)
                 with self.upstream.reading():
@@ -248,8 +254,7 @@ class Proxy:
             note = _UNVALIDATED.get(ex.path)
             if note:
                 event["note"] = note
-        if ex.chained_episode and not self._warned_no_episode:
-            self._warned_no_episode = True  # once per process, in the request's own line
+        if ex.warn_missing_header:  # once per process, in the request's own line
             event["warning"] = (
                 f"no {self.settings.episode_header} header: episodes are chained by conversation "
                 "history; identical concurrent conversations cannot be told apart without it"

@@ -168,10 +168,6 @@ def test_head_keeps_its_content_length_directly_and_in_the_pool(
     assert asyncio.run(pooled()) == direct.headers["content-length"].encode()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs routes.py: _passthrough must call response_headers(..., head=method == 'HEAD')",
-)
 def test_head_through_the_proxy_keeps_content_length(
     served: tuple[str, RunningProxy], client: httpx.Client
 ) -> None:
@@ -327,11 +323,6 @@ def _raw_exchange(port: int, request: bytes) -> tuple[bytes, bytes, bool]:
     return head, body, False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs routes.py: after the response started, an upstream failure must abort the "
-    "client's response (re-raise to the server) instead of appending an error event and [DONE]",
-)
 @pytest.mark.parametrize("path", ["/v1/files", "/v1/chat/completions"])
 def test_a_body_cut_mid_way_reaches_the_client_cut_not_completed(path: str) -> None:
     sse = b"".join(SSE_EVENTS[:3])
@@ -498,8 +489,11 @@ def test_after_each_fault_the_one_pooled_slot_serves_the_next_client() -> None:
         httpx.Client(trust_env=False, timeout=10) as http,
     ):
         for index in range(len(_FAULTS)):
-            faulty = http.post(proxy.base_url + "/files", content=b"fault-%d" % index)
-            assert faulty.status_code in (200, 502)
+            try:
+                faulty = http.post(proxy.base_url + "/files", content=b"fault-%d" % index)
+                assert faulty.status_code in (200, 502)  # "ok" + stray bytes is a 200
+            except httpx.RemoteProtocolError:
+                pass  # the body was cut after it started: the client sees it cut, as it should
             good = http.post(proxy.base_url + "/files", content=b"good-%d" % index)
             assert good.status_code == 200 and good.json() == {"tag": f"good-{index}"}
     assert served == 2 * len(_FAULTS)

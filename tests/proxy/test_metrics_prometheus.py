@@ -296,11 +296,6 @@ def test_end_to_end_dashboard_and_alerts_through_the_proxy(
     assert names == {("lookup_order",): 4, ("find_user",): 3, ("cancel",): 2, ("refund_all",): 1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pipeline._episode_record marks every request of an error-free episode as new "
-    "(EpisodeRecord.new = no errors yet), so episodes_total counts 25 instead of 9",
-)
 def test_end_to_end_episodes_counted_once(proxied: tuple[Prometheus, float, str]) -> None:
     prom, at, _ = proxied
     started = by_labels(prom.query(panel_expr("Episodes started"), at=at), "model")
