@@ -42,6 +42,7 @@ from repairproxy.tool_errors import (
     ENV_OTHER_ERROR,
     ErrorClassifier,
     ToolErrorDetector,
+    scanned_text,
 )
 from repairproxy.validation import CallVerdict, Channel, MessageVerdict
 
@@ -423,9 +424,9 @@ class ErrorBudget:
             if not is_error(content):
                 others.append(position)
                 continue
-            digest = hashlib.blake2b(
-                content.encode("utf-8", "surrogatepass"), digest_size=8
-            ).hexdigest()
+            # Length plus both ends: a resent 1 MB error costs a bounded hash, not 1 MB of it.
+            sample = f"{len(content)}:{scanned_text(content)}".encode("utf-8", "surrogatepass")
+            digest = hashlib.blake2b(sample, digest_size=8).hexdigest()
             errors.append((position, f"{position}:{digest}", self.classify(content)))
         if len(counts) > MAX_TRACKED_CALL_IDS:
             counts = dict(list(counts.items())[-MAX_TRACKED_CALL_IDS:])
