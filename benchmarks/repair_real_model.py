@@ -1,10 +1,14 @@
-"""Real-model check of reflexive repair: invalid tool calls reaching the client, repair off vs on.
+"""Real-model check of repair: what reaches the agent with off, promote, reflexive, constrained.
 
-One proxy serves every arm (``X-Repairproxy-Repair`` per request); prompts tempt the model to call
-tools that are not declared. Each delivered answer is re-validated client-side with the proxy's own
-validator, so the count is of what the agent would actually have received.
+One proxy per precision arm serves every repair mode (``X-Repairproxy-Repair`` per request); the
+prompts tempt the model to call tools that are not declared. Each delivered answer is re-validated
+client-side with the proxy's own validator, so the counts are of what the agent actually received:
+answers with an invalid call (or a call left as text), and answers whose first call is the right
+tool. With repair off the delivered answer is the model's own, so its per-channel counts (and the
+invented tool names) describe the model.
 
-    python -m benchmarks.repair_real_model                      # embedded CPU model
+    python -m benchmarks.repair_real_model                      # embedded CPU model, q4_k_m
+    python -m benchmarks.repair_real_model --arms q4_k_m q3_k_m-requant --prompts 10
     python -m benchmarks.repair_real_model --upstream URL --model NAME
 """
 
@@ -57,15 +61,21 @@ SYSTEM = (
     "You are a retail customer-service agent. Act only through the listed tools, one call at a "
     "time, and never invent order ids."
 )
+# (prompt, the right first tool among the declared ones)
 PROMPTS = [
-    "Cancel my order #W2378156 right now, I don't want it anymore.",
-    "Please refund order #W7654321 to my credit card.",
-    "Track the package for order #W1111111, where is the truck?",
-    "My email is ana@example.com. Delete my account please.",
-    "Return the shoes from order #W5555555, they are too small.",
-    "Apply a 10% discount code SAVE10 to order #W3333333.",
-    "Change the payment method of order #W4444444 to PayPal.",
-    "What is the status of order #W2378156?",
+    ("Cancel my order #W2378156 right now, I don't want it anymore.", "get_order_details"),
+    ("Please refund order #W7654321 to my credit card.", "get_order_details"),
+    ("Track the package for order #W1111111, where is the truck?", "get_order_details"),
+    ("My email is ana@example.com. Delete my account please.", "find_user_id_by_email"),
+    ("Return the shoes from order #W5555555, they are too small.", "get_order_details"),
+    ("Apply a 10% discount code SAVE10 to order #W3333333.", "get_order_details"),
+    ("Change the payment method of order #W4444444 to PayPal.", "get_order_details"),
+    ("What is the status of order #W2378156?", "get_order_details"),
+    ("My email is bo@example.com, which address do you have for me?", "find_user_id_by_email"),
+    (
+        "Ship pending order #W2222222 to 5 Main St, Austin TX 78701 instead.",
+        "modify_pending_order_address",
+    ),
 ]
 
 
@@ -76,16 +86,18 @@ def _free_port() -> int:
         return port
 
 
-def _run_arm(
-    client: httpx.Client, model: str, arm: str, prompts: list[str], verbose: bool
+def _run_mode(
+    client: httpx.Client, model: str, mode: str, prompts: list[tuple[str, str]], verbose: bool
 ) -> dict[str, Any]:
     validator = ToolsCache().compile({"tools": TOOLS})
     assert validator is not None
-    delivered: Counter[str] = Counter()
-    caught: Counter[str] = Counter()
-    repairs = 0
+    declared = set(validator.names)
+    delivered: Counter[str] = Counter()  # channels of the calls the agent received
+    caught: Counter[str] = Counter()  # channels the proxy caught (first answer and re-asks)
+    invented: Counter[str] = Counter()  # undeclared names in what the agent received
+    invalid_answers = right = repairs = promoted = failed = 0
     seconds = 0.0
-    for prompt in prompts:
+    for prompt, expected in prompts:
         body = {
             "model": model,
             "messages": [
@@ -98,57 +110,62 @@ def _run_arm(
         }
         started = time.perf_counter()
         response = client.post(
-            "/v1/chat/completions", json=body, headers={"X-Repairproxy-Repair": arm}
+            "/v1/chat/completions", json=body, headers={"X-Repairproxy-Repair": mode}
         )
         seconds += time.perf_counter() - started
         if response.status_code != 200:
             delivered["http_" + str(response.status_code)] += 1
+            invalid_answers += 1
             continue
         repairs += int(response.headers.get("x-repairproxy-repairs", "0"))
+        promoted += int(response.headers.get("x-repairproxy-promoted", "0"))
+        failed += "x-repairproxy-repair-failed" in response.headers
         for channel in filter(
             None, response.headers.get("x-repairproxy-tool-errors", "").split(",")
         ):
             caught[channel] += 1
         message = response.json()["choices"][0]["message"]
         verdict = validator.check_message(message)
-        for channel in verdict.error_channels:
-            delivered[str(channel)] += 1
+        for call in verdict.calls:
+            delivered[str(call.channel)] += 1
+            if call.name and call.name not in declared:
+                invented[call.name] += 1
+        invalid_answers += not verdict.ok
+        calls = [c["function"]["name"] for c in message.get("tool_calls") or ()]
+        right += bool(calls) and calls[0] == expected
         if verbose:
-            calls = [c["function"]["name"] for c in message.get("tool_calls") or ()]
             print(
-                f"  [{arm}] {time.perf_counter() - started:5.1f}s "
+                f"  [{mode}] {time.perf_counter() - started:5.1f}s "
                 f"caught={response.headers.get('x-repairproxy-tool-errors')!r} "
-                f"delivered={[str(c) for c in verdict.error_channels]} calls={calls} "
+                f"delivered={[str(c.channel) for c in verdict.calls]} calls={calls} "
                 f"text={(message.get('content') or '')[:80]!r}",
                 flush=True,
             )
-    return {"delivered": delivered, "caught": caught, "repairs": repairs, "seconds": seconds}
+    return {
+        "delivered": delivered,
+        "caught": caught,
+        "invented": invented,
+        "invalid_answers": invalid_answers,
+        "right": right,
+        "repairs": repairs,
+        "promoted": promoted,
+        "failed": failed,
+        "seconds": seconds,
+    }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--upstream", help="OpenAI-compatible base URL (default: embedded model)")
-    parser.add_argument("--model", default="local")
-    parser.add_argument("--arms", nargs="+", default=["off", "reflexive", "constrained"])
-    parser.add_argument("--prompts", type=int, default=len(PROMPTS))
-    parser.add_argument("--verbose", action="store_true", help="one line per answer")
-    args = parser.parse_args(argv)
-
-    embedded = None
-    upstream = args.upstream
-    if upstream is None:
-        from repairproxy.local import start_embedded_upstream
-
-        embedded = start_embedded_upstream()
-        upstream = embedded.base_url
+def _serve_proxy(upstream: str) -> tuple[subprocess.Popen[bytes], int]:
     port = _free_port()
     proxy = subprocess.Popen(
         [sys.executable, "-m", "repairproxy", "serve", "--upstream", upstream, "--port", str(port)],
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.DEVNULL,
     )
+    return proxy, port
+
+
+def _run_arm(label: str, upstream: str, args: argparse.Namespace) -> None:
+    proxy, port = _serve_proxy(upstream)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=900) as client:
             deadline = time.monotonic() + 30
@@ -161,26 +178,47 @@ def main(argv: list[str] | None = None) -> None:
                         raise
                     time.sleep(0.1)
             prompts = PROMPTS[: args.prompts]
-            print(
-                f"upstream {upstream}, {len(prompts)} prompts, tools declared: "
-                + ", ".join(t["function"]["name"] for t in TOOLS)
-            )
-            header = ("arm", "invalid delivered", "caught", "repairs", "s/answer")
-            print("{:<12} {:>17} {:>7} {:>8} {:>9}".format(*header))
-            for arm in args.arms:
-                result = _run_arm(client, args.model, arm, prompts, args.verbose)
-                delivered = sum(result["delivered"].values())
+            print(f"\n== {label}: {len(prompts)} prompts, upstream {upstream}", flush=True)
+            header = ("mode", "invalid answers", "right tool", "promoted", "repairs", "s/answer")
+            print("{:<12} {:>15} {:>10} {:>8} {:>7} {:>8}".format(*header), flush=True)
+            for mode in args.modes:
+                result = _run_mode(client, args.model, mode, prompts, args.verbose)
                 print(
-                    f"{arm:<12} {delivered:>17} {sum(result['caught'].values()):>7} "
-                    f"{result['repairs']:>8} {result['seconds'] / len(prompts):>9.1f}   "
-                    f"delivered={dict(result['delivered'])} caught={dict(result['caught'])}",
+                    f"{mode:<12} {result['invalid_answers']:>9}/{len(prompts):<5} "
+                    f"{result['right']:>6}/{len(prompts):<3} {result['promoted']:>8} "
+                    f"{result['repairs']:>7} {result['seconds'] / len(prompts):>8.1f}   "
+                    f"delivered={dict(result['delivered'])} caught={dict(result['caught'])} "
+                    f"invented={dict(result['invented'])}"
+                    + (f" repair_failed={result['failed']}" if result["failed"] else ""),
                     flush=True,
                 )
     finally:
         proxy.terminate()
         proxy.wait(timeout=10)
-        if embedded is not None:
-            embedded.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--upstream", help="OpenAI-compatible base URL (default: embedded model)")
+    parser.add_argument("--model", default="local")
+    parser.add_argument("--arms", nargs="+", default=["q4_k_m"], help="embedded precision arms")
+    parser.add_argument(
+        "--modes", nargs="+", default=["off", "promote", "reflexive", "constrained"]
+    )
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS))
+    parser.add_argument("--threads", type=int, default=None, help="embedded model threads")
+    parser.add_argument("--verbose", action="store_true", help="one line per answer")
+    args = parser.parse_args(argv)
+    if args.upstream is not None:
+        _run_arm(args.model, args.upstream, args)
+        return
+    from repairproxy.local import start_embedded_upstream
+
+    for arm in args.arms:
+        with start_embedded_upstream(arm, n_ctx=4096, n_threads=args.threads) as embedded:
+            _run_arm(arm, embedded.base_url, args)
 
 
 if __name__ == "__main__":
