@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from evals.domains import DOMAINS
+from evals.domains import DOMAIN_OPTIONS, DOMAINS
 
 __all__ = [
     "DEFAULT_USERS",
@@ -202,6 +202,8 @@ class CellSpec:
     max_errors: int = 10
     max_steps: int = 200
     seed: int = 300
+    # Named deviations from τ²-bench v1.0.1 (``evals.domains.DOMAIN_OPTIONS``) of this domain.
+    domain_options: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -214,6 +216,7 @@ class Grid:
     tau2_data: Path | None = None
     concurrency: int = 1
     llm_seed: int | None = None
+    judge: UserSpec | None = None  # scores natural-language assertions; None leaves them unscored
     source: Path | None = field(default=None, compare=False)
 
     def select(self, patterns: Sequence[str] | None) -> list[CellSpec]:
@@ -230,7 +233,17 @@ class Grid:
         return chosen
 
 
-_GRID_KEYS = {"name", "tau2_data", "concurrency", "llm_seed", "proxy", "arms", "users", "cell"}
+_GRID_KEYS = {
+    "name",
+    "tau2_data",
+    "concurrency",
+    "llm_seed",
+    "proxy",
+    "arms",
+    "users",
+    "judge",
+    "cell",
+}
 _ARM_KEYS = {
     "model",
     "description",
@@ -270,6 +283,7 @@ _CELL_KEYS = {
     "max_errors",
     "max_steps",
     "seed",
+    "domain_options",
 }
 
 
@@ -428,6 +442,12 @@ def _expand_cells(
     trials = _ints(entry.get("trials", 4), f"{where}.trials")[0]
     max_steps = _ints(entry.get("max_steps", 200), f"{where}.max_steps")[0]
     seed = _typed(entry, "seed", int, where)
+    options = _strings(entry.get("domain_options"), f"{where}.domain_options")
+    unknown = [o for o in options if o not in DOMAIN_OPTIONS]
+    if unknown:
+        raise GridError(
+            f"{where}.domain_options: unknown {unknown}; known: {sorted(DOMAIN_OPTIONS)}"
+        )
     return [
         CellSpec(
             name=cell_name(domain, arm, user, budget),
@@ -442,6 +462,7 @@ def _expand_cells(
             max_errors=budget,
             max_steps=max_steps,
             seed=300 if seed is None else seed,
+            domain_options=tuple(o for o in options if DOMAIN_OPTIONS[o][0] == domain),
         )
         for domain, arm, user, budget in itertools.product(domains, arm_names, user_names, budgets)
     ]
@@ -470,6 +491,12 @@ def parse_grid(data: Mapping[str, Any], *, base: Path = Path("."), name: str = "
         seen.add(cell.name)
     proxy = data.get("proxy") or {}
     _check_keys(proxy, {"args"}, "proxy")
+    judge_table = data.get("judge")
+    judge = None
+    if judge_table is not None:
+        if not isinstance(judge_table, dict) or "kind" in judge_table:
+            raise GridError("judge: expected a table with model, base_url (and api_key_env)")
+        judge = _parse_user("judge", judge_table)
     tau2_data = _typed(data, "tau2_data", str, "grid")
     concurrency = _typed(data, "concurrency", int, "grid")
     return Grid(
@@ -481,6 +508,7 @@ def parse_grid(data: Mapping[str, Any], *, base: Path = Path("."), name: str = "
         tau2_data=(base / tau2_data) if tau2_data else None,
         concurrency=concurrency or 1,
         llm_seed=_typed(data, "llm_seed", int, "grid"),
+        judge=judge,
     )
 
 

@@ -102,6 +102,7 @@ def cell_provenance(
         "proxy": dict(proxy),
         "repair_template": repair_template_info([*grid.proxy_args, *arm.proxy_args]),
         "user": grid.users[cell.user].describe(),
+        "judge": grid.judge.describe() if grid.judge else None,
         "tau2_data": {"dir": str(data_dir), "sha256": _data_pins(data_dir, cell.domain)},
         "seeds": {"run_seed": cell.seed, "llm_seed": grid.llm_seed},
         "concurrency": concurrency,

@@ -176,6 +176,16 @@ def _run_config(
             temperature=user.temperature,
             seed=grid.llm_seed,
         )
+    judge_model = None
+    if grid.judge is not None:
+        assert grid.judge.model is not None and grid.judge.base_url is not None
+        judge_model = ModelConfig(
+            model=grid.judge.model,
+            base_url=grid.judge.base_url,
+            api_key=_api_key(grid.judge.api_key_env, environ),
+            temperature=grid.judge.temperature,
+            seed=grid.llm_seed,
+        )
     return RunConfig(
         domain=cell.domain,
         data_dir=data_dir,
@@ -184,6 +194,7 @@ def _run_config(
         user=user.kind,
         agent_model=agent_model,
         user_model=user_model,
+        judge_model=judge_model,
         num_trials=cell.trials,
         max_errors=cell.max_errors,
         max_steps=cell.max_steps,
@@ -192,6 +203,7 @@ def _run_config(
         concurrency=concurrency,
         seed=cell.seed,
         progress=False,
+        domain_options=cell.domain_options,
     )
 
 

@@ -150,6 +150,20 @@ def test_an_embedded_arm_serves_the_named_gguf() -> None:
     ]
 
 
+def test_a_judge_and_domain_options() -> None:
+    grid = _grid(
+        BASE
+        + '[judge]\nmodel = "j"\nbase_url = "http://127.0.0.1:1/v1"\n'
+        + '[[cell]]\ndomain = ["retail", "telecom"]\narm = "a"\n'
+        + 'domain_options = ["retail_modify_items_fix"]\n'
+    )
+    assert grid.judge is not None and (grid.judge.model, grid.judge.kind) == ("j", "llm")
+    options = {c.domain: c.domain_options for c in grid.cells}
+    assert options == {"retail": ("retail_modify_items_fix",), "telecom": ()}
+    with pytest.raises(GridError, match="domain_options"):
+        _grid(BASE + '[[cell]]\ndomain = "retail"\ndomain_options = ["faster"]\n')
+
+
 def test_an_arm_may_name_a_made_arm_folder() -> None:
     grid = _grid('[arms.x]\narm = "arms/int4"\nmodel = "m"\n[[cell]]\ndomain = "retail"\n')
     assert grid.arms["x"].arm_dir == Path("/grids/arms/int4")
