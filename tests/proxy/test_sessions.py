@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ import pytest
 
 from repairproxy.sessions import (
     BudgetSnapshot,
+    EpisodeState,
     ErrorBudget,
     MemoryEpisodeStore,
     episode_id_for,
@@ -683,3 +685,16 @@ async def test_twelve_turn_replay_through_resolve_observe_remember(id_style: str
         "env_argument_error": 1,
     }
     assert snapshot.silent_by_channel == {"invalid_json": 1}
+
+
+@pytest.mark.anyio
+async def test_episode_state_is_plain_data_a_shared_store_can_serialise() -> None:
+    store = MemoryEpisodeStore()
+    budget = ErrorBudget(store)
+    first = verdict(Channel.UNKNOWN_TOOL, Channel.INVALID_JSON, call_ids=("0", "1"))
+    await budget.observe_answer("e", first, None, invalid(first))
+    await budget.observe_request("e", {"messages": _results(["x"], "Error: Order not found")})
+    state = await store.get("e")
+    assert state is not None
+    restored = EpisodeState(**json.loads(json.dumps(dataclasses.asdict(state))))
+    assert restored == state and restored.errors == 2
