@@ -5,9 +5,11 @@
 The 50 agent prompts (35 Retail, 15 Telecom) are built deterministically at run time from
 τ²-bench's data: user emails, names, zips and order ids from the Retail db, phone numbers and ids
 from the Telecom db, the domain policies as system prompts, and the domains' agent tools. Each
-answer is classified with ``repairproxy.validation`` into the proxy's channels. With ``--proxy``,
-the q4_k_m arm is also run through the proxy with repair off and reflexive (header
-``X-Repairproxy-Repair``), counting the invalid calls that reach the client.
+answer is classified with ``repairproxy.validation`` into the proxy's channels (a call written as
+text also by what was wrong inside it: an invented name, bad arguments). With ``--proxy``, the
+first arm is also run through the proxy in each of ``--modes`` (off, promote, reflexive,
+constrained; header ``X-Repairproxy-Repair``), counting the invalid answers that reach the client
+and how many of them start with the right tool.
 Prints figures; asserts nothing.
 """
 
@@ -24,7 +26,7 @@ import tomllib
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -193,16 +195,27 @@ class Outcome:
     completion_tokens: int
     header_channels: str | None = None
     repairs: str | None = None
+    promoted: str | None = None
+    inner: list[str] = field(default_factory=list)  # what was wrong inside each text call
+    invented: list[str] = field(default_factory=list)  # undeclared names, any form
 
 
 def classify(
     prompt: Prompt, message: dict[str, Any], cache: ToolsCache
-) -> tuple[list[str], str | None]:
-    """(channel of every call, or of the silent failure; the first call's name in any form)."""
+) -> tuple[list[str], str | None, list[str], list[str]]:
+    """(channel of every call, or of the silent failure; the first call's name in any form;
+    the inner channel of each text call; the undeclared names)."""
     compiled = cache.compile({"tools": prompt.tools})
     assert compiled is not None
     verdicts = compiled.check_message(message).calls
-    return [str(v.channel) for v in verdicts], (verdicts[0].name if verdicts else None)
+    inner = [str(v.inner) for v in verdicts if v.inner is not None]
+    invented = [
+        v.name
+        for v in verdicts
+        if v.name and compiled.schema_for(v.name) is None and v.channel != "empty_output"
+    ]
+    first = verdicts[0].name if verdicts else None
+    return [str(v.channel) for v in verdicts], first, inner, invented
 
 
 def run_prompts(
@@ -229,7 +242,7 @@ def run_prompts(
         reply = raw.parse()
         message = reply.choices[0].message.model_dump(exclude_none=True)
         calls = message.get("tool_calls") or []
-        channels, intended = classify(prompt, message, cache)
+        channels, intended, inner, invented = classify(prompt, message, cache)
         outcomes.append(
             Outcome(
                 prompt,
@@ -240,6 +253,9 @@ def run_prompts(
                 reply.usage.completion_tokens if reply.usage else 0,
                 raw.headers.get("x-repairproxy-tool-errors"),
                 raw.headers.get("x-repairproxy-repairs"),
+                raw.headers.get("x-repairproxy-promoted"),
+                inner,
+                invented,
             )
         )
         print(
@@ -268,6 +284,12 @@ def summarize(label: str, outcomes: Sequence[Outcome]) -> None:
     print(f"\n== {label}: {n} prompts, {sum(calls.values())} classified calls/answers")
     for channel in CHANNELS:
         print(f"  {channel:22} {calls[channel]:3d}  ({calls[channel] / n:6.1%} of prompts)")
+    inner = Counter(i for o in outcomes for i in o.inner)
+    if inner:
+        print("  inside the text calls: " + ", ".join(f"{k} {v}" for k, v in inner.items()))
+    invented = Counter(name for o in outcomes for name in o.invented)
+    if invented:
+        print("  invented names: " + ", ".join(f"{k} x{v}" for k, v in invented.most_common()))
     print(
         f"  answers: {answers['valid']} all-valid calls, {answers['invalid']} with an invalid "
         f"call, {answers['text']} plain text"
@@ -312,7 +334,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--proxy", action="store_true", help="also: repair off vs reflexive")
     parser.add_argument("--skip-arms", action="store_true", help="only the --proxy comparison")
     parser.add_argument("--threads", type=int, default=None, help="model threads (default: cores)")
-    parser.add_argument("--modes", nargs="+", default=["off", "reflexive"], help="with --proxy")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["off", "promote", "reflexive", "constrained"],
+        help="with --proxy",
+    )
     args = parser.parse_args(argv)
     prompts = build_prompts(args.data_dir)[: args.limit]
     print(f"{len(prompts)} prompts; temperature {args.temperature}; max_tokens {args.max_tokens}")
@@ -343,11 +370,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         outcomes = results.get(f"proxy repair={mode}")
         if outcomes:
             reached = sum(c not in ("valid",) for o in outcomes for c in o.channels)
+            invalid = sum(any(c != "valid" for c in o.channels) for o in outcomes)
             caught = sum(bool(o.header_channels) for o in outcomes)
             repairs = sum(int(o.repairs or 0) for o in outcomes)
+            promoted = sum(int(o.promoted or 0) for o in outcomes)
+            expected = [o for o in outcomes if o.prompt.expected_tool]
+            right = sum(o.first_call == o.prompt.expected_tool for o in expected)
             print(
-                f"proxy repair={mode}: invalid calls/answers reaching the client {reached}; "
-                f"answers where the proxy caught an error {caught}; repair attempts {repairs}"
+                f"proxy repair={mode}: invalid answers reaching the client {invalid}/"
+                f"{len(outcomes)} ({reached} invalid calls/answers); right first tool delivered "
+                f"{right}/{len(expected)}; caught in {caught} answers; promoted {promoted}; "
+                f"repair attempts {repairs}"
             )
 
 
