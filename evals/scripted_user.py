@@ -152,6 +152,10 @@ def _takewhile_plain(sentences: Sequence[str]) -> list[str]:
 # --- reading the agent's turn -------------------------------------------------------------------
 
 _TRANSFER = re.compile(r"\btransferr(?:ed|ing)\b.*\b(human|hold|representative|specialist)\b")
+# A turn that asks the user for something: a question, or a request in words.
+_REQUEST = re.compile(
+    r"\?|\b(please|provide|tell me|let me know|share|could you|can you|would you|i need your)\b"
+)
 _ANYTHING_ELSE = re.compile(r"\banything else\b|\bother (?:questions|requests)\b")
 _CONFIRM = re.compile(
     r"\b(confirm|proceed|shall i|should i|would you like|do you want|go ahead|is that correct|"
@@ -273,6 +277,8 @@ class ScriptedUser:
         lowered = " ".join(text.lower().replace("_", " ").split())
         if _TRANSFER.search(lowered):
             return UserMessage(content=TRANSFER)
+        if not _REQUEST.search(lowered):  # a statement: the agent asks nothing more
+            return UserMessage(content=f"Thank you! {STOP}")
         tools = requested_tools(lowered, self._tools)
         if tools:
             self._state.unanswered = 0
@@ -287,8 +293,6 @@ class ScriptedUser:
             return UserMessage(content=self._give(asked))
         if _ANYTHING_ELSE.search(lowered):
             return UserMessage(content=f"No, that's all. Thank you! {STOP}")
-        if "?" not in lowered and "please" not in lowered:
-            return UserMessage(content=f"Thank you! {STOP}")
         if _CONFIRM.search(lowered):
             self._state.unanswered = 0
             return UserMessage(content="Yes, please go ahead.")

@@ -98,8 +98,8 @@ async def test_questions_it_cannot_answer_end_out_of_scope(tau2_data_dir: Path) 
 async def test_a_statement_without_a_question_ends_the_conversation(tau2_data_dir: Path) -> None:
     user = _user(_task(tau2_data_dir, "retail", "0"))
     await user.generate([AssistantMessage(content="Hi!")])
-    (reply,) = await _say(user, "Your exchange has been processed.")
-    assert is_user_stop(reply)
+    (reply,) = await _say(user, "Your refund goes to the original payment method.")
+    assert is_user_stop(reply)  # naming a fact is not asking for it
 
 
 async def test_it_operates_the_device_tools_the_agent_names(tau2_data_dir: Path) -> None:
