@@ -63,7 +63,7 @@ def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def _retail(data_dir: Path) -> list[Prompt]:
-    from evals.domains.retail.schemas import agent_tool_schemas
+    from evals.domains.retail.tools import agent_tool_schemas
 
     root = data_dir / "tau2" / "domains" / "retail"
     db = json.loads((root / "db.json").read_text())

@@ -1,6 +1,6 @@
 """Validation cost per tool call: fastjsonschema vs jsonschema-rs (vs jsonschema), and the proxy.
 
-Uses the 16 τ²-bench Retail tool schemas (``evals.domains.retail.schemas``) and a mix of valid and
+Uses the 16 τ²-bench Retail tool schemas (``evals.domains.retail.tools``) and a mix of valid and
 invalid arguments. Prints microseconds per call (best of several repeats) and what each library
 says about a failing call, which is what the repair diagnosis needs.
 
@@ -19,7 +19,8 @@ import jsonschema
 import jsonschema_rs
 import orjson
 
-from evals.domains.retail.schemas import agent_tool_schemas
+from evals.domains.retail.tools import agent_tool_schemas
+from repairproxy.repair import promote
 from repairproxy.validation import ToolsCache
 
 __all__ = ["main"]
@@ -168,6 +169,27 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"  check_message, call written as text:              "
         f"{_best_us(lambda: compiled.check_message(in_text), number):.2f}"
+    )
+    bare = {
+        "role": "assistant",
+        "content": 'Let me check. {"name": "get_order_details", "arguments": '
+        '{"order_id": "#W2378156"}}',
+    }
+
+    def promote_bare() -> object:
+        return promote(bare, compiled.check_message(bare))
+
+    print(
+        f"  check_message + promote, bare JSON call in text:  {_best_us(promote_bare, number):.2f}"
+    )
+    data = {
+        "role": "assistant",
+        "content": 'The order record is {"order_id": "#W2378156", "status": "delivered", '
+        '"items": [{"name": "lamp", "price": 48.2}]}. Anything else?',
+    }
+    print(
+        f"  check_message, prose holding JSON (not a call):   "
+        f"{_best_us(lambda: compiled.check_message(data), number):.2f}"
     )
     print(
         f"  check_call, unknown tool, name seen before:       "
