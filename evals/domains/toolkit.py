@@ -1,10 +1,12 @@
-"""Declaring Telecom tools once and deriving everything else from the declaration.
+"""Declaring a domain's tools once and deriving everything else from the declaration.
 
-A method marked ``@tool(description, **param_docs)`` is callable by its side (agent or user) and is
-advertised with a JSON schema that pydantic builds from the method's signature, exactly as τ²-bench
-builds it (``create_model("parameters", ...)``), so parameter names, types, defaults and required
-lists cannot drift from the code. Methods marked ``@env_function`` are the setup and assertion
-helpers that only task data (``initialization_actions``, ``env_assertions``) may call.
+Both domains (Retail, Telecom) declare their tools this way. A method marked
+``@tool(description, **param_docs)`` is callable by its side (agent or user) and is advertised with
+a JSON schema that pydantic builds from the method's signature, exactly as τ²-bench builds it
+(``create_model("parameters", ...)``), so parameter names, types, defaults and required lists
+cannot drift from the code. Tools are listed in class-definition order, as τ²-bench lists them.
+Methods marked ``@env_function`` are the setup and assertion helpers that only task data
+(``initialization_actions``, ``env_assertions``) may call.
 """
 
 from __future__ import annotations
@@ -13,14 +15,24 @@ import inspect
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from pydantic import Field, create_model
 
-__all__ = ["ToolKit", "ToolSpec", "env_function", "tool"]
+__all__ = ["ToolKit", "ToolSpec", "ToolType", "env_function", "tool"]
 
-_TOOL_ATTR = "__telecom_tool__"
-_ENV_ATTR = "__telecom_env_function__"
+_TOOL_ATTR = "__evals_tool__"
+_ENV_ATTR = "__evals_env_function__"
+
+
+class ToolType(StrEnum):
+    """τ²-bench's tool types: only WRITE tools change state (and are replayed)."""
+
+    READ = "read"
+    WRITE = "write"
+    GENERIC = "generic"
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,15 +43,29 @@ class ToolSpec:
 
     description: str
     param_docs: dict[str, str] = field(default_factory=dict)
-    # Whether a call can change state (τ²-bench's WRITE tools); reads are safe to repeat.
-    mutates: bool = False
+    tool_type: ToolType = ToolType.GENERIC
+
+    @property
+    def mutates(self) -> bool:
+        """Whether a call can change state (τ²-bench's WRITE tools); others are safe to repeat."""
+        return self.tool_type is ToolType.WRITE
 
 
-def tool(description: str, *, mutates: bool = False, **param_docs: str) -> Callable[[F], F]:
-    """Mark a method as a tool; the function itself is returned unchanged (no wrapper frames)."""
+def tool(
+    description: str,
+    *,
+    mutates: bool = False,
+    tool_type: ToolType | None = None,
+    **param_docs: str,
+) -> Callable[[F], F]:
+    """Mark a method as a tool; the function itself is returned unchanged (no wrapper frames).
+
+    ``tool_type`` defaults to WRITE when ``mutates`` is set, else GENERIC.
+    """
+    kind = tool_type or (ToolType.WRITE if mutates else ToolType.GENERIC)
 
     def mark(func: F) -> F:
-        setattr(func, _TOOL_ATTR, ToolSpec(description, dict(param_docs), mutates))
+        setattr(func, _TOOL_ATTR, ToolSpec(description, dict(param_docs), kind))
         return func
 
     return mark
@@ -89,6 +115,12 @@ class ToolKit:
             }
             for name, spec in cls.tool_specs().items()
         ]
+
+    @classmethod
+    def tool_names(cls, tool_type: ToolType | None = None) -> tuple[str, ...]:
+        """The tools' names in listing order, all of them or those of one type."""
+        specs = cls.tool_specs()
+        return tuple(n for n, s in specs.items() if tool_type is None or s.tool_type is tool_type)
 
     @classmethod
     def has_tool(cls, name: str) -> bool:

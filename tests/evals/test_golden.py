@@ -65,7 +65,7 @@ async def test_requests_match_tau2_v1_0_1(
     golden = GOLDEN["domains"][domain_name]
     domain = load_domain(domain_name, tau2_data_dir)
     tasks = domain.tasks("base")
-    assert sorted(str(t["id"]) for t in tasks) == sorted(golden["tasks"])
+    assert sorted(t.id for t in tasks) == sorted(golden["tasks"])
     agent_model = ModelConfig(
         model="golden-agent", base_url=upstream.base_url, temperature=SCRIPT["temperature"]
     )
@@ -95,16 +95,31 @@ async def test_requests_match_tau2_v1_0_1(
             assert episode.run.termination_reason == "user_stop"
             user_first, agent_first = upstream.chat_requests[before : before + 2]
             user, agent = _digests(user_first), _digests(agent_first)
-            want = golden["tasks"][str(task["id"])]
+            want = golden["tasks"][task.id]
             got = {
                 "user_first_request": {k: user[k] for k in want["user_first_request"]},
                 "agent_first_request_messages": agent["messages"],
             }
             if got != want:
-                mismatches.append(f"{task['id']}: {got} != {want}")
+                mismatches.append(f"{task.id}: {got} != {want}")
             assert agent["system_prompt"] == golden["agent_system_prompt"]
             assert agent["tool_names"] == golden["agent_tool_names"]
             assert agent["tools"] == golden["agent_tools"]
             assert agent["params"] == golden["agent_params"]
             assert user["tool_names"] == golden["user_tool_names"]
     assert not mismatches, f"{len(mismatches)} tasks differ; first: {mismatches[0]}"
+
+
+@pytest.mark.parametrize("domain_name", ["retail", "telecom"])
+def test_tool_schemas_are_tau2_v1_0_1s(domain_name: str, tau2_data_dir: Path) -> None:
+    """Both domains declare tools one way (``evals.domains.toolkit``); the result is τ²-bench's."""
+    golden = GOLDEN["domains"][domain_name]
+    environment = load_domain(domain_name, tau2_data_dir).new_environment()
+    agent_tools = environment.agent_tools()
+    assert [t["function"]["name"] for t in agent_tools] == golden["agent_tool_names"]
+    assert _sha256(_canonical(agent_tools)) == golden["agent_tools"]
+    user_tools = environment.user_tools()
+    assert [t["function"]["name"] for t in user_tools] == golden["user_tool_names"]
+    first_task = next(iter(golden["tasks"].values()))
+    expected_user = first_task["user_first_request"]["tools"]
+    assert (_sha256(_canonical(user_tools)) if user_tools else None) == expected_user

@@ -11,8 +11,8 @@ import pytest
 
 from evals.domains.telecom import TelecomDomain, TelecomEnvironment, load
 from evals.domains.telecom.agent_tools import TelecomTools
-from evals.domains.telecom.toolkit import ToolKit
 from evals.domains.telecom.user_tools import TelecomUserTools
+from evals.domains.toolkit import ToolKit
 from evals.tasks import EnvFunctionCall
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ and returns a ``Domain`` whose environments follow τ²-bench v1.0.1's tool beha
 
 from evals.domains.retail.domain import DEFAULT_TASKS_FILE, RetailDomain, load
 from evals.domains.retail.environment import RetailEnvironment
-from evals.domains.retail.schemas import AGENT_TOOL_NAMES, READ_TOOLS, WRITE_TOOLS
+from evals.domains.retail.tools import AGENT_TOOL_NAMES, READ_TOOLS, WRITE_TOOLS
 
 __all__ = [
     "AGENT_TOOL_NAMES",

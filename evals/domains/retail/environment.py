@@ -16,8 +16,12 @@ from pydantic import BaseModel
 from evals.domains.base import Requestor, ToolResult
 from evals.domains.retail.db import RetailDB
 from evals.domains.retail.hashing import CanonicalCache
-from evals.domains.retail.schemas import AGENT_TOOL_NAMES, WRITE_TOOLS, agent_tool_schemas
-from evals.domains.retail.tools import RetailTools
+from evals.domains.retail.tools import (
+    AGENT_TOOL_NAMES,
+    WRITE_TOOLS,
+    RetailTools,
+    agent_tool_schemas,
+)
 from evals.tasks import (
     EnvAssertion,
     EnvFunctionCall,

@@ -1,5 +1,10 @@
 """The 16 Retail agent tools, with τ²-bench v1.0.1's checks, state changes and error texts.
 
+Tools are declared as Telecom's are (``evals.domains.toolkit``): ``@tool`` carries τ²-bench's
+description (its docstring as docstring_parser splits it) and parameter docs, and the schema the
+agent sees is built from the signature the way τ²-bench builds it; ``tests/evals/test_golden.py``
+checks the result against digests of τ²-bench's own schemas.
+
 The class is named ``RetailTools`` and tools are called as ``tools.<name>(**arguments)``, as in
 τ²-bench, so that missing or unexpected arguments fail with Python's own ``TypeError`` text
 (``RetailTools.get_order_details() missing 1 required positional argument: 'order_id'``). Argument
@@ -13,6 +18,8 @@ order or a user just before the first change to it, so a fresh environment costs
 from __future__ import annotations
 
 import ast
+import copy
+import functools
 import json
 import math
 import operator
@@ -30,8 +37,16 @@ from evals.domains.retail.db import (
     UserAddress,
     Variant,
 )
+from evals.domains.toolkit import ToolKit, ToolType, tool
 
-__all__ = ["RetailTools", "calculate_expression"]
+__all__ = [
+    "AGENT_TOOL_NAMES",
+    "READ_TOOLS",
+    "WRITE_TOOLS",
+    "RetailTools",
+    "agent_tool_schemas",
+    "calculate_expression",
+]
 
 # A string, not a set: membership tests on odd argument types then fail with τ²-bench's messages.
 _CALCULATOR_CHARACTERS = "0123456789+-*/(). "
@@ -96,8 +111,10 @@ def calculate_expression(expression: Any) -> str:
     return str(round(float(_evaluate(tree)), 2))
 
 
-class RetailTools:
+class RetailTools(ToolKit):
     """The Retail agent tools over one episode's view of the store (see the module docstring)."""
+
+    env_type = "assistant"
 
     def __init__(self, db: RetailDB, *, modify_items_fix: bool = False) -> None:
         self.db = db
@@ -179,50 +196,40 @@ class RetailTools:
             self._writable_user(user_id)
         return self._get_payment_method(user_id, payment_method_id)
 
-    # --- generic tools ---
+    # --- tools, in τ²-bench's definition order (the order agents see them) ---
 
+    @tool(
+        "Calculate the result of a mathematical expression.",
+        tool_type=ToolType.GENERIC,
+        expression=(
+            "The mathematical expression to calculate, such as '2 + 2'. The expression "
+            "can contain numbers, operators (+, -, *, /), parentheses, and spaces."
+        ),
+    )
     def calculate(self, expression: str) -> str:
         return calculate_expression(expression)
 
-    def transfer_to_human_agents(self, summary: str) -> str:
-        return "Transfer successful"
-
-    # --- read tools ---
-
-    def find_user_id_by_name_zip(self, first_name: str, last_name: str, zip: str) -> str:
-        for user_id, user in self.db.users.items():
-            if (
-                user.name.first_name.lower() == first_name.lower()
-                and user.name.last_name.lower() == last_name.lower()
-                and user.address.zip == zip
-            ):
-                return user_id
-        raise ValueError("User not found")
-
-    def find_user_id_by_email(self, email: str) -> str:
-        for user_id, user in self.db.users.items():
-            if user.email.lower() == email.lower():
-                return user_id
-        raise ValueError("User not found")
-
-    def get_order_details(self, order_id: str) -> Order:
-        return self._get_order(order_id)
-
-    def get_product_details(self, product_id: str) -> Product:
-        return self._get_product(product_id)
-
-    def get_item_details(self, item_id: str) -> Variant:
-        return self._get_item(item_id)
-
-    def get_user_details(self, user_id: str) -> User:
-        return self._get_user(user_id)
-
-    def list_all_product_types(self) -> str:
-        names = {product.name: product.product_id for product in self.db.products.values()}
-        return json.dumps(names, sort_keys=True)
-
-    # --- write tools ---
-
+    @tool(
+        (
+            "Cancel a pending order. If the order is already processed or delivered,\n\n"
+            "it cannot be cancelled. The agent needs to explain the cancellation detail\n"
+            "and ask for explicit user confirmation (yes/no) to proceed. If the user confirms,\n"
+            "the order status will be changed to 'cancelled' and the payment will be refunded.\n"
+            "The refund will be added to the user's gift card balance immediately if the payment\n"
+            "was made using a gift card, otherwise the refund would take 5-7 business days to "
+            "process.\n"
+            "The function returns the order details after the cancellation."
+        ),
+        tool_type=ToolType.WRITE,
+        order_id=(
+            "The order id, such as '#W0000000'. Be careful there is a '#' symbol at the "
+            "beginning of the order id."
+        ),
+        reason=(
+            "The reason for cancellation, which should be either 'no longer needed' or "
+            "'ordered by mistake'."
+        ),
+    )
     def cancel_pending_order(self, order_id: str, reason: str) -> Order:
         order = self._writable_order(order_id)
         if order.status != "pending":
@@ -247,6 +254,36 @@ class RetailTools:
         order.payment_history.extend(refunds)
         return order
 
+    @tool(
+        (
+            "Exchange items in a delivered order to new items of the same product type.\n\n"
+            "For a delivered order, return or exchange can be only done once by the agent.\n"
+            "The agent needs to explain the exchange detail and ask for explicit user confirmation "
+            "(yes/no) to proceed."
+        ),
+        tool_type=ToolType.WRITE,
+        order_id=(
+            "The order id, such as '#W0000000'. Be careful there is a '#' symbol at the "
+            "beginning of the order id."
+        ),
+        item_ids=(
+            "The item ids to be exchanged, each such as '1008292230'. There could be "
+            "duplicate items in the list."
+        ),
+        new_item_ids=(
+            "The item ids to be exchanged for, each such as '1008292230'.\n"
+            "There could be duplicate items in the list. Each new item id should match "
+            "the item id\n"
+            "in the same position and be of the same product."
+        ),
+        payment_method_id=(
+            "The payment method id to pay or receive refund for the item price "
+            "difference,\n"
+            "such as 'gift_card_0000000' or 'credit_card_0000000'. These can be "
+            "looked up\n"
+            "from the user or order details."
+        ),
+    )
     def exchange_delivered_order_items(
         self,
         order_id: str,
@@ -283,6 +320,113 @@ class RetailTools:
         order.exchange_price_difference = price_difference
         return order
 
+    @tool(
+        (
+            "Find user id by first name, last name, and zip code. If the user is not found, the "
+            "function\n\n"
+            "will return an error message. By default, find user id by email, and only call this "
+            "function\n"
+            "if the user is not found by email or cannot remember email."
+        ),
+        tool_type=ToolType.READ,
+        first_name="The first name of the customer, such as 'John'.",
+        last_name="The last name of the customer, such as 'Doe'.",
+        zip="The zip code of the customer, such as '12345'.",
+    )
+    def find_user_id_by_name_zip(self, first_name: str, last_name: str, zip: str) -> str:
+        for user_id, user in self.db.users.items():
+            if (
+                user.name.first_name.lower() == first_name.lower()
+                and user.name.last_name.lower() == last_name.lower()
+                and user.address.zip == zip
+            ):
+                return user_id
+        raise ValueError("User not found")
+
+    @tool(
+        (
+            "Find user id by email. If the user is not found, the function will return an error "
+            "message."
+        ),
+        tool_type=ToolType.READ,
+        email="The email of the user, such as 'something@example.com'.",
+    )
+    def find_user_id_by_email(self, email: str) -> str:
+        for user_id, user in self.db.users.items():
+            if user.email.lower() == email.lower():
+                return user_id
+        raise ValueError("User not found")
+
+    @tool(
+        "Get the status and details of an order.",
+        tool_type=ToolType.READ,
+        order_id=(
+            "The order id, such as '#W0000000'. Be careful there is a '#' symbol at the "
+            "beginning of the order id."
+        ),
+    )
+    def get_order_details(self, order_id: str) -> Order:
+        return self._get_order(order_id)
+
+    @tool(
+        "Get the inventory details of a product.",
+        tool_type=ToolType.READ,
+        product_id=(
+            "The product id, such as '6086499569'. Be careful the product id is different "
+            "from the item id."
+        ),
+    )
+    def get_product_details(self, product_id: str) -> Product:
+        return self._get_product(product_id)
+
+    @tool(
+        "Get the inventory details of an item.",
+        tool_type=ToolType.READ,
+        item_id=(
+            "The item id, such as '6086499569'. Be careful the item id is different from the "
+            "product id."
+        ),
+    )
+    def get_item_details(self, item_id: str) -> Variant:
+        return self._get_item(item_id)
+
+    @tool(
+        "Get the details of a user, including their orders.",
+        tool_type=ToolType.READ,
+        user_id="The user id, such as 'sara_doe_496'.",
+    )
+    def get_user_details(self, user_id: str) -> User:
+        return self._get_user(user_id)
+
+    @tool(
+        (
+            "List the name and product id of all product types.\n\n"
+            "Each product type has a variety of different items with unique item ids and options.\n"
+            "There are only 50 product types in the store."
+        ),
+        tool_type=ToolType.READ,
+    )
+    def list_all_product_types(self) -> str:
+        names = {product.name: product.product_id for product in self.db.products.values()}
+        return json.dumps(names, sort_keys=True)
+
+    @tool(
+        (
+            "Modify the shipping address of a pending order. The agent needs to explain the "
+            "modification detail and ask for explicit user confirmation (yes/no) to proceed."
+        ),
+        tool_type=ToolType.WRITE,
+        order_id=(
+            "The order id, such as '#W0000000'. Be careful there is a '#' symbol at the "
+            "beginning of the order id."
+        ),
+        address1="The first line of the address, such as '123 Main St'.",
+        address2="The second line of the address, such as 'Apt 1' or ''.",
+        city="The city, such as 'San Francisco'.",
+        state="The state, such as 'CA'.",
+        country="The country, such as 'USA'.",
+        zip="The zip code, such as '12345'.",
+    )
     def modify_pending_order_address(
         self,
         order_id: str,
@@ -306,6 +450,32 @@ class RetailTools:
         )
         return order
 
+    @tool(
+        (
+            "Modify items in a pending order to new items of the same product type. For a pending "
+            "order, this function can only be called once. The agent needs to explain the exchange "
+            "detail and ask for explicit user confirmation (yes/no) to proceed."
+        ),
+        tool_type=ToolType.WRITE,
+        order_id=(
+            "The order id, such as '#W0000000'. Be careful there is a '#' symbol at the "
+            "beginning of the order id."
+        ),
+        item_ids=(
+            "The item ids to be modified, each such as '1008292230'. There could be "
+            "duplicate items in the list."
+        ),
+        new_item_ids=(
+            "The item ids to be modified for, each such as '1008292230'. There could be "
+            "duplicate items in the list. Each new item id should match the item id in "
+            "the same position and be of the same product."
+        ),
+        payment_method_id=(
+            "The payment method id to pay or receive refund for the item price "
+            "difference, such as 'gift_card_0000000' or 'credit_card_0000000'. "
+            "These can be looked up from the user or order details."
+        ),
+    )
     def modify_pending_order_items(
         self,
         order_id: str,
@@ -364,6 +534,22 @@ class RetailTools:
         order.status = "pending (item modified)"
         return order
 
+    @tool(
+        (
+            "Modify the payment method of a pending order. The agent needs to explain the "
+            "modification detail and ask for explicit user confirmation (yes/no) to proceed."
+        ),
+        tool_type=ToolType.WRITE,
+        order_id=(
+            "The order id, such as '#W0000000'. Be careful there is a '#' symbol at the "
+            "beginning of the order id."
+        ),
+        payment_method_id=(
+            "The payment method id to pay or receive refund for the item price "
+            "difference, such as 'gift_card_0000000' or 'credit_card_0000000'. "
+            "These can be looked up from the user or order details."
+        ),
+    )
     def modify_pending_order_payment(self, order_id: str, payment_method_id: str) -> Order:
         order = self._writable_order(order_id)
         if "pending" not in order.status:
@@ -399,6 +585,20 @@ class RetailTools:
             old_method.balance = round(old_method.balance + amount, 2)
         return order
 
+    @tool(
+        (
+            "Modify the default address of a user. The agent needs to explain the modification "
+            "detail and ask for explicit user confirmation (yes/no) to proceed."
+        ),
+        tool_type=ToolType.WRITE,
+        user_id="The user id, such as 'sara_doe_496'.",
+        address1="The first line of the address, such as '123 Main St'.",
+        address2="The second line of the address, such as 'Apt 1' or ''.",
+        city="The city, such as 'San Francisco'.",
+        state="The state, such as 'CA'.",
+        country="The country, such as 'USA'.",
+        zip="The zip code, such as '12345'.",
+    )
     def modify_user_address(
         self,
         user_id: str,
@@ -420,6 +620,29 @@ class RetailTools:
         )
         return user
 
+    @tool(
+        (
+            "Return some items of a delivered order.\n\n"
+            "The order status will be changed to 'return requested'.\n"
+            "The agent needs to explain the return detail and ask for explicit user confirmation "
+            "(yes/no) to proceed.\n"
+            "The user will receive follow-up email for how and where to return the item."
+        ),
+        tool_type=ToolType.WRITE,
+        order_id=(
+            "The order id, such as '#W0000000'. Be careful there is a '#' symbol at the "
+            "beginning of the order id."
+        ),
+        item_ids=(
+            "The item ids to be returned, each such as '1008292230'. There could be "
+            "duplicate items in the list."
+        ),
+        payment_method_id=(
+            "The payment method id to pay or receive refund for the item price "
+            "difference, such as 'gift_card_0000000' or 'credit_card_0000000'.\n"
+            "These can be looked up from the user or order details."
+        ),
+    )
     def return_delivered_order_items(
         self,
         order_id: str,
@@ -444,3 +667,33 @@ class RetailTools:
         order.return_items = sorted(item_ids)
         order.return_payment_method_id = payment_method_id
         return order
+
+    @tool(
+        (
+            "Transfer the user to a human agent, with a summary of the user's issue.\n\n"
+            "Only transfer if\n"
+            " -  the user explicitly asks for a human agent\n"
+            " -  given the policy and the available tools, you cannot solve the user's issue."
+        ),
+        tool_type=ToolType.GENERIC,
+        summary="A summary of the user's issue.",
+    )
+    def transfer_to_human_agents(self, summary: str) -> str:
+        return "Transfer successful"
+
+
+AGENT_TOOL_NAMES: tuple[str, ...] = RetailTools.tool_names()
+# τ²-bench's ``ToolType.WRITE`` tools: only they change the database, and only they are re-executed
+# when τ²-bench replays a trajectory. The rest are READ, or GENERIC (calculate, transfer).
+WRITE_TOOLS: frozenset[str] = frozenset(RetailTools.tool_names(ToolType.WRITE))
+READ_TOOLS: frozenset[str] = frozenset(RetailTools.tool_names(ToolType.READ))
+
+
+@functools.cache
+def _schemas() -> tuple[dict[str, Any], ...]:
+    return tuple(RetailTools.openai_tools())
+
+
+def agent_tool_schemas() -> list[dict[str, Any]]:
+    """The agent's tools in OpenAI format, a fresh copy (built once per process)."""
+    return copy.deepcopy(list(_schemas()))

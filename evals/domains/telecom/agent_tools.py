@@ -22,7 +22,7 @@ from evals.domains.telecom.models import (
     Plan,
     TelecomDB,
 )
-from evals.domains.telecom.toolkit import ToolKit, env_function, tool
+from evals.domains.toolkit import ToolKit, env_function, tool
 
 __all__ = ["TODAY", "TelecomTools"]
 

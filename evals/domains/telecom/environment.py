@@ -18,8 +18,8 @@ from evals.domains.telecom.agent_tools import TelecomTools
 from evals.domains.telecom.device import PaymentRequest, TelecomUserDB
 from evals.domains.telecom.models import LineStatus, TelecomDB
 from evals.domains.telecom.serialize import to_json_str
-from evals.domains.telecom.toolkit import ToolKit
 from evals.domains.telecom.user_tools import TelecomUserTools
+from evals.domains.toolkit import ToolKit
 from evals.tasks import (
     EnvAssertion,
     EnvFunctionCall,

@@ -21,7 +21,7 @@ from evals.domains.telecom.device import (
     UserSurroundings,
     VpnDetails,
 )
-from evals.domains.telecom.toolkit import ToolKit, env_function, tool
+from evals.domains.toolkit import ToolKit, env_function, tool
 
 __all__ = ["TelecomUserTools"]
 
