@@ -284,10 +284,15 @@ class CompiledTools:
             )
         if valid:
             return CallVerdict(index, call_id, name, Channel.VALID, "")
-        paths = tuple(
-            f"{_json_path(error.instance_path)}: {_short(error.message)}"
-            for _, error in zip(range(MAX_ERROR_PATHS), validator.iter_errors(parsed), strict=False)
-        )
+        try:
+            paths = tuple(
+                f"{_json_path(error.instance_path)}: {_short(error.message)}"
+                for _, error in zip(
+                    range(MAX_ERROR_PATHS), validator.iter_errors(parsed), strict=False
+                )
+            )
+        except (ValueError, TypeError, RecursionError):
+            paths = ("$: the arguments could not be checked (nested too deeply)",)
         return CallVerdict(
             index,
             call_id,
@@ -393,8 +398,8 @@ def _canonical(arguments: Any) -> str:
     try:
         parsed = orjson.loads(arguments) if isinstance(arguments, str) else arguments
         return orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode()
-    except (orjson.JSONDecodeError, TypeError):
-        return str(arguments)[:MAX_MESSAGE_CHARS]
+    except (orjson.JSONDecodeError, TypeError):  # not JSON, or deeper than orjson writes
+        return arguments[:MAX_MESSAGE_CHARS] if isinstance(arguments, str) else "(unreadable)"
 
 
 def _structured_keys(message: Mapping[str, Any]) -> set[tuple[str, str]]:
