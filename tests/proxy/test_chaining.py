@@ -19,6 +19,8 @@ from repairproxy.chaining import (
 )
 from repairproxy.sessions import BudgetSnapshot, EpisodeRef, ErrorBudget, MemoryEpisodeStore
 from repairproxy.validation import CallVerdict, Channel, CompiledTools
+from tests.proxy import conftest
+from tests.support.scripted_upstream import Reply, ScriptedUpstream, completion, tool_call
 
 CALL = {
     "id": "call_1",
@@ -442,3 +444,85 @@ async def test_openai_sdk_resent_histories_keep_chaining(resend: str) -> None:
     assert refs[0].new and len({ref.id for ref in refs}) == 1
     # Each hallucinated call charged once in its answer, its environment error absorbed.
     assert [s.errors for s in snapshots] == [0, 1, 2, 3]
+
+
+# --- end to end: the openai client through a real proxy on loopback, no header -------------------
+
+
+def _agent_turns(
+    proxy_url: str, upstream: ScriptedUpstream, replies: list[Reply], *, stream: bool
+) -> list[tuple[str, int]]:
+    """One agent conversation: (episode id, episode errors) per turn, as the headers say."""
+    seen: list[tuple[str, int]] = []
+    messages: list[Any] = list(conftest.MESSAGES)
+    with openai.OpenAI(base_url=proxy_url, api_key="k", max_retries=0) as client:
+        for reply in replies:
+            upstream.push(reply)
+            raw = client.chat.completions.with_raw_response.create(
+                model="scripted-model", messages=messages, tools=conftest.TOOLS, stream=stream
+            )
+            seen.append(
+                (
+                    raw.headers["x-repairproxy-episode-id"],
+                    int(raw.headers["x-repairproxy-episode-errors"]),
+                )
+            )
+            if stream:
+                content, calls = "", {}
+                for chunk in raw.parse():
+                    delta = chunk.choices[0].delta if chunk.choices else None
+                    content += (delta.content or "") if delta else ""
+                    for call in (delta.tool_calls or []) if delta else []:
+                        entry = calls.setdefault(
+                            call.index, {"id": call.id, "name": "", "args": ""}
+                        )
+                        entry["name"] += call.function.name or ""
+                        entry["args"] += call.function.arguments or ""
+                message: Any = {"role": "assistant", "content": content or None}
+                if calls:
+                    message["tool_calls"] = [
+                        {
+                            "id": c["id"],
+                            "type": "function",
+                            "function": {"name": c["name"], "arguments": c["args"]},
+                        }
+                        for c in calls.values()
+                    ]
+                tool_calls = message.get("tool_calls") or []
+                ids_names = [(c["id"], c["function"]["name"]) for c in tool_calls]
+            else:
+                message = raw.parse().choices[0].message
+                ids_names = [(c.id, c.function.name) for c in message.tool_calls or []]
+            messages.append(message)
+            for call_id, name in ids_names:
+                declared = name in {t["function"]["name"] for t in conftest.TOOLS}
+                content = (
+                    '{"status": "delivered"}' if declared else f"Error: Tool '{name}' not found."
+                )
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
+            if not ids_names:
+                messages.append({"role": "user", "content": "Thanks, and my other order?"})
+    return seen
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_sequential_runs_through_the_proxy_chain_without_the_header(
+    stream: bool, upstream: ScriptedUpstream, start_proxy: conftest.StartProxy
+) -> None:
+    """Two runs of one task, one after the other, no X-Episode-ID, reject policy on: each run is
+    one episode with its own count, and a spent chained episode is never refused (not explicit)."""
+    proxy = start_proxy(repair="off", budget=1, on_budget_exhausted="reject")
+    runs = []
+    for _ in range(2):
+        replies = [
+            completion(tool_calls=[tool_call("get_order_status", {"order_id": "#W1"})]),
+            completion(tool_calls=[tool_call("get_order_details", {"order_id": "#W1"})]),
+            completion(content="It was delivered."),
+            completion(content="Anything else?"),
+        ]
+        runs.append(_agent_turns(proxy.base_url, upstream, replies, stream=stream))
+    for run in runs:
+        assert len({episode for episode, _ in run}) == 1
+        # The hallucinated call is charged once, its environment error absorbed; spent, not refused.
+        assert [errors for _, errors in run] == [1, 1, 1, 1]
+    assert runs[0][0][0] != runs[1][0][0]
