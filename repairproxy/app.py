@@ -19,7 +19,7 @@ from repairproxy.repair import DEFAULT_TEMPLATE, RepairMode, RepairPolicy, Repai
 from repairproxy.routes import Proxy
 from repairproxy.sessions import ErrorBudget, MemoryEpisodeStore
 from repairproxy.settings import Settings
-from repairproxy.upstream import Upstream
+from repairproxy.upstream import Transport, Upstream
 from repairproxy.validation import ToolsCache
 
 __all__ = ["RepairProxyApp", "create_app"]
@@ -39,6 +39,7 @@ class RepairProxyApp:
         settings: Settings,
         *,
         log_stream: IO[bytes] | None = None,
+        transport: Transport | None = None,
     ) -> None:
         if not settings.upstream:
             raise ValueError(
@@ -46,6 +47,7 @@ class RepairProxyApp:
             )
         self.settings = settings
         self._log_stream = log_stream
+        self._transport = transport  # tests: a scripted upstream in process (else the pool)
         self._template = _load_template(settings)  # a bad template file fails here, at start
         self.proxy: Proxy | None = None
         self._metrics_server: Any = None  # --metrics-port's own server, closed at shutdown
@@ -59,6 +61,7 @@ class RepairProxyApp:
             drop_client_auth=bool(settings.api_keys),
             timeout=settings.upstream_timeout,
             max_connections=settings.max_connections,
+            transport=self._transport,
         )
         template = self._template
         policies = {
@@ -146,6 +149,10 @@ def create_app(
     settings: Settings,
     *,
     log_stream: IO[bytes] | None = None,
+    transport: Transport | None = None,
 ) -> RepairProxyApp:
-    """The proxy ASGI app; ``log_stream`` (default stdout) receives the JSON log lines."""
-    return RepairProxyApp(settings, log_stream=log_stream)
+    """The proxy ASGI app; ``log_stream`` (default stdout) receives the JSON log lines.
+
+    ``transport`` replaces the upstream connection pool (tests: ``tests/support/mock_transport``).
+    """
+    return RepairProxyApp(settings, log_stream=log_stream, transport=transport)
