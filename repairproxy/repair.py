@@ -491,7 +491,8 @@ async def _repair_choice(
         )
     strip = state.exhausted and policy.on_exhausted is OnExhausted.STRIP
     state.choice = _final_choice(last_choice, message, kept, state.verdict, strip)
-    state.choice["index"] = choice.get("index", 0)
+    if "index" in choice or last_choice is not choice:  # a re-ask's answer is always choice 0
+        state.choice["index"] = choice.get("index", 0)
     final_message = state.choice["message"]
     state.verdict = tools.check_message(final_message)  # what the client actually receives
     return state

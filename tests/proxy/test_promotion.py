@@ -428,3 +428,17 @@ def test_an_invented_name_in_text_is_re_asked(
     else:
         (call,) = response.json()["choices"][0]["message"]["tool_calls"]
         assert call["function"]["name"] == "get_order_details"
+
+
+@pytest.mark.anyio
+async def test_promote_mode_leaves_an_answer_with_nothing_to_promote_as_it_came(
+    tools: CompiledTools,
+) -> None:
+    first = completion(None, call("track_package", W1, "call_bad"))
+    del first["choices"][0]["index"]
+    outcome = await repair_completion(
+        BODY, first, tools, RepairPolicy(mode=RepairMode.PROMOTE), ScriptedSend()
+    )
+    assert outcome.response == first and outcome.exhausted and outcome.attempts == 0
+    assert outcome.delivered_invalid_call_ids == ("call_bad",)
+    assert outcome.caught_calls == (CaughtCall("unknown_tool", "structured", "track_package"),)
