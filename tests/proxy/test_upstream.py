@@ -3,8 +3,10 @@ errors. (The pool itself is tested on real sockets in test_http1.py and test_con
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
+import httpx
 import pytest
 
 from repairproxy.errors import (
@@ -14,6 +16,7 @@ from repairproxy.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
+from repairproxy.settings import Settings
 from repairproxy.upstream import (
     Upstream,
     UpstreamTimer,
@@ -22,7 +25,9 @@ from repairproxy.upstream import (
     response_headers,
 )
 from tests.support.mock_transport import MockTransport
-from tests.support.scripted_upstream import Reply, completion, error_reply
+from tests.support.proxy_server import running_proxy
+from tests.support.scripted_upstream import Reply, ScriptedUpstream, completion, error_reply
+from tests.support.servers import raw_server
 
 
 @pytest.mark.parametrize(
@@ -187,3 +192,45 @@ async def test_an_unsafe_target_is_a_400_even_if_a_route_let_it_through() -> Non
     with pytest.raises(BadRequestError):
         await upstream.request("GET", "/v1/a\r\nb", [], b"", UpstreamTimer())
     await upstream.aclose()
+
+
+def test_the_proxy_reaches_its_upstream_through_http_proxy_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """End to end: HTTP_PROXY names a forward proxy; it sees absolute-form requests."""
+    seen: list[bytes] = []
+
+    with ScriptedUpstream() as upstream:
+
+        async def forward(reader: object, writer: asyncio.StreamWriter, request: bytes) -> None:
+            line, _, rest = request.partition(b"\r\n")
+            method, target, version = line.split(b" ")
+            seen.append(target)
+            path = b"/" + target.split(b"/", 3)[3]  # http://host:port/path -> /path
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream.port)
+            up_writer.write(b"%s %s %s\r\n%s" % (method, path, version, rest))
+            await up_writer.drain()
+            head = await up_reader.readuntil(b"\r\n\r\n")
+            length = next(
+                int(h.split(b":")[1]) for h in head.split(b"\r\n")
+                if h.lower().startswith(b"content-length:")
+            )  # fmt: skip
+            writer.write(head + await up_reader.readexactly(length))
+            up_writer.close()
+
+        with raw_server(forward) as proxy_url:  # type: ignore[arg-type]
+            for name in ("http_proxy", "no_proxy", "NO_PROXY"):
+                monkeypatch.delenv(name, raising=False)
+            monkeypatch.setenv("HTTP_PROXY", proxy_url)
+            upstream.push(completion(content="via the proxy"))
+            settings = Settings(upstream="http://upstream.test:8000/v1", repair="off")
+            with running_proxy(settings) as proxy:
+                answer = httpx.post(
+                    proxy.base_url + "/chat/completions",
+                    json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                    trust_env=False,
+                )
+    assert answer.status_code == 200
+    assert answer.json()["choices"][0]["message"]["content"] == "via the proxy"
+    assert seen == [b"http://upstream.test:8000/v1/chat/completions"]
+    assert upstream.requests[0].headers["host"] == "upstream.test:8000"
