@@ -39,7 +39,7 @@ from repairproxy.settings import BudgetPolicy, Settings
 from repairproxy.validation import CallVerdict, Channel, CompiledTools, MessageVerdict, ToolsCache
 from repairproxy.wire import ChatCompletion, ChatRequestBody, first_message
 
-__all__ = ["ChatOutcome", "ChatPipeline", "ChatRequest", "Send"]
+__all__ = ["ChatOutcome", "ChatPipeline", "ChatRequest", "Send", "instructs"]
 
 Send = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -54,7 +54,15 @@ _CHANGES_ANSWERS = frozenset(
 _INSTRUCTS = frozenset(
     mode for mode in RepairMode if mode.value in ("prompt", "reflexive", "constrained")
 )
-_MODES = {mode.value: mode for mode in RepairMode}  # by-value lookup without Enum's slow path
+_MODES = {mode.value: mode for mode in RepairMode}
+
+
+def instructs(mode: RepairMode) -> bool:
+    """Whether ``mode`` adds the repair instruction to the system prompt (or instructions)."""
+    return mode in _INSTRUCTS
+
+
+_RESPONSE_KEY = b"response:"  # chain-index keys for Responses ids (never a history digest)
 
 
 @dataclass(slots=True)
@@ -127,6 +135,12 @@ class ChatPipeline:
             raise InvalidJSONBodyError(f"the request body is not valid JSON: {exc}") from exc
         if not isinstance(body, dict):
             raise InvalidJSONBodyError("the request body must be a JSON object")
+        return self.parse_body(body, raw, headers, record)
+
+    def parse_body(
+        self, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], record: Record
+    ) -> ChatRequest:
+        """A decoded chat body (as sent, or an adapter's chat view of another API's request)."""
         for name in ("messages", "tools", "functions"):
             value = body.get(name)
             if value is not None and not isinstance(value, list):
@@ -139,10 +153,17 @@ class ChatPipeline:
             cast(ChatRequestBody, body), raw, tools, self._mode(headers), self._budget(headers)
         )
 
-    async def admit(self, request: ChatRequest, headers: Mapping[str, str], record: Record) -> None:
-        """Find the episode, count the error results the history reports, and apply the policy."""
+    async def admit(
+        self,
+        request: ChatRequest,
+        headers: Mapping[str, str],
+        record: Record,
+        episode: EpisodeRef | None = None,
+    ) -> None:
+        """Find the episode (unless an adapter already did), count the error results the history
+        reports, and apply the budget policy."""
         budget = self.budget
-        ref = await budget.resolve_episode(headers, request.body)
+        ref = episode or await budget.resolve_episode(headers, request.body)
         request.episode = ref
         request.episode_id = ref.id
         request.explicit_episode = ref.explicit
@@ -260,6 +281,21 @@ class ChatPipeline:
                 exhausted=snapshot.exhausted,
             )
         request.snapshot = snapshot
+
+    async def episode_of_response(
+        self, headers: Mapping[str, str], previous_response_id: Any
+    ) -> EpisodeRef | None:
+        """The episode a Responses ``previous_response_id`` continues (no header sent), if known."""
+        if not isinstance(previous_response_id, str) or self.settings.episode_header in headers:
+            return None
+        link = await self.budget.chains.lookup(_RESPONSE_KEY + previous_response_id.encode())
+        return EpisodeRef(link.episode_id, False, False) if link is not None else None
+
+    async def remember_response(self, request: ChatRequest, response_id: Any) -> None:
+        """Point a delivered Responses id at its episode, for the client's next turn."""
+        if request.episode is not None and isinstance(response_id, str):
+            key = _RESPONSE_KEY + response_id.encode()
+            await self.budget.chains.link(key, request.episode.id)
 
     async def remember(self, request: ChatRequest, answer: ChatCompletion) -> None:
         """Link history + delivered answer to the episode, so the next turn continues it."""

@@ -2,9 +2,10 @@
 
 ``POST /v1/chat/completions`` reads the body, asks the pipeline (``pipeline.py``) what to forward,
 and hands the answer's framing (JSON or SSE) to ``chat_http.ChatCall``. Every other ``/v1/*``
-route is relayed as it is (``/v1/responses`` too: it passes through unvalidated for now, and the
-log line says so). Plain ASGI, not Starlette endpoints: a stream's headers must wait for the
-verdict, and a framework's per-request cost would be most of the latency budget.
+route is relayed as it is, except ``POST /v1/responses``, which goes through the same pipeline
+via ``responses_http.ResponsesCall`` (the log line marks relayed routes ``validated: false``).
+Plain ASGI, not Starlette endpoints: a stream's headers must wait for the verdict, and a
+framework's per-request cost would be most of the latency budget.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from repairproxy.errors import (
 from repairproxy.events import Outcome, PipelineObserver
 from repairproxy.exchange import Exchange
 from repairproxy.pipeline import ChatPipeline
+from repairproxy.responses_http import RESPONSES_PATH, ResponsesCall
 from repairproxy.settings import Settings
 from repairproxy.streaming import DONE_EVENT
 from repairproxy.upstream import HeaderList, Upstream, UpstreamReply, response_headers, timed
@@ -49,7 +51,9 @@ __all__ = ["Proxy"]
 _JSON = (b"content-type", b"application/json")
 # Bytes that may never reach a request line: controls, space, DEL and anything non-ASCII.
 _NOT_URL_SAFE = re.compile(rb"[\x00-\x20\x7f-\xff]")
-_UNVALIDATED = {"/v1/responses": "passed through unvalidated (Responses API)"}
+
+
+_VALIDATED = frozenset({CHAT_PATH, RESPONSES_PATH})
 
 
 def _raw_target(scope: Scope) -> str:
@@ -101,6 +105,8 @@ class Proxy:
         try:
             if path == CHAT_PATH and method == "POST":
                 await self._chat(scope, receive, responder, ex)
+            elif path == RESPONSES_PATH and method == "POST":
+                await self._responses(scope, receive, responder, ex)
             elif path.startswith("/v1/"):
                 await self._passthrough(scope, receive, responder, ex)
             elif path == "/healthz":
@@ -160,6 +166,22 @@ class Proxy:
         ex.warn_missing_header = request.episode is not None and request.episode.warn_missing_header
         pipeline.prepare_forward(request)
         call = ChatCall(self.upstream, self.pipeline, ex, request, scope, self.settings.log_bodies)
+        await cancel_on_disconnect(
+            call.stream(responder) if request.stream else call.buffered(responder), receive
+        )
+
+    async def _responses(
+        self, scope: Scope, receive: Receive, responder: Responder, ex: Exchange
+    ) -> None:
+        headers = header_map(scope)
+        self._authenticate(headers, self._api_keys)
+        if scope["query_string"]:
+            _raw_target(scope)
+        raw = await read_body(receive, headers, self.settings.max_body_bytes)
+        ex.request_body = raw if self.settings.log_bodies else None
+        call = ResponsesCall(self.upstream, self.pipeline, ex, scope, headers)
+        request = await call.prepare(raw)
+        ex.warn_missing_header = request.episode is not None and request.episode.warn_missing_header
         await cancel_on_disconnect(
             call.stream(responder) if request.stream else call.buffered(responder), receive
         )
@@ -249,16 +271,13 @@ class Proxy:
         if responder.first_byte_at is not None:
             record.first_byte_seconds = responder.first_byte_at - ex.started
         event = ex.log_event(status, log_bodies=self.settings.log_bodies)
-        if ex.path != CHAT_PATH:
+        if ex.path not in _VALIDATED:
             event["validated"] = False
-            note = _UNVALIDATED.get(ex.path)
-            if note:
-                event["note"] = note
         if ex.warn_missing_header:  # once per process, in the request's own line
             event["warning"] = (
                 f"no {self.settings.episode_header} header: episodes are chained by conversation "
                 "history; identical concurrent conversations cannot be told apart without it"
             )
         self.log.info("request", **event)
-        if ex.path == CHAT_PATH:
+        if ex.path in _VALIDATED:
             self.observer.request_finished(record)

@@ -1,0 +1,321 @@
+"""``POST /v1/responses`` through the chat pipeline: an adapter, not a second copy.
+
+The Responses API (the OpenAI Agents SDK's and pydantic-ai's default, served by recent vLLM)
+carries the same tool calls in another shape: ``function_call`` output items instead of
+``tool_calls``, ``function_call_output`` input items instead of ``role: tool`` messages,
+``instructions`` instead of a system message. This module translates both ways, so validation,
+promotion, repair, budget and metrics are the chat pipeline's own:
+
+    Responses request --to_chat_body--> chat body (tools, history)  -> parse / admit / judge
+    Responses answer  --to_chat_completion--> chat completion       -> judge
+    re-ask (chat body + repair turns) --responses_request--> Responses request upstream
+    judged chat answer --to_response--> Responses answer (the id of the upstream response it
+                                        came from, so ``previous_response_id`` keeps working)
+
+``previous_response_id`` links turns server-side; without an episode header it is also the
+episode link (each answered response id points to its episode).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "from_chat_messages",
+    "response_events",
+    "responses_request",
+    "to_chat_body",
+    "to_chat_completion",
+    "to_response",
+]
+
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, Mapping) and part.get("type", "text") in _TEXT_PARTS
+        )
+    return ""
+
+
+def _chat_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Function tools as chat ``tools``; built-in tools (web search, ...) are not validated."""
+    if not isinstance(tools, list):
+        return None
+    out = []
+    for tool in tools:
+        if not isinstance(tool, Mapping) or tool.get("type") != "function":
+            continue
+        function: dict[str, Any] = {"name": tool.get("name")}
+        if tool.get("description") is not None:
+            function["description"] = tool["description"]
+        parameters = tool.get("parameters")
+        function["parameters"] = parameters if parameters is not None else {"type": "object"}
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _chat_tool_choice(choice: Any) -> Any:
+    if isinstance(choice, Mapping) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+def _responses_tool_choice(choice: Any) -> Any:
+    if isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping):
+        return {"type": "function", "name": choice["function"].get("name")}
+    return choice
+
+
+def _messages_of(items: Any) -> list[dict[str, Any]]:
+    """Responses input items as chat messages (the history the pipeline reads)."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages: list[dict[str, Any]] = []
+    for item in items if isinstance(items, list) else ():
+        if not isinstance(item, Mapping):
+            continue
+        kind = item.get("type", "message")
+        if kind == "message":
+            messages.append(
+                {"role": item.get("role", "user"), "content": _text_of(item.get("content"))}
+            )
+        elif kind == "function_call":
+            call = {
+                "id": item.get("call_id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last.get("role") == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)
+            elif last is not None and last.get("role") == "assistant" and not last.get("content"):
+                last["tool_calls"] = [call]
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id"),
+                    "content": output if isinstance(output, str) else _text_of(output),
+                }
+            )
+    return messages
+
+
+def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The chat-completions view of a Responses request: model, history, tools, options."""
+    messages: list[dict[str, Any]] = []
+    instructions = body.get("instructions")
+    if isinstance(instructions, str) and instructions:
+        messages.append({"role": "system", "content": instructions})
+    messages.extend(_messages_of(body.get("input")))
+    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
+    tools = _chat_tools(body.get("tools"))
+    if tools is not None:
+        chat["tools"] = tools
+    for key in ("tool_choice", "temperature", "top_p", "stream"):
+        if key in body:
+            chat[key] = _chat_tool_choice(body[key]) if key == "tool_choice" else body[key]
+    return chat
+
+
+def from_chat_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages (the repair turns the pipeline appends) as Responses input items."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message.get("tool_call_id"),
+                    "output": _text_of(message.get("content")),
+                }
+            )
+            continue
+        text = _text_of(message.get("content"))
+        if text or role != "assistant":
+            items.append({"type": "message", "role": role or "user", "content": text})
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call.get("id"),
+                    "name": function.get("name"),
+                    "arguments": function.get("arguments", ""),
+                }
+            )
+    return items
+
+
+def responses_request(
+    forward: Mapping[str, Any], history_length: int, chat_body: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A re-ask as a Responses request: the forwarded request, its input extended by the repair
+    turns the chat loop appended after the first ``history_length`` messages."""
+    request = dict(forward)
+    original = forward.get("input")
+    items: list[Any] = (
+        [{"type": "message", "role": "user", "content": original}]
+        if isinstance(original, str)
+        else list(original or ())
+    )
+    items.extend(from_chat_messages(list(chat_body.get("messages") or ())[history_length:]))
+    request["input"] = items
+    request["stream"] = False
+    if "tool_choice" in chat_body:
+        request["tool_choice"] = _responses_tool_choice(chat_body["tool_choice"])
+    if "temperature" in chat_body:
+        request["temperature"] = chat_body["temperature"]
+    return request
+
+
+def to_chat_completion(response: Mapping[str, Any]) -> dict[str, Any]:
+    """The chat-completion view of a Responses answer (choice 0 = the output items)."""
+    text: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for item in response.get("output") or ():
+        if not isinstance(item, Mapping):
+            continue
+        if item.get("type") == "message":
+            text.append(_text_of(item.get("content")))
+        elif item.get("type") == "function_call":
+            calls.append(
+                {
+                    "id": item.get("call_id"),
+                    "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+                }
+            )
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
+    if calls:
+        message["tool_calls"] = calls
+    usage = response.get("usage")
+    chat_usage = None
+    if isinstance(usage, Mapping):
+        chat_usage = {
+            "prompt_tokens": usage.get("input_tokens", 0),
+            "completion_tokens": usage.get("output_tokens", 0),
+            "total_tokens": usage.get("total_tokens", 0),
+        }
+    return {
+        "id": response.get("id"),
+        "object": "chat.completion",
+        "model": response.get("model"),
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}
+        ],
+        "usage": chat_usage,
+    }
+
+
+def _item_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def to_response(answer: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    """A judged chat answer as a Responses answer, built on the upstream response it came from:
+    non-message items (reasoning) kept, message and function-call items from the answer."""
+    response = dict(base)
+    choices = answer.get("choices") or [{}]
+    message = choices[0].get("message") or {}
+    kept = [
+        item
+        for item in base.get("output") or ()
+        if isinstance(item, Mapping) and item.get("type") not in ("message", "function_call")
+    ]
+    originals = {
+        item.get("call_id"): item
+        for item in base.get("output") or ()
+        if isinstance(item, Mapping) and item.get("type") == "function_call"
+    }
+    output: list[Any] = list(kept)
+    text = _text_of(message.get("content"))
+    if text:
+        output.append(
+            {
+                "type": "message",
+                "id": _item_id("msg"),
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        )
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        original = originals.get(call.get("id"))
+        output.append(
+            {
+                "type": "function_call",
+                "id": original.get("id") if original else _item_id("fc"),
+                "call_id": call.get("id"),
+                "name": function.get("name"),
+                "arguments": function.get("arguments", ""),
+                "status": "completed",
+            }
+        )
+    response["output"] = output
+    usage = answer.get("usage")
+    if isinstance(usage, Mapping) and isinstance(base.get("usage"), Mapping):
+        response["usage"] = {
+            **base["usage"],
+            "input_tokens": usage.get("prompt_tokens", 0),
+            "output_tokens": usage.get("completion_tokens", 0),
+            "total_tokens": usage.get("total_tokens", 0),
+        }
+    return response
+
+
+def response_events(
+    response: Mapping[str, Any], first_sequence: int = 0, *, skip_messages: bool = False
+) -> list[dict[str, Any]]:
+    """A whole Responses answer as the event stream a streaming client parses (``skip_messages``:
+    without the events of message items, when their text already went out)."""
+    events: list[dict[str, Any]] = []
+
+    def emit(kind: str, **fields: Any) -> None:
+        events.append({"type": kind, "sequence_number": first_sequence + len(events), **fields})
+
+    started = {**response, "status": "in_progress", "output": []}
+    emit("response.created", response=started)
+    emit("response.in_progress", response=started)
+    for index, item in enumerate(response.get("output") or ()):
+        if skip_messages and item.get("type") == "message":
+            continue
+        if item.get("type") == "message":
+            emit("response.output_item.added", output_index=index, item={**item, "content": []})
+            for part_index, part in enumerate(item.get("content") or ()):
+                empty = {**part, "text": ""}
+                ids = {"item_id": item.get("id"), "output_index": index}
+                emit("response.content_part.added", content_index=part_index, part=empty, **ids)
+                text = part.get("text", "")
+                emit("response.output_text.delta", content_index=part_index, delta=text, **ids)
+                emit("response.output_text.done", content_index=part_index, text=text, **ids)
+                emit("response.content_part.done", content_index=part_index, part=part, **ids)
+        elif item.get("type") == "function_call":
+            emit(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "arguments": "", "status": "in_progress"},
+            )
+            ids = {"item_id": item.get("id"), "output_index": index}
+            arguments = item.get("arguments", "")
+            emit("response.function_call_arguments.delta", delta=arguments, **ids)
+            emit("response.function_call_arguments.done", arguments=arguments, **ids)
+        else:
+            emit("response.output_item.added", output_index=index, item=item)
+        emit("response.output_item.done", output_index=index, item=item)
+    emit("response.completed", response=dict(response))
+    return events

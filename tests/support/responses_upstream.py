@@ -1,0 +1,211 @@
+"""A scripted OpenAI Responses API upstream: a real HTTP server on 127.0.0.1.
+
+A test pushes the output items ``POST /v1/responses`` should answer with, in order; the server
+wraps each in a response object with a fresh id, stores it (``store`` defaults to true, as
+OpenAI's does) and answers ``previous_response_id`` only for ids it stored (400 otherwise, as
+OpenAI and vLLM do). ``"stream": true`` gets the event stream the official SDK parses (text and
+arguments split over several deltas). Every request is recorded.
+
+    with ResponsesUpstream() as upstream:
+        upstream.push([function_call("get_order", {"order_id": "#W1"})])
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import orjson
+
+__all__ = ["ResponsesUpstream", "function_call", "message"]
+
+_ids = itertools.count(1)
+
+
+def message(text: str) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "id": f"msg_{next(_ids)}",
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+
+
+def function_call(name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
+    args = arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
+    n = next(_ids)
+    return {
+        "type": "function_call",
+        "id": f"fc_{n}",
+        "call_id": f"call_{n}",
+        "name": name,
+        "arguments": args,
+        "status": "completed",
+    }
+
+
+def _response(output: list[dict[str, Any]], request: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": f"resp_{next(_ids)}",
+        "object": "response",
+        "created_at": 1_700_000_000,
+        "status": "completed",
+        "model": request.get("model", "scripted-model"),
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": request.get("tool_choice", "auto"),
+        "tools": request.get("tools", []),
+        "previous_response_id": request.get("previous_response_id"),
+        "usage": {
+            "input_tokens": 20,
+            "output_tokens": 5,
+            "total_tokens": 25,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+    }
+
+
+def _events(response: dict[str, Any]) -> list[bytes]:
+    out: list[bytes] = []
+
+    def emit(kind: str, **fields: Any) -> None:
+        payload = {"type": kind, "sequence_number": len(out), **fields}
+        out.append(b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n")
+
+    pending = {**response, "status": "in_progress", "output": []}
+    emit("response.created", response=pending)
+    emit("response.in_progress", response=pending)
+    for index, item in enumerate(response["output"]):
+        ids = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "message":
+            emit("response.output_item.added", output_index=index, item={**item, "content": []})
+            text = item["content"][0]["text"]
+            part = {"type": "output_text", "text": "", "annotations": []}
+            emit("response.content_part.added", content_index=0, part=part, **ids)
+            for piece in (text[: len(text) // 2], text[len(text) // 2 :]):
+                emit("response.output_text.delta", content_index=0, delta=piece, **ids)
+            emit("response.output_text.done", content_index=0, text=text, **ids)
+            emit("response.content_part.done", content_index=0, part={**part, "text": text}, **ids)
+        else:
+            added = {**item, "arguments": "", "status": "in_progress"}
+            emit("response.output_item.added", output_index=index, item=added)
+            args = item["arguments"]
+            for piece in (args[: len(args) // 2], args[len(args) // 2 :]):
+                emit("response.function_call_arguments.delta", delta=piece, **ids)
+            emit("response.function_call_arguments.done", arguments=args, **ids)
+        emit("response.output_item.done", output_index=index, item=item)
+    emit("response.completed", response=response)
+    return out
+
+
+@dataclass
+class _State:
+    script: list[list[dict[str, Any]]] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    stored: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._send(200, {"object": "list", "data": [{"id": "scripted-model", "object": "model"}]})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        request = orjson.loads(self.rfile.read(length) or b"{}")
+        state = self.server.state
+        with state.lock:
+            state.requests.append(request)
+            state.headers.append({k.lower(): v for k, v in self.headers.items()})
+            previous = request.get("previous_response_id")
+            if previous is not None and previous not in state.stored:
+                error = {"message": f"Previous response with id '{previous}' not found."}
+                self._send(400, {"error": {**error, "type": "invalid_request_error"}})
+                return
+            output = state.script.pop(0) if state.script else [message("script exhausted")]
+            response = _response(output, request)
+            if request.get("store", True):
+                state.stored[response["id"]] = response
+        if request.get("stream"):
+            self._stream(_events(response))
+        else:
+            self._send(200, response)
+
+    def _send(self, status: int, body: Any) -> None:
+        payload = orjson.dumps(body)
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def _stream(self, events: list[bytes]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for event in events:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    state: _State
+
+
+class ResponsesUpstream:
+    """Starts on construction; leave the ``with`` block to stop."""
+
+    def __init__(self) -> None:
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.state = _State()
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def push(self, *outputs: list[dict[str, Any]]) -> None:
+        with self._server.state.lock:
+            self._server.state.script.extend(outputs)
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        with self._server.state.lock:
+            return list(self._server.state.requests)
+
+    @property
+    def stored_ids(self) -> set[str]:
+        with self._server.state.lock:
+            return set(self._server.state.stored)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> ResponsesUpstream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
