@@ -18,10 +18,12 @@ from typing import Any
 import openai
 import pytest
 
-from evals.agents import LLMAgent, ModelConfig
+from evals.agents import LLMAgent, ModelConfig, agent_system_prompt
+from evals.chat import to_openai_messages
 from evals.domains import load_domain
-from evals.orchestrator import OrchestratorConfig, run_episode
-from evals.users import LLMUserSimulator, load_guidelines
+from evals.logs import AssistantMessage, UserMessage
+from evals.orchestrator import GREETING, OrchestratorConfig, run_episode
+from evals.users import LLMUserSimulator, load_guidelines, user_system_prompt
 from tests.support.scripted_upstream import ScriptedUpstream, completion
 
 pytestmark = pytest.mark.anyio
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.anyio
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "tau2_v1_0_1.json").read_text())
 SCRIPT = GOLDEN["script"]
 PARAMS = ("tool_choice", "temperature", "seed")
+HTTP_SAMPLE = 8  # every 8th task plays the opening over loopback HTTP (15 of 114 per domain)
 
 
 def _sha256(text: str) -> str:
@@ -66,6 +69,7 @@ async def test_requests_match_tau2_v1_0_1(
     domain = load_domain(domain_name, tau2_data_dir)
     tasks = domain.tasks("base")
     assert sorted(t.id for t in tasks) == sorted(golden["tasks"])
+    tasks = tasks[::HTTP_SAMPLE]  # over HTTP: a spread sample; every task below, without HTTP
     agent_model = ModelConfig(
         model="golden-agent", base_url=upstream.base_url, temperature=SCRIPT["temperature"]
     )
@@ -123,3 +127,34 @@ def test_tool_schemas_are_tau2_v1_0_1s(domain_name: str, tau2_data_dir: Path) ->
     first_task = next(iter(golden["tasks"].values()))
     expected_user = first_task["user_first_request"]["tools"]
     assert (_sha256(_canonical(user_tools)) if user_tools else None) == expected_user
+
+
+@pytest.mark.parametrize("domain_name", ["retail", "telecom"])
+def test_every_tasks_user_prompt_and_first_messages_match(
+    domain_name: str, tau2_data_dir: Path
+) -> None:
+    """All 114 tasks per domain, built by the same functions the participants use (no HTTP)."""
+    golden = GOLDEN["domains"][domain_name]
+    domain = load_domain(domain_name, tau2_data_dir)
+    environment = domain.new_environment()
+    user_tools = environment.user_tools()
+    guidelines = load_guidelines(tau2_data_dir, with_tools=bool(user_tools))
+    agent_prompt = agent_system_prompt(domain.policy)
+    greeting = AssistantMessage(content=GREETING)
+    opening = UserMessage(content=SCRIPT["user_opening"])
+    agent_messages = to_openai_messages(agent_prompt, [greeting, opening], speaker="assistant")
+    agent_digest = _digests({"messages": agent_messages})["messages"]
+    mismatches = []
+    for task in domain.tasks("base"):
+        system = user_system_prompt(guidelines, task.user_scenario)
+        user_messages = to_openai_messages(system, [greeting], speaker="user")
+        request = {"messages": user_messages, "tools": user_tools or None}
+        user = _digests(request)
+        want = golden["tasks"][task.id]
+        got_user = {k: user[k] for k in ("system_prompt", "messages", "tools")}
+        want_user = {
+            k: want["user_first_request"][k] for k in ("system_prompt", "messages", "tools")
+        }
+        if got_user != want_user or agent_digest != want["agent_first_request_messages"]:
+            mismatches.append(task.id)
+    assert mismatches == []
