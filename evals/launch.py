@@ -129,6 +129,14 @@ class ManagedProcess:
             f"{self._ready_timeout_s:.0f} s:\n{self.log_tail()}"
         )
 
+    def exited(self) -> bool:
+        """Whether a started process has ended on its own (a crash, an out-of-memory kill)."""
+        return self._process is not None and self._process.poll() is not None
+
+    def exit_error(self) -> LaunchError:
+        code = None if self._process is None else self._process.returncode
+        return LaunchError(f"{self.name} exited with {code} while in use:\n{self.log_tail()}")
+
     def log_tail(self, chars: int = 2000) -> str:
         try:
             return self.log_path.read_text(encoding="utf-8", errors="replace")[-chars:]
@@ -222,6 +230,12 @@ class ArmEndpoint:
         )
         self._start(server)
         return f"http://{launch.host}:{port}/v1"
+
+    def check(self) -> None:
+        """Raise ``LaunchError`` (with its log) if a server of this arm has died."""
+        for process in self.processes:
+            if process.exited():
+                raise process.exit_error()
 
     def _start(self, process: ManagedProcess) -> None:
         process.start()

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ from evals.grid import (
     load_grid,
 )
 from evals.launch import ArmEndpoint, LaunchError, proxy_command
-from evals.logs import SimulationRun
+from evals.logs import SimulationRun, load_results, save_results
 from evals.provenance import PROVENANCE_FILE, cell_provenance
 from evals.run import RESULTS_FILE, RunConfig, run
 from evals.tasks import as_task
@@ -47,12 +48,14 @@ __all__ = [
     "REPAIR_HEADER",
     "PlannedRun",
     "analysis_pairs",
+    "drop_agent_errors",
     "main",
     "plan_runs",
     "request_headers",
     "run_grid",
 ]
 
+WATCH_INTERVAL_S = 1.0
 REPAIR_HEADER = "X-Repairproxy-Repair"
 BUDGET_HEADER = "X-Repairproxy-Budget"
 
@@ -264,7 +267,41 @@ async def run_grid(
                     )
                     bar.set_description(f"{item.cell.name}/{item.mode}")
                     config = _run_config(grid, item, endpoint, data_dir, concurrency, environ)
-                    await run(config, on_episode=saved)
+                    await _run_watched(config, endpoint, saved)
+
+
+async def _run_watched(
+    config: RunConfig, endpoint: ArmEndpoint, on_episode: Callable[[SimulationRun], None]
+) -> None:
+    """``evals.run.run``, stopped as soon as a server of the arm dies: every episode after that
+    would end as an ``agent_error`` that a resume would not run again."""
+    running = asyncio.ensure_future(run(config, on_episode=on_episode))
+    while not running.done():
+        await asyncio.wait({running}, timeout=WATCH_INTERVAL_S)
+        if not running.done():
+            try:
+                endpoint.check()
+            except LaunchError:
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running
+                raise
+    running.result()
+    endpoint.check()  # a server that died with the last episodes fails the run too
+
+
+def drop_agent_errors(path: Path) -> int:
+    """Remove the episodes that ended ``agent_error`` (a dead or refusing server, usually) from a
+    results file so that the next run plays them again; how many were removed."""
+    if not path.exists():
+        return 0
+    results = load_results(path)
+    kept = [s for s in results.simulations if s.termination_reason != "agent_error"]
+    dropped = len(results.simulations) - len(kept)
+    if dropped:
+        results.simulations = kept
+        save_results(path, results)
+    return dropped
 
 
 def _print_plan(grid: Grid, planned: Sequence[PlannedRun], out: Path) -> None:
@@ -327,6 +364,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--tau2-data", type=Path, default=None, help="τ²-bench data/ folder")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--no-analysis", action="store_true")
+    parser.add_argument(
+        "--rerun-agent-errors",
+        action="store_true",
+        help="first drop the saved episodes that ended agent_error (e.g. a server was down)",
+    )
     return parser.parse_args(argv)
 
 
@@ -336,6 +378,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         grid = load_grid(args.grid)
         cells = grid.select(args.only)
         data_dir = resolve_data_dir(args.tau2_data or grid.tau2_data, os.environ)
+        if args.rerun_agent_errors and not args.dry_run:
+            for cell in cells:
+                for mode in cell.modes:
+                    path = args.out / cell.name / mode / RESULTS_FILE
+                    if dropped := drop_agent_errors(path):
+                        print(f"{cell.name}/{mode}: {dropped} agent_error episode(s) to run again")
         planned = plan_runs(grid, cells, args.out, data_dir)
     except (GridError, ChecksumError, DataNotFoundError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -152,14 +152,17 @@ def test_grid_resumes_after_sigkill_and_matches_the_scripted_truth(
     assert len(summary["pairs"]) == 1
 
 
-def _stand_in_vllm(tmp_path: Path, tasks_file: Path, argv_file: Path) -> Path:
+def _stand_in_vllm(
+    tmp_path: Path, tasks_file: Path, argv_file: Path, exit_after: int | None = None
+) -> Path:
     script = tmp_path / "vllm"
     script.write_text(
         "#!/bin/sh\n"
         f"export PYTHONPATH='{REPO_ROOT}'\n"
         f"export GOLD_UPSTREAM_TASKS='{tasks_file}'\n"
         f"export GOLD_UPSTREAM_ARGV_FILE='{argv_file}'\n"
-        f'exec "{sys.executable}" -m tests.support.gold_upstream "$@"\n',
+        + (f"export GOLD_UPSTREAM_EXIT_AFTER={exit_after}\n" if exit_after is not None else "")
+        + f'exec "{sys.executable}" -m tests.support.gold_upstream "$@"\n',
         encoding="utf-8",
     )
     script.chmod(0o755)
@@ -229,6 +232,48 @@ def test_a_launched_vllm_arm_is_started_with_its_command_line_and_stopped_after_
     assert results["info"]["agent_info"]["llm"] == "model"
     logs = sorted(p.name for p in (out / "logs").iterdir())
     assert logs == ["proxy-int4.log", "vllm-int4.log"]
+
+
+def test_a_server_that_dies_mid_run_stops_the_run(
+    tmp_path: Path, tau2_data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tasks_file = tmp_path / "tasks.json"
+    tasks_file.write_text(json.dumps([_tasks(tau2_data_dir)["88"]]), encoding="utf-8")
+    _stand_in_vllm(tmp_path, tasks_file, tmp_path / "argv.json", exit_after=1)  # then it dies
+    arm = f'[arms.x]\nlaunch = "vllm"\nmodel = "m"\nexecutable = "{tmp_path / "vllm"}"\n'
+    grid = _write_grid(tmp_path / "g.toml", arm, modes='["off"]')
+    grid.write_text(grid.read_text().replace(json.dumps(list(TASK_IDS)), '["88"]'))
+    out = tmp_path / "run"
+    args = [str(grid), "--out", str(out), "--tau2-data", str(tau2_data_dir), "--no-progress"]
+    assert main(args) == 1
+    assert "vllm server for x exited with 3 while in use" in capsys.readouterr().err
+    results = json.loads((out / "retail-x-scripted-k2" / "off" / "results.json").read_text())
+    # Stopped within a second: at most the episode in flight is saved, and only as an error.
+    assert [s["termination_reason"] for s in results["simulations"]] in ([], ["agent_error"])
+
+
+def test_episodes_that_met_a_dead_upstream_can_be_run_again(
+    tmp_path: Path, tau2_data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port()  # nobody listens there yet: the proxy answers 502, the episode agent_error
+    arm = f'[arms.x]\nupstream = "http://127.0.0.1:{port}/v1"\nmodel = "m"\n'
+    grid = _write_grid(tmp_path / "g.toml", arm, modes='["off"]')
+    grid.write_text(grid.read_text().replace(json.dumps(list(TASK_IDS)), '["88"]'))
+    out = tmp_path / "run"
+    args = [str(grid), "--out", str(out), "--tau2-data", str(tau2_data_dir), "--no-progress"]
+    args.append("--no-analysis")
+    results = out / "retail-x-scripted-k2" / "off" / "results.json"
+
+    assert main(args) == 0
+    (episode,) = json.loads(results.read_text())["simulations"]
+    assert episode["termination_reason"] == "agent_error"
+    with GoldUpstream([_tasks(tau2_data_dir)["88"]], port=port):
+        assert main(args) == 0  # a saved episode is never run twice, failed or not
+        assert len(json.loads(results.read_text())["simulations"]) == 1
+        assert main([*args, "--rerun-agent-errors"]) == 0
+    assert "1 agent_error episode(s) to run again" in capsys.readouterr().out
+    (episode,) = json.loads(results.read_text())["simulations"]
+    assert (episode["termination_reason"], episode["reward_info"]["reward"]) == ("user_stop", 1.0)
 
 
 def test_a_server_that_dies_on_start_fails_the_run_with_its_log(

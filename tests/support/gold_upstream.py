@@ -12,7 +12,8 @@ next answer makes the real call. So with repair off the agent meets exactly
         upstream.base_url("a")   # http://127.0.0.1:PORT/a/v1
 
 Run as a program it stands in for ``vllm serve`` (``--port`` and ``--tasks FILE`` are read, every
-other argument is recorded to ``$GOLD_UPSTREAM_ARGV_FILE`` and ignored).
+other argument is recorded to ``$GOLD_UPSTREAM_ARGV_FILE`` and ignored); with
+``$GOLD_UPSTREAM_EXIT_AFTER=N`` it dies on its (N+1)-th chat request, like a crashed server.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class GoldArm:
     share: float = 0.0
     prefix: str = "lookup_"
     delay_s: float = 0.0  # seconds to wait before each answer (lets a test kill a run mid-way)
+    exit_after: int | None = None  # the process dies on the next chat request after this many
 
 
 def hallucinated_actions(task: Mapping[str, Any], share: float) -> list[int]:
@@ -174,6 +176,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": {"message": f"no arm or route {self.path}", "type": "x"}})
             return
         with state.lock:
+            if arm.exit_after is not None and len(state.requests) >= arm.exit_after:
+                os._exit(3)
             state.requests.append((arm_name, body))
         if arm.delay_s:
             time.sleep(arm.delay_s)
@@ -254,7 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args, _ = parser.parse_known_args(argv)
     tasks = json.loads(Path(args.tasks).read_text(encoding="utf-8")) if args.tasks else []
-    upstream = GoldUpstream(tasks, {"default": GoldArm(share=args.share)}, port=args.port)
+    exit_after = os.environ.get("GOLD_UPSTREAM_EXIT_AFTER")
+    arm = GoldArm(share=args.share, exit_after=int(exit_after) if exit_after else None)
+    upstream = GoldUpstream(tasks, {"default": arm}, port=args.port)
     try:
         while True:
             time.sleep(1)
