@@ -142,8 +142,8 @@ class Settings:
     tool_error_pattern: str | None = field(
         default=None,
         metadata=_opt(
-            "regex marking a role:tool message as a failed call (default: the known formats of "
-            "tau2-bench, LangGraph, the OpenAI Agents SDK, pydantic-ai and LangChain)"
+            "regex marking a role:tool message as a failed call, replacing the default table of "
+            "known formats (tau2-bench, LangGraph, the OpenAI Agents SDK, pydantic-ai, LangChain)"
         ),
     )
     max_episodes: int = field(
@@ -151,6 +151,27 @@ class Settings:
     )
     episode_idle_ttl: float = field(
         default=3600.0, metadata=_opt("seconds an idle episode is kept (default 3600)", parse=float)
+    )
+    episode_store: str = field(
+        default="memory",
+        metadata=_opt(
+            "where episode budgets live: memory (one process) or redis://HOST:PORT/DB "
+            "(rediss:// and a password in the URL too; shared by every worker and replica)",
+            metavar="memory|URL",
+        ),
+    )
+    workers: int = field(
+        default=1,
+        metadata=_opt(
+            "worker processes on one port (more than 1 needs the redis store)", parse=int
+        ),
+    )
+    drain_timeout: float = field(
+        default=30.0,
+        metadata=_opt(
+            "seconds SIGTERM waits for in-flight requests, streams and re-asks (default 30)",
+            parse=float,
+        ),
     )
     tools_cache_size: int = field(
         default=256, metadata=_opt("distinct tools lists kept compiled (default 256)", parse=int)
@@ -212,6 +233,13 @@ class Settings:
             raise ValueError("--max-repairs and --budget must be >= 0")
         if self.upstream_timeout <= 0 or self.max_body_bytes <= 0:
             raise ValueError("--upstream-timeout and --max-body-bytes must be > 0")
+        if self.workers < 1:
+            raise ValueError("--workers must be >= 1")
+        if self.workers > 1 and self.episode_store == "memory":
+            raise ValueError(
+                "--workers > 1 needs --episode-store redis://...: with the memory store each "
+                "worker would keep its own half of every episode's budget"
+            )
         if self.max_tool_labels < 1 or self.max_model_labels < 1:
             raise ValueError("--max-tool-labels and --max-model-labels must be >= 1")
 
