@@ -40,7 +40,7 @@ _EMAIL = re.compile(r"[A-Za-z0-9._+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)+")
 _USER_ID = re.compile(r"\b([a-z]+_[a-z]+_\d{3,5})\b")
 _ORDER_ID = re.compile(r"#W\d+")
 _PHONE = re.compile(r"\b\d{3}-\d{3}-\d{4}\b")
-_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 # Sentences that steer how the user reacts later ("If the agent ...") are not said up front.
 _CONDITIONAL = re.compile(
     r"^(if|when|whenever|but|make sure|unless|in case|only|should|ask|finally|lastly|"
@@ -277,9 +277,12 @@ class ScriptedUser:
         lowered = " ".join(text.lower().replace("_", " ").split())
         if _TRANSFER.search(lowered):
             return UserMessage(content=TRANSFER)
-        if not _REQUEST.search(lowered):  # a statement: the agent asks nothing more
+        # Only what the agent asks counts: "refunded to your payment method." asks for nothing.
+        requests = [s for s in _SENTENCE.split(lowered) if _REQUEST.search(s)]
+        if not requests:  # statements only: the agent asks nothing more
             return UserMessage(content=f"Thank you! {STOP}")
-        tools = requested_tools(lowered, self._tools)
+        asked_text = " ".join(requests)
+        tools = requested_tools(asked_text, self._tools)
         if tools:
             self._state.unanswered = 0
             calls = []
@@ -287,13 +290,20 @@ class ScriptedUser:
                 self._state.calls += 1
                 calls.append(ToolCall(id=f"user_call_{self._state.calls}", name=name, arguments={}))
             return UserMessage(tool_calls=calls)
-        asked = [fact for fact, pattern in _ASKS.items() if pattern.search(lowered)]
+        asked: list[str] = []
+        confirm = False
+        for sentence in requests:
+            facts = [fact for fact, pattern in _ASKS.items() if pattern.search(sentence)]
+            asked += [f for f in facts if f not in asked]
+            # "Shall I refund it to your PayPal?" confirms; "which payment method?" asks.
+            confirm = confirm or (not facts and bool(_CONFIRM.search(sentence)))
         if asked:
             self._state.unanswered = 0
-            return UserMessage(content=self._give(asked))
-        if _ANYTHING_ELSE.search(lowered):
+            answer = self._give(asked)
+            return UserMessage(content=f"{answer} Yes, please go ahead." if confirm else answer)
+        if _ANYTHING_ELSE.search(asked_text):
             return UserMessage(content=f"No, that's all. Thank you! {STOP}")
-        if _CONFIRM.search(lowered):
+        if confirm:
             self._state.unanswered = 0
             return UserMessage(content="Yes, please go ahead.")
         self._state.unanswered += 1
@@ -321,6 +331,8 @@ class ScriptedUser:
     def _not_known(self, item: str) -> str:
         if item == "email" and "email" in self._facts.unknown:
             return "I don't remember my email address."
+        if item == "payment":
+            return "The original payment method, please."
         return f"I don't know my {_LABELS[item]}."
 
     def _fact_sentence(self, item: str) -> str | None:

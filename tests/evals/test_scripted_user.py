@@ -80,6 +80,21 @@ async def test_a_retail_conversation(tau2_data_dir: Path) -> None:
     assert done.content is not None and STOP in done.content and is_user_stop(done)
 
 
+async def test_only_requests_count(tau2_data_dir: Path) -> None:
+    user = _user(_task(tau2_data_dir, "retail", "0"))
+    await user.generate([AssistantMessage(content="Hi!")])
+    confirm, payment, both = await _say(
+        user,
+        "The difference goes to your payment method on file. Do you want me to proceed?",
+        "Which payment method would you like to use?",
+        "Could you confirm your zip code? Then shall I go ahead?",
+    )
+    assert confirm.content == "Yes, please go ahead."
+    assert payment.content == "The original payment method, please."
+    assert both.content is not None and "19122" in both.content
+    assert both.content.endswith("Yes, please go ahead.")
+
+
 async def test_a_transfer_ends_with_the_transfer_token(tau2_data_dir: Path) -> None:
     user = _user(_task(tau2_data_dir, "retail", "0"))
     await user.generate([AssistantMessage(content="Hi!")])
