@@ -361,7 +361,7 @@ def test_trailers_and_a_slow_trickle_pass_through() -> None:
         for piece in pieces:
             writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             await writer.drain()
-            await asyncio.sleep(0.03)
+            await asyncio.sleep(0.05)
         writer.write(b"0\r\nx-digest: abc\r\n\r\n")
 
     # A read timeout shorter than the whole answer but longer than each gap: no 504.
@@ -378,7 +378,7 @@ def test_trailers_and_a_slow_trickle_pass_through() -> None:
                 first_after = time.perf_counter() - started
                 rest = b"".join(stream)
             assert first + rest == b"".join(pieces)
-            assert first_after < 0.2  # streamed as it came, not buffered to the end
+            assert first_after < 0.3  # streamed as it came, not buffered to the end (0.4 s)
             assert "x-digest" not in response.headers
 
 
