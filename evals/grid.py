@@ -18,7 +18,18 @@ and error budgets; each cell runs every listed repair mode over the same tasks a
     trials = 1
     max_errors = [2, 10]
 
-An unknown key is an error (naming the allowed ones), never a silent no-op.
+Keys. Top level: ``name``, ``tau2_data``, ``concurrency``, ``llm_seed``; ``[proxy] args`` (flags of
+every proxy started); ``[judge]`` (``model``, ``base_url``, ``api_key_env``: scores NL assertions).
+``[arms.NAME]``: exactly one of ``upstream = URL``, ``launch = "vllm"|"embedded"``, ``arm = DIR``
+(reserved); ``model`` (the id the agent sends), ``description``, ``reference`` (the arm this one
+is compared against), ``proxy = URL`` (use a running proxy), ``proxy_args``, ``temperature``,
+``max_tokens``, ``api_key_env``; for vLLM ``quantization``, ``dtype``, ``tool_call_parser``,
+``served_model_name``, ``executable``, ``host``, ``port``, ``extra_args``, ``ready_timeout_s``;
+embedded: ``embedded_arm``, ``threads``, ``n_ctx``. ``[users.NAME]``: ``kind = "llm"`` with
+``model``, ``base_url``, ``temperature``, ``api_key_env`` ("scripted" and "gold" always exist).
+``[[cell]]``: ``domain``, ``arm``, ``user``, ``max_errors`` (each a value or a list; ``arm``
+defaults to every arm), ``modes``, ``tasks``, ``split``, ``trials``, ``max_steps``, ``seed``,
+``domain_options``. An unknown key is an error naming the allowed ones, never a silent no-op.
 """
 
 from __future__ import annotations
