@@ -1,0 +1,347 @@
+"""Fuzzing the request path: hypothesis-generated requests, tool schemas, model answers and SSE
+chunk boundaries, through the real proxy in front of a raw upstream that tags every answer.
+
+Every request carries a unique ``x-fuzz-tag`` header; the proxy forwards it upstream (re-asks
+too), and the upstream answers with ids that end in the tag. A client that receives another
+client's answer sees a foreign tag: that is the check that matters most. Each case also checks
+that the proxy made no 5xx of its own for client input, and that the process still answers.
+
+Used by ``tests/proxy/test_fuzz.py`` (a few hundred cases) and ``benchmarks/fuzz.py`` (10,000+).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+from hypothesis import strategies as st
+
+from repairproxy.settings import Settings
+from tests.support.proxy_server import RunningProxy, running_proxy
+from tests.support.servers import raw_server
+
+__all__ = ["Case", "FuzzRig", "cases", "fuzz_rig"]
+
+_tags = itertools.count(1)
+_NAMES = ["get_order", "find_user", "cancel_order", "refund", "lookup", "x" * 70, "名前", ""]
+
+json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-(10**6), 10**6), st.text(max_size=12))
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@st.composite
+def tool_schemas(draw: st.DrawFn) -> Any:
+    kind = draw(st.sampled_from(["object", "object", "object", "weird"]))
+    if kind == "weird":
+        return draw(st.one_of(json_value, st.just({"type": "nonsense"})))
+    props = draw(
+        st.dictionaries(
+            st.sampled_from(["order_id", "email", "items", "n", "reason"]),
+            st.sampled_from(
+                [
+                    {"type": "string"},
+                    {"type": "integer"},
+                    {"type": "array", "items": {"type": "string"}},
+                    {"type": "string", "enum": ["a", "b"]},
+                ]
+            ),
+            max_size=3,
+        )
+    )
+    return {"type": "object", "properties": props, "required": sorted(props)[:1]}
+
+
+@st.composite
+def tools(draw: st.DrawFn) -> Any:
+    if draw(st.integers(0, 19)) == 0:
+        return draw(json_value)  # not a list of tools at all
+    names = draw(st.lists(st.sampled_from(_NAMES[:5]), min_size=1, max_size=3, unique=True))
+    return [
+        {"type": "function", "function": {"name": n, "parameters": draw(tool_schemas())}}
+        for n in names
+    ]
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@st.composite
+def arguments(draw: st.DrawFn) -> str:
+    choice = draw(st.integers(0, 5))
+    if choice == 0:
+        return draw(st.text(max_size=20))  # usually not JSON
+    if choice == 1:
+        return _deep(draw(st.sampled_from([10, 300, 5000])))
+    return orjson.dumps(draw(st.dictionaries(st.text(max_size=8), json_value, max_size=3))).decode()
+
+
+@st.composite
+def answers(draw: st.DrawFn) -> dict[str, Any]:
+    """A model's message: text (maybe a call written as text), tool calls, or nothing."""
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    kind = draw(st.sampled_from(["calls", "calls", "text", "textcall", "empty"]))
+    if kind == "calls":
+        message["tool_calls"] = [
+            {
+                "id": draw(st.sampled_from(["0", "call_1", "", "c" * 300])),
+                "type": "function",
+                "function": {"name": draw(st.sampled_from(_NAMES)), "arguments": draw(arguments())},
+            }
+            for _ in range(draw(st.integers(1, 3)))
+        ]
+    elif kind == "text":
+        message["content"] = draw(st.text(max_size=60))
+    elif kind == "textcall":
+        name = draw(st.sampled_from(_NAMES))
+        body = (
+            orjson.dumps({"name": name}).decode()[:-1] + ', "arguments": ' + draw(arguments()) + "}"
+        )
+        wrap = draw(
+            st.sampled_from(["%s", "```json\n%s\n```", "<tool_call>%s</tool_call>", "x %s y"])
+        )
+        message["content"] = wrap % body
+    return message
+
+
+@dataclass
+class Case:
+    """One generated exchange: what the client sends and what the upstream will answer."""
+
+    body: Any
+    stream: bool
+    status: int
+    raw_answer: bytes | None  # garbage instead of a completion, when set
+    message: dict[str, Any]
+    chunk_sizes: list[int] = field(default_factory=list)
+    mode: str = "reflexive"
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    messages: Any = [{"role": "user", "content": draw(st.text(max_size=30))}]
+    if draw(st.integers(0, 9)) == 0:
+        messages = draw(json_value)
+    elif draw(st.booleans()):
+        messages.insert(0, {"role": "system", "content": draw(st.text(max_size=30))})
+        messages.append(
+            {"role": "tool", "tool_call_id": "0", "content": "Error: " + draw(st.text(max_size=20))}
+        )
+    body: dict[str, Any] = {
+        "model": draw(st.sampled_from(["m", "名", "x" * 100])),
+        "messages": messages,
+    }
+    if draw(st.integers(0, 3)) > 0:
+        body["tools"] = draw(tools())
+    if draw(st.integers(0, 5)) == 0:
+        body["tool_choice"] = draw(st.sampled_from(["none", "auto", "required", 7]))
+    if draw(st.integers(0, 7)) == 0:
+        body["n"] = draw(st.integers(1, 3))
+    stream = draw(st.booleans())
+    body["stream"] = stream
+    status = draw(st.sampled_from([200] * 8 + [400, 429, 500]))
+    raw = draw(st.sampled_from([None] * 9 + [b"not json", b'{"object": "list"}', b"[]"]))
+    return Case(
+        body=body,
+        stream=stream,
+        status=status,
+        raw_answer=raw,
+        message=draw(answers()),
+        chunk_sizes=draw(st.lists(st.integers(1, 64), min_size=1, max_size=6)),
+        mode=draw(st.sampled_from(["off", "prompt", "promote", "reflexive", "constrained"])),
+    )
+
+
+def _completion(tag: str, message: dict[str, Any], n: int) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{tag}",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": i,
+                "message": message,
+                "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+            }
+            for i in range(n)
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+
+
+def _sse(completion: dict[str, Any]) -> bytes:
+    message = completion["choices"][0]["message"]
+    base = {k: completion[k] for k in ("id", "created", "model")} | {
+        "object": "chat.completion.chunk"
+    }
+    chunks = [{"role": "assistant", "content": message.get("content") or ""}]
+    for index, call in enumerate(message.get("tool_calls") or ()):
+        chunks.append({"tool_calls": [{"index": index, **call}]})
+    events = [
+        b"data: "
+        + orjson.dumps({**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]})
+        + b"\n\n"
+        for d in chunks
+    ]
+    events.append(
+        b"data: "
+        + orjson.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        + b"\n\n"
+    )
+    events.append(b"data: [DONE]\n\n")
+    return b"".join(events)
+
+
+@dataclass
+class FuzzRig:
+    proxy: RunningProxy
+    plans: dict[str, Case]
+    client: httpx.Client
+    lock: threading.Lock
+
+    def run(self, case: Case) -> None:
+        """Send the case (plus a concurrent plain neighbour) and check what came back."""
+        tag, neighbour = f"t{next(_tags)}", f"t{next(_tags)}"
+        plain = Case(
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            False,
+            200,
+            None,
+            {"role": "assistant", "content": "hello"},
+        )
+        with self.lock:
+            self.plans[tag], self.plans[neighbour] = case, plain
+        results: dict[str, httpx.Response] = {}
+
+        def send(which: str, plan: Case) -> None:
+            try:
+                content = orjson.dumps(plan.body)
+            except TypeError:
+                content = b"{}"
+            results[which] = self.client.post(
+                self.proxy.base_url + "/chat/completions",
+                content=content,
+                headers={
+                    "x-fuzz-tag": which,
+                    "x-repairproxy-repair": plan.mode,
+                    "content-type": "application/json",
+                },
+            )
+
+        other = threading.Thread(target=send, args=(neighbour, plain))
+        other.start()
+        try:
+            send(tag, case)
+        finally:
+            other.join()
+        for which, response in results.items():
+            _check(which, response)
+        with self.lock:
+            del self.plans[tag], self.plans[neighbour]
+
+
+def _check(tag: str, response: httpx.Response) -> None:
+    text = response.text
+    assert "internal proxy error" not in text, text[:300]
+    foreign = [t for t in _ids(text) if t != tag]
+    assert not foreign, f"client {tag} received the answer of {foreign}"
+    if response.status_code >= 500:
+        body = orjson.loads(response.content)
+        assert body["error"]["message"], text[:300]  # the upstream's own 5xx or an OpenAI error
+
+
+def _ids(text: str) -> list[str]:
+    out = []
+    for part in text.split("chatcmpl-")[1:]:
+        tag = part.split('"', 1)[0]
+        out.append(tag)
+    return out
+
+
+def _upstream_handler(plans: dict[str, Case], lock: threading.Lock) -> Any:
+    async def handle(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
+    ) -> None:
+        head = request.split(b"\r\n\r\n", 1)[0].decode("latin-1").lower()
+        tag = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in head.split("\r\n")
+                if line.startswith("x-fuzz-tag:")
+            ),
+            "",
+        )
+        with lock:
+            case = plans.get(tag)
+        if case is None:
+            writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+            return
+        is_reask = b'"stream":false' in request and case.stream  # repairs never stream
+        if case.status != 200:
+            payload = orjson.dumps({"error": {"message": f"upstream {case.status} chatcmpl-{tag}"}})
+            writer.write(
+                b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (case.status, len(payload), payload)
+            )
+            return
+        if case.raw_answer is not None:
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (len(case.raw_answer), case.raw_answer)
+            )
+            return
+        n = (
+            case.body.get("n", 1)
+            if isinstance(case.body, dict) and isinstance(case.body.get("n"), int)
+            else 1
+        )
+        completion = _completion(tag, case.message, max(1, min(n, 3)))
+        if case.stream and not is_reask:
+            payload = _sse(completion)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n"
+            )
+            position, sizes = 0, itertools.cycle(case.chunk_sizes)
+            while position < len(payload):
+                piece = payload[position : position + next(sizes)]
+                position += len(piece)
+                writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+            return
+        payload = orjson.dumps(completion)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(payload), payload)
+        )
+
+    return handle
+
+
+@contextmanager
+def fuzz_rig() -> Iterator[FuzzRig]:
+    plans: dict[str, Case] = {}
+    lock = threading.Lock()
+    with ExitStack() as stack:
+        url = stack.enter_context(raw_server(_upstream_handler(plans, lock)))
+        proxy = stack.enter_context(
+            running_proxy(Settings(upstream=url + "/v1", max_repairs=1, upstream_timeout=10))
+        )
+        client = stack.enter_context(httpx.Client(timeout=30, trust_env=False))
+        yield FuzzRig(proxy, plans, client, lock)
+        assert client.get(proxy.root_url + "/healthz").status_code == 200
