@@ -189,12 +189,18 @@ class ArmEndpoint:
 
     def open(self) -> ArmEndpoint:
         arm = self.arm
-        if arm.arm_dir is not None:
-            raise LaunchError(f"arms.{arm.name}: arm = DIR (a made arm.json) is not supported yet")
+        launch = arm.launch
+        if arm.arm_dir is not None:  # a made arm: its arm.json says how to serve it
+            from evals.arms import ArmError, load_arm
+
+            try:
+                launch = load_arm(arm.arm_dir).launch(served_model_name=arm.model)
+            except ArmError as exc:
+                raise LaunchError(f"arms.{arm.name}: {exc}") from exc
         if len(arm.upstreams) > 1:
             raise LaunchError(f"arms.{arm.name}: several upstreams per arm are not supported yet")
-        if arm.launch is not None:
-            self.upstream_url = self._launch(arm.launch)
+        if launch is not None:
+            self.upstream_url = self._launch(launch)
         else:
             self.upstream_url = arm.upstreams[0]
         if arm.proxy is not None:
