@@ -45,15 +45,10 @@ Send = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 REPAIR_HEADER = "x-repairproxy-repair"
 BUDGET_HEADER = "x-repairproxy-budget"
-# Modes whose answers the proxy may change (promotion and/or re-asks); "promote" joins them when
-# the repair module defines it.
-_CHANGES_ANSWERS = frozenset(
-    mode for mode in RepairMode if mode.value in ("promote", "reflexive", "constrained")
-)
-# Modes that add the repair instruction to the system prompt.
-_INSTRUCTS = frozenset(
-    mode for mode in RepairMode if mode.value in ("prompt", "reflexive", "constrained")
-)
+# Modes whose answers the proxy may change (promotion, then re-asks for reflexive/constrained).
+_CHANGES_ANSWERS = frozenset({RepairMode.PROMOTE, RepairMode.REFLEXIVE, RepairMode.CONSTRAINED})
+# Modes that add the repair instruction to the system prompt (promote is promotion alone).
+_INSTRUCTS = frozenset({RepairMode.PROMPT, RepairMode.REFLEXIVE, RepairMode.CONSTRAINED})
 _MODES = {mode.value: mode for mode in RepairMode}
 
 
