@@ -13,6 +13,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from repairproxy.textcalls import find_text_calls
+
 __all__ = ["PROBE_TOP_LOGPROBS", "strip_probe", "tool_name_margins", "with_probe"]
 
 PROBE_TOP_LOGPROBS = 5
@@ -66,6 +68,7 @@ def _margin(entry: Mapping[str, Any]) -> float | None:
 
 
 def _call_names(message: Mapping[str, Any]) -> list[str]:
+    """The names of the message's tool calls; of the calls written as text when it has none."""
     names: list[str] = []
     calls = message.get("tool_calls")
     for call in calls if isinstance(calls, list) else ():
@@ -73,6 +76,9 @@ def _call_names(message: Mapping[str, Any]) -> list[str]:
         name = function.get("name") if isinstance(function, Mapping) else None
         if isinstance(name, str) and name:
             names.append(name)
+    content = message.get("content")
+    if not names and isinstance(content, str):
+        names = [call.name for call in find_text_calls(content) if call.name]
     return names
 
 
@@ -85,7 +91,10 @@ def _find_name(text: str, name: str, start: int) -> int:
 
 
 def tool_name_margins(completion: Mapping[str, Any]) -> list[float]:
-    """One margin per tool call whose name can be located in ``choices[0].logprobs.content``."""
+    """One margin per tool call whose name can be located in ``choices[0].logprobs.content``.
+
+    Calls written as text (a small model's ``{"name": ...}`` in ``content``) count as calls.
+    """
     choices = completion.get("choices")
     if not isinstance(choices, Sequence) or not choices or not isinstance(choices[0], Mapping):
         return []

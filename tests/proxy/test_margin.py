@@ -120,6 +120,22 @@ def test_answers_without_logprobs_or_rivals_give_nothing() -> None:
     assert tool_name_margins(unscored) == []  # the call's tokens are not among the scored ones
 
 
+def test_a_call_written_as_text_has_a_margin() -> None:
+    tokens = [
+        entry('{"', -0.01),
+        entry("name", -0.001),
+        entry('":', -0.001),
+        entry(' "', -0.002),
+        entry("get", -0.25, {"cancel": -0.5}),
+        entry('_order_details", "arguments": {"order_id": "#W1"}}', -0.1),
+    ]
+    answer = vllm_answer(tokens, [])
+    answer["choices"][0]["message"]["content"] = "".join(t["token"] for t in tokens)
+    assert tool_name_margins(answer) == [0.25]
+    answer["choices"][0]["message"]["content"] = "Your order is on its way."
+    assert tool_name_margins(answer) == []  # prose: no call, no margin
+
+
 def test_with_probe_adds_only_what_the_client_did_not_ask() -> None:
     body: dict[str, Any] = {"model": "m", "messages": [], "tools": TOOLS}
     probed, added = with_probe(body)
