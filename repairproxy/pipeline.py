@@ -293,10 +293,15 @@ class ChatPipeline:
             await self.budget.chains.link(key, request.episode.id)
 
     async def remember(self, request: ChatRequest, answer: ChatCompletion) -> None:
-        """Link history + delivered answer to the episode, so the next turn continues it."""
-        message = first_message(answer)
-        if request.episode is not None and message is not None:
-            await self.budget.remember_answer(request.episode, request.body, message)
+        """Link history + delivered answer to the episode, so the next turn continues it (every
+        choice when ``n > 1``: the client may continue with any of them)."""
+        if request.episode is None:
+            return
+        choices = answer.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
+            message = choice.get("message") if isinstance(choice, dict) else None
+            if isinstance(message, dict):
+                await self.budget.remember_answer(request.episode, request.body, message)
 
     # -- per-request options ----------------------------------------------------------------------
 
