@@ -1,14 +1,20 @@
-"""``create_app(settings)``: the proxy as one ASGI app whose lifespan owns the upstream pool.
+"""``create_app(settings)``: the proxy as one ASGI app whose lifespan owns the upstream pool and
+the episode store.
 
 Everything a request needs (upstream pool, tools cache, episode store, repair policies, the chat
 pipeline, metrics, logger) is built here from the frozen Settings and handed to the routes;
-nothing lives in module globals.
+nothing lives in module globals. On SIGTERM the app turns unready at once (``/readyz`` 503) while
+uvicorn stops accepting and lets in-flight requests, streams and re-asks finish within
+``--drain-timeout``.
 """
 
 from __future__ import annotations
 
 import gc
+import signal
+import threading
 from collections.abc import Callable
+from types import FrameType
 from typing import IO, Any
 
 from repairproxy.asgi import Message, Receive, Send
@@ -17,8 +23,9 @@ from repairproxy.logging import configure_logging
 from repairproxy.pipeline import ChatPipeline
 from repairproxy.repair import DEFAULT_TEMPLATE, RepairMode, RepairPolicy, RepairTemplate
 from repairproxy.routes import Proxy
-from repairproxy.sessions import ErrorBudget, MemoryEpisodeStore
+from repairproxy.sessions import ErrorBudget
 from repairproxy.settings import Settings
+from repairproxy.stores import Stores, open_stores
 from repairproxy.upstream import Transport, Upstream
 from repairproxy.validation import ToolsCache
 
@@ -50,7 +57,15 @@ class RepairProxyApp:
         self._transport = transport  # tests: a scripted upstream in process (else the pool)
         self._template = _load_template(settings)  # a bad template file fails here, at start
         self.proxy: Proxy | None = None
+        self.stores: Stores | None = None
+        self.draining = False
         self._metrics_server: Any = None  # --metrics-port's own server, closed at shutdown
+
+    def begin_drain(self) -> None:
+        """From now on ``/readyz`` answers 503 (load balancers stop sending new requests)."""
+        self.draining = True
+        if self.proxy is not None:
+            self.proxy.draining = True
 
     def _build(self) -> Proxy:
         settings = self.settings
@@ -73,36 +88,46 @@ class RepairProxyApp:
             )
             for mode in RepairMode
         }
-        store = MemoryEpisodeStore(settings.max_episodes, settings.episode_idle_ttl)
+        logger = configure_logging(settings.log_level, self._log_stream)
+        stores: Stores | None = None
+        metrics = self._metrics(lambda: stores.active_episodes() if stores is not None else 0)
+        stores = self.stores = open_stores(
+            settings, log=logger, count_error=_store_error_counter(metrics, settings)
+        )
         budget = ErrorBudget(
-            store,
+            stores.episodes,
             default_budget=settings.budget,
             tool_error_pattern=settings.tool_error_pattern,
+            chains=stores.chains,
             episode_header=settings.episode_header,
         )
         tools = ToolsCache(
             settings.tools_cache_size, forbid_extra_arguments=settings.forbid_extra_arguments
         )
-        metrics = self._metrics(store.__len__)
         observer: PipelineObserver = metrics if metrics is not None else NullObserver()
-        return Proxy(
+        proxy = Proxy(
             settings,
             upstream,
             ChatPipeline(settings, tools, budget, policies),
             observer,
-            configure_logging(settings.log_level, self._log_stream),
+            logger,
             # With --metrics-port, /metrics lives on that port only.
             metrics if settings.metrics_port is None else None,
             dashboard=metrics,
         )
+        proxy.draining = self.draining
+        return proxy
 
     def _metrics(self, active_episodes: Callable[[], int]) -> Any:
-        """The Prometheus metrics (``repairproxy.metrics``), built once per app, or None."""
+        """The Prometheus metrics (``repairproxy.metrics``), built once per app, or None; summed
+        over every worker process when ``--workers`` runs several (``repairproxy.workers``)."""
         if not self.settings.metrics:
             return None
         from repairproxy.metrics import Metrics
+        from repairproxy.workers import MultiProcessMetrics, multiprocess_mode
 
-        metrics = Metrics(self.settings)
+        kind = MultiProcessMetrics if multiprocess_mode() else Metrics
+        metrics = kind(self.settings)
         metrics.bind_active_episodes(active_episodes)
         if self.settings.metrics_port is not None:
             self._metrics_server = metrics.start_server(
@@ -127,9 +152,12 @@ class RepairProxyApp:
             if message["type"] == "lifespan.startup":
                 try:
                     self.proxy = self._build()
+                    if self.stores is not None:
+                        await self.stores.start()
                 except Exception as exc:
                     await send({"type": "lifespan.startup.failed", "message": repr(exc)})
                     return
+                self._watch_sigterm()
                 # Start-up objects (imports, compiled schemas) never die: keep them out of the
                 # collector's scans, which otherwise show up in the latency tail.
                 gc.freeze()
@@ -138,11 +166,47 @@ class RepairProxyApp:
                 if self.proxy is not None:
                     await self.proxy.upstream.aclose()
                     self.proxy = None
+                if self.stores is not None:
+                    await self.stores.aclose()
+                    self.stores = None
                 if self._metrics_server is not None:
                     self._metrics_server.close()
                     self._metrics_server = None
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    def _watch_sigterm(self) -> None:
+        """Chain ahead of the server's SIGTERM handler (uvicorn's stops accepting and drains),
+        so ``/readyz`` turns unready the moment the signal arrives."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # an embedded server in a thread (tests): the host owns the signals
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            self.begin_drain()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _store_error_counter(metrics: Any, settings: Settings) -> Callable[[str], None] | None:
+    """``repairproxy_store_errors_total{operation}``: store calls a request went without."""
+    if metrics is None or settings.episode_store == "memory":
+        return None
+    from prometheus_client import Counter
+
+    counter = Counter(
+        "repairproxy_store_errors",
+        "Episode-store calls that failed or were skipped while the store was away "
+        "(the request went on with its budget unknown).",
+        ("operation",),
+        registry=metrics.registry,
+    )
+    children = {op: counter.labels(op) for op in ("update", "get", "link", "lookup")}
+    return lambda operation: children[operation].inc()
 
 
 def create_app(

@@ -1,14 +1,18 @@
 """Command line: ``repairproxy serve --upstream URL ...`` (also ``python -m repairproxy``).
 
 Thin on purpose: parse flags into Settings, start the embedded CPU model when no upstream is given,
-run uvicorn (uvloop + httptools) on the app.
+run uvicorn (uvloop + httptools) on the app: one process, or ``--workers N`` under uvicorn's
+process manager (``repairproxy.workers``). SIGTERM drains: uvicorn stops accepting and waits up to
+``--drain-timeout`` for in-flight requests and streams before the process exits.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -83,31 +87,85 @@ def serve(settings: Settings) -> None:
         embedded = _start_embedded(settings.embedded_arm)
         settings = replace(settings, upstream=embedded.base_url)
     try:
-        config = uvicorn.Config(
-            create_app(settings),
-            host=settings.host,
-            port=settings.port,
-            loop=_best("uvloop", "asyncio"),
-            http=_best("httptools", "h11"),
-            lifespan="on",
-            access_log=False,  # our own canonical log line replaces it
-            log_level="warning",
-            server_header=False,  # the upstream's Server/Date headers pass through instead
-            date_header=False,
-            proxy_headers=False,  # no X-Forwarded-* rewriting middleware on the hot path
-        )
+        options: dict[str, Any] = {
+            "host": settings.host,
+            "port": settings.port,
+            "loop": _best("uvloop", "asyncio"),
+            "http": _best("httptools", "h11"),
+            "lifespan": "on",
+            "access_log": False,  # our own canonical log line replaces it
+            "log_level": "warning",
+            "server_header": False,  # the upstream's Server/Date headers pass through instead
+            "date_header": False,
+            "proxy_headers": False,  # no X-Forwarded-* rewriting middleware on the hot path
+            "timeout_graceful_shutdown": settings.drain_timeout,
+        }
         models = f"; send model: {_model_ids(embedded.base_url)}" if embedded else ""
+        workers = f", {settings.workers} workers" if settings.workers > 1 else ""
         print(
             f"repairproxy: serving on http://{settings.host}:{settings.port}/v1 "
-            f"-> {settings.upstream} (repair={settings.repair}{models}); "
+            f"-> {settings.upstream} (repair={settings.repair}{models}{workers}); "
             f"live page http://{settings.host}:{settings.port}/dashboard",
             file=sys.stderr,
             flush=True,
         )
-        uvicorn.Server(config).run()
+        if settings.workers > 1:
+            _serve_workers(settings, options)
+        else:
+            uvicorn.Server(uvicorn.Config(create_app(settings), **options)).run()
     finally:
         if embedded is not None:
             embedded.close()
+
+
+def _serve_workers(settings: Settings, options: dict[str, Any]) -> None:
+    """``--workers N``: uvicorn's process manager, Prometheus in multi-process mode."""
+    import uvicorn
+
+    from repairproxy.workers import MULTIPROC_ENV, SETTINGS_ENV, encode_settings
+
+    if settings.metrics_port is not None:
+        sys.exit(
+            "repairproxy: --metrics-port cannot be combined with --workers > 1 (each worker "
+            "would bind it); /metrics on the proxy port sums every worker"
+        )
+    directory = os.environ.get(MULTIPROC_ENV)
+    owned = None
+    if directory:  # given by the operator: start from empty files, as prometheus_client asks
+        os.makedirs(directory, exist_ok=True)
+        for name in os.listdir(directory):
+            if name.endswith(".db"):
+                os.unlink(os.path.join(directory, name))
+    else:
+        owned = directory = tempfile.mkdtemp(prefix="repairproxy-metrics-")
+    # Set before any worker starts: prometheus_client picks its value store at import.
+    os.environ[MULTIPROC_ENV] = directory
+    os.environ[SETTINGS_ENV] = encode_settings(settings)
+    try:
+        uvicorn.run(
+            "repairproxy.workers:worker_app", factory=True, workers=settings.workers, **options
+        )
+    finally:
+        if owned is not None:
+            shutil.rmtree(owned, ignore_errors=True)
+
+
+def _check_store(settings: Settings) -> None:
+    from repairproxy.stores import is_redis_url
+
+    if settings.episode_store != "memory" and not is_redis_url(settings.episode_store):
+        raise ValueError(
+            "--episode-store must be memory or a redis://, rediss:// or unix:// URL, "
+            f"not {settings.episode_store!r}"
+        )
+    if is_redis_url(settings.episode_store):
+        try:
+            import redis  # noqa: F401
+        except ImportError as exc:
+            raise ValueError(
+                f"--episode-store {settings.episode_store.split('@')[-1]} needs redis-py: "
+                "pip install 'repairproxy[redis]'"
+            ) from exc
 
 
 def _best(module: str, fallback: str) -> str:
@@ -125,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ns = build_parser().parse_args(args)
     try:
         settings = settings_from_namespace(ns)
+        _check_store(settings)
     except ValueError as exc:
         sys.exit(f"repairproxy: {exc}")
     serve(settings)

@@ -25,6 +25,13 @@ def _header_name(name: str) -> str:
     return _NAME_UNSAFE.sub("_", name[:_MAX_NAME_CHARS])
 
 
+def _counts(snapshot: BudgetSnapshot) -> tuple[str, str]:
+    """(episode errors, budget remaining) as sent; ``unknown`` while the shared store is away."""
+    if snapshot.unknown:
+        return "unknown", "unknown"
+    return str(snapshot.errors), str(snapshot.remaining)
+
+
 @dataclass(slots=True)
 class Exchange:
     """Per-request state of the routes; the pipeline fills ``record`` as it decides."""
@@ -82,8 +89,9 @@ class Exchange:
             out.append(
                 (b"x-repairproxy-episode-id", snapshot.episode_id.encode("latin-1", "replace"))
             )
-            out.append((b"x-repairproxy-episode-errors", str(snapshot.errors).encode()))
-            out.append((b"x-repairproxy-budget-remaining", str(snapshot.remaining).encode()))
+            errors, remaining = _counts(snapshot)
+            out.append((b"x-repairproxy-episode-errors", errors.encode()))
+            out.append((b"x-repairproxy-budget-remaining", remaining.encode()))
             if snapshot.exhausted:
                 out.append((b"x-repairproxy-budget-exhausted", b"true"))
         out.append((b"x-repairproxy-overhead-ms", f"{self.overhead_ms():.3f}".encode()))
@@ -101,8 +109,7 @@ class Exchange:
         if self.repair_failed:
             fields["repair-failed"] = self.repair_failed
         if self.snapshot is not None:
-            fields["episode-errors"] = str(self.snapshot.errors)
-            fields["budget-remaining"] = str(self.snapshot.remaining)
+            fields["episode-errors"], fields["budget-remaining"] = _counts(self.snapshot)
         return comment_event("x-repairproxy " + " ".join(f"{k}={v}" for k, v in fields.items()))
 
     def log_event(self, status: int, *, log_bodies: bool) -> dict[str, Any]:
@@ -136,8 +143,9 @@ class Exchange:
         if record.env_errors:
             event["env_errors"] = list(record.env_errors)
         if self.snapshot is not None:
-            event["episode_errors"] = self.snapshot.errors
-            event["budget_remaining"] = self.snapshot.remaining
+            unknown = self.snapshot.unknown
+            event["episode_errors"] = "unknown" if unknown else self.snapshot.errors
+            event["budget_remaining"] = "unknown" if unknown else self.snapshot.remaining
         if log_bodies:
             event["request_body"] = (
                 self.request_body.decode("utf-8", "replace") if self.request_body else None

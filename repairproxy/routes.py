@@ -90,6 +90,7 @@ class Proxy:
         self.metrics = metrics  # repairproxy.metrics.Metrics when /metrics is served here
         self.dashboard = dashboard  # the same Metrics, whose numbers /dashboard shows
         self.log = logger
+        self.draining = False  # set on SIGTERM (app.py): /readyz answers 503 from then on
         self._api_keys = tuple(key.encode() for key in settings.api_keys)
         self._metrics_keys = (
             (settings.metrics_api_key.encode(),) if settings.metrics_api_key else ()
@@ -111,6 +112,8 @@ class Proxy:
                 await self._passthrough(scope, receive, responder, ex)
             elif path == "/healthz":
                 await responder.whole(200, [_JSON], b'{"status":"ok"}')
+            elif path == "/readyz" and self.draining:
+                await responder.whole(503, [_JSON], b'{"status":"draining"}')
             elif path == "/readyz":
                 ready = await self.upstream.ready()
                 body = b'{"status":"ready"}' if ready else b'{"status":"upstream unreachable"}'

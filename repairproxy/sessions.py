@@ -168,6 +168,7 @@ class BudgetSnapshot:
     errors_before: int = -1
     new_env_errors: tuple[str, ...] = ()
     new_silent: tuple[str, ...] = ()
+    unknown: bool = False  # the shared store did not answer: counts untrusted, never enforced
 
     def __post_init__(self) -> None:
         if self.errors_before < 0:
@@ -180,7 +181,7 @@ class BudgetSnapshot:
     @property
     def exhausted(self) -> bool:
         # τ²-bench ends the episode once num_errors >= max_errors.
-        return self.errors >= self.budget
+        return not self.unknown and self.errors >= self.budget
 
 
 @dataclass(slots=True)

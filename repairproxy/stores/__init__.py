@@ -1,0 +1,98 @@
+"""Where episode budgets and conversation links live: in the process, or in Redis for many.
+
+``open_stores(settings)`` picks from ``--episode-store``: ``memory`` keeps today's in-process LRU;
+``redis://`` / ``rediss://`` URLs share one budget between every worker and replica, behind the
+guard that keeps the proxy serving when Redis is away (``guard.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from repairproxy.chaining import ChainIndex
+from repairproxy.sessions import EpisodeStore, MemoryEpisodeStore
+from repairproxy.settings import Settings
+
+__all__ = ["REDIS_SCHEMES", "Stores", "is_redis_url", "open_stores"]
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+# Seconds between counts of the episodes in Redis (a SCAN) for the active_episodes gauge.
+COUNT_INTERVAL = 15.0
+
+
+def is_redis_url(spec: str) -> bool:
+    return spec.startswith(REDIS_SCHEMES)
+
+
+@dataclass
+class Stores:
+    """The episode store and chain index an app uses, and how to count and close them."""
+
+    episodes: EpisodeStore
+    chains: ChainIndex | None = None  # None: ErrorBudget builds its in-process index
+    health: Any = None  # guard.StoreHealth for a shared store
+    _count: Callable[[], int] | None = None
+    _client: Any = None
+    _counted: int = 0
+    _counter: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    def active_episodes(self) -> int:
+        """Episodes held now (for Redis: the latest periodic count)."""
+        return self._count() if self._count is not None else self._counted
+
+    async def start(self) -> None:
+        """Begin counting a shared store's episodes in the background (call inside the loop)."""
+        if self._client is not None and self._counter is None:
+            self._counter = asyncio.get_running_loop().create_task(self._count_forever())
+
+    async def _count_forever(self) -> None:
+        store: Any = getattr(self.episodes, "inner", self.episodes)
+        count = store.count
+        while True:
+            with contextlib.suppress(Exception):  # Redis away: keep the last count
+                self._counted = await count()
+            await asyncio.sleep(COUNT_INTERVAL)
+
+    async def aclose(self) -> None:
+        if self._counter is not None:
+            self._counter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._counter
+            self._counter = None
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.aclose()
+
+
+def open_stores(
+    settings: Settings, *, log: Any = None, count_error: Callable[[str], None] | None = None
+) -> Stores:
+    """The stores ``settings.episode_store`` names; Redis ones wrapped in the guard.
+
+    ``count_error(operation)`` is called for each store call that failed or was skipped
+    (``repairproxy_store_errors_total``); ``log`` receives the outage and recovery lines.
+    """
+    spec = settings.episode_store
+    if spec == "memory":
+        memory = MemoryEpisodeStore(settings.max_episodes, settings.episode_idle_ttl)
+        return Stores(memory, _count=memory.__len__)
+    if not is_redis_url(spec):
+        raise ValueError(
+            f"--episode-store must be memory or a redis://, rediss:// or unix:// URL, not {spec!r}"
+        )
+    from repairproxy.stores.guard import GuardedChainIndex, GuardedEpisodeStore, StoreHealth
+    from repairproxy.stores.redis_store import RedisChainIndex, RedisEpisodeStore, redis_client
+
+    client = redis_client(spec, max_connections=max(settings.max_connections, 16))
+    health = StoreHealth(log=log, count_error=count_error or (lambda operation: None))
+    ttl = settings.episode_idle_ttl
+    return Stores(
+        GuardedEpisodeStore(RedisEpisodeStore(client, ttl), health),
+        GuardedChainIndex(RedisChainIndex(client, ttl), health),
+        health,
+        _client=client,
+    )

@@ -1,0 +1,167 @@
+"""A shared store that may fail must never fail a request: the guard turns its errors into an
+unknown budget.
+
+``GuardedEpisodeStore`` and ``GuardedChainIndex`` wrap a Redis store and index. When a call fails
+(Redis down, a timeout, a lost compare-and-set race run out of attempts) the request goes on
+without it: an update runs on a blank state and its snapshot is marked ``unknown`` (the header
+says ``X-Repairproxy-Budget-Remaining: unknown``, ``--on-budget-exhausted reject`` lets the request
+through, no ladder rung is counted), a lookup finds nothing. ``StoreHealth`` counts every such
+call (``repairproxy_store_errors_total``), logs one line when the store goes away and one when it
+is back, and skips the store for ``retry_after`` seconds after a failure, so a dead host costs
+one connect timeout per interval instead of one per request. It tries again by itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+from redis.exceptions import RedisError
+
+from repairproxy.chaining import ChainIndex, ChainLink
+from repairproxy.sessions import BudgetSnapshot, EpisodeState, EpisodeStore
+from repairproxy.stores.redis_store import StoreConflictError
+
+__all__ = ["STORE_ERRORS", "GuardedChainIndex", "GuardedEpisodeStore", "StoreHealth"]
+
+T = TypeVar("T")
+
+# What a store call may raise that means "no store now" (anything else is a bug and propagates).
+STORE_ERRORS: tuple[type[BaseException], ...] = (
+    RedisError,
+    OSError,
+    TimeoutError,
+    StoreConflictError,
+)
+
+
+class _Skipped(Exception):
+    """The store failed a moment ago: not tried again yet."""
+
+
+class StoreHealth:
+    """Whether the shared store answers; counts and logs the calls that went without it."""
+
+    def __init__(
+        self,
+        *,
+        retry_after: float = 1.0,
+        count_error: Callable[[str], None] = lambda operation: None,
+        log: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.retry_after = retry_after
+        self._count_error = count_error
+        self._log = log
+        self._clock = clock
+        self._down_until = 0.0
+        self.down = False
+        self.errors = 0
+
+    def check(self) -> None:
+        """Raise ``_Skipped`` while the store is resting after a failure."""
+        if self.down and self._clock() < self._down_until:
+            raise _Skipped
+
+    def failed(self, operation: str, exc: BaseException | None) -> None:
+        self.errors += 1
+        self._count_error(operation)
+        if exc is None:
+            return  # skipped while down: already logged
+        self._down_until = self._clock() + self.retry_after
+        if not self.down:
+            self.down = True
+            if self._log is not None:
+                self._log.warning(
+                    "episode store unavailable",
+                    operation=operation,
+                    error=f"{type(exc).__name__}: {exc}",
+                    effect="budgets unknown and not enforced until it answers again",
+                )
+
+    def succeeded(self) -> None:
+        if self.down:
+            self.down = False
+            if self._log is not None:
+                self._log.warning("episode store available again")
+
+
+def _unknown(result: T) -> T:
+    """A snapshot computed on a blank state: counted nothing that can be trusted."""
+    if isinstance(result, BudgetSnapshot):
+        return cast(T, dataclasses.replace(result, errors_before=result.errors, unknown=True))
+    return result
+
+
+class GuardedEpisodeStore:
+    """An ``EpisodeStore`` whose failures degrade to an unknown budget, never to an error."""
+
+    def __init__(self, inner: EpisodeStore, health: StoreHealth) -> None:
+        self.inner = inner
+        self.health = health
+        self.idle_ttl_seconds: float = getattr(inner, "idle_ttl_seconds", 3600.0)
+
+    async def update(self, episode_id: str, mutate: Callable[[EpisodeState], T]) -> T:
+        health = self.health
+        try:
+            health.check()
+            result = await self.inner.update(episode_id, mutate)
+        except _Skipped:
+            health.failed("update", None)
+        except STORE_ERRORS as exc:
+            health.failed("update", exc)
+        else:
+            health.succeeded()
+            return result
+        return _unknown(mutate(EpisodeState()))
+
+    async def get(self, episode_id: str) -> EpisodeState | None:
+        health = self.health
+        try:
+            health.check()
+            state = await self.inner.get(episode_id)
+        except _Skipped:
+            health.failed("get", None)
+        except STORE_ERRORS as exc:
+            health.failed("get", exc)
+        else:
+            health.succeeded()
+            return state
+        # Unknown, not absent: an episode is not counted as started again while Redis is away.
+        return EpisodeState()
+
+
+class GuardedChainIndex:
+    """A ``ChainIndex`` whose failures lose a link (the next request starts an episode)."""
+
+    def __init__(self, inner: ChainIndex, health: StoreHealth) -> None:
+        self.inner = inner
+        self.health = health
+
+    async def link(self, key: bytes, episode_id: str) -> None:
+        health = self.health
+        try:
+            health.check()
+            await self.inner.link(key, episode_id)
+        except _Skipped:
+            health.failed("link", None)
+        except STORE_ERRORS as exc:
+            health.failed("link", exc)
+        else:
+            health.succeeded()
+
+    async def lookup(self, key: bytes) -> ChainLink | None:
+        health = self.health
+        try:
+            health.check()
+            link = await self.inner.lookup(key)
+        except _Skipped:
+            health.failed("lookup", None)
+        except STORE_ERRORS as exc:
+            health.failed("lookup", exc)
+        else:
+            health.succeeded()
+            return link
+        return None

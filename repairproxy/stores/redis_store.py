@@ -1,0 +1,189 @@
+"""Episodes and conversation links in Redis, shared by every worker and replica.
+
+An episode is one string key, ``<prefix>ep:<id>`` = ``<version>:<EpisodeState as JSON>``. An
+update reads it with ``GETEX`` (which also pushes the idle TTL back), runs the Python ``mutate`` on
+the decoded state, and writes the result with a compare-and-set script that checks the version:
+two processes that mutate one episode at once never lose an update, the loser retries on the
+state the winner wrote (bounded; the ladder rungs and the seen-result keys are decided inside the
+mutation, so a retried one decides again on fresh data). An update that changes nothing writes
+nothing (one round trip: the common request without a new tool error).
+
+A conversation link is ``<prefix>ch:<digest hex>`` = ``<0|1>:<episode id>`` (1: ambiguous), set by
+one script so that two replicas linking one digest to two episodes both see it ambiguous.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import orjson
+from redis.asyncio import Redis
+
+from repairproxy.chaining import ChainLink
+from repairproxy.sessions import EpisodeState
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "MAX_ATTEMPTS",
+    "RedisChainIndex",
+    "RedisEpisodeStore",
+    "StoreConflictError",
+    "decode_state",
+    "encode_state",
+    "redis_client",
+]
+
+T = TypeVar("T")
+
+DEFAULT_PREFIX = "repairproxy:"
+# Compare-and-set attempts per update before it gives up (the count is then unknown, never wrong).
+# 16 clients of one episode on 2 processes need a handful at most; the jittered pause grows.
+MAX_ATTEMPTS = 64
+_FIELDS = tuple(f.name for f in dataclasses.fields(EpisodeState))
+
+# KEYS[1] the episode; ARGV: expected version, new value (with its version), TTL in ms.
+_CAS = """
+local current = redis.call('GET', KEYS[1])
+local version = '0'
+if current then version = string.match(current, '^(%d+):') or '0' end
+if version ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+"""
+
+# KEYS[1] the digest; ARGV: episode id, TTL in ms. Another episode's link makes it ambiguous.
+_LINK = """
+local current = redis.call('GET', KEYS[1])
+local flag = '0'
+if current and (string.sub(current, 1, 1) == '1' or string.sub(current, 3) ~= ARGV[1]) then
+  flag = '1'
+end
+redis.call('SET', KEYS[1], flag .. ':' .. ARGV[1], 'PX', ARGV[2])
+return flag
+"""
+
+
+class StoreConflictError(RuntimeError):
+    """An update lost the compare-and-set ``MAX_ATTEMPTS`` times in a row."""
+
+
+def redis_client(url: str, *, max_connections: int = 64, timeout: float = 1.0) -> Redis:
+    """An asyncio client with its own connection pool for ``redis://`` / ``rediss://`` URLs
+    (password and database number in the URL). Connects lazily: a proxy starts without Redis."""
+    client: Redis = Redis.from_url(
+        url,
+        max_connections=max_connections,
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
+        health_check_interval=30,
+    )
+    return client
+
+
+def encode_state(state: EpisodeState) -> bytes:
+    return orjson.dumps({name: getattr(state, name) for name in _FIELDS})
+
+
+def decode_state(raw: bytes) -> EpisodeState:
+    data = orjson.loads(raw)
+    return EpisodeState(**{name: data[name] for name in _FIELDS if name in data})
+
+
+def _split(value: bytes | str | None) -> tuple[bytes, bytes | None]:
+    """(version, state JSON) of a stored value; version ``b"0"`` when the key is absent."""
+    if value is None:
+        return b"0", None
+    if isinstance(value, str):  # a client made with decode_responses=True
+        value = value.encode()
+    version, _, body = value.partition(b":")
+    return version, body
+
+
+class RedisEpisodeStore:
+    """``EpisodeStore`` on Redis: atomic per episode across processes, idle keys expire."""
+
+    def __init__(
+        self,
+        client: Redis,
+        idle_ttl_seconds: float = 3600.0,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        max_attempts: int = MAX_ATTEMPTS,
+    ) -> None:
+        self.client = client
+        self.idle_ttl_seconds = idle_ttl_seconds
+        self.prefix = prefix
+        self.max_attempts = max_attempts
+        self._ttl_ms = max(int(idle_ttl_seconds * 1000), 1)
+        self._cas = client.register_script(_CAS)
+        self.conflicts = 0  # compare-and-set attempts lost (for tests and benchmarks)
+
+    def key(self, episode_id: str) -> str:
+        return f"{self.prefix}ep:{episode_id}"
+
+    async def update(self, episode_id: str, mutate: Callable[[EpisodeState], T]) -> T:
+        key = self.key(episode_id)
+        for attempt in range(self.max_attempts):
+            version, body = _split(await self.client.getex(key, px=self._ttl_ms))
+            state = decode_state(body) if body is not None else EpisodeState()
+            result = mutate(state)
+            encoded = encode_state(state)
+            if encoded == body:
+                return result  # nothing changed: the read was the transaction
+            value = b"%d:%s" % (int(version) + 1, encoded)
+            if await self._cas(keys=[key], args=[version, value, self._ttl_ms]):
+                return result
+            self.conflicts += 1
+            # Someone else wrote first: read again after a short jittered pause.
+            await asyncio.sleep(random.uniform(0, 0.0005 * min(attempt + 1, 10)))
+        raise StoreConflictError(
+            f"episode {episode_id}: {self.max_attempts} concurrent updates won over this one"
+        )
+
+    async def get(self, episode_id: str) -> EpisodeState | None:
+        _, body = _split(await self.client.get(self.key(episode_id)))
+        return decode_state(body) if body is not None else None
+
+    async def count(self, batch: int = 1000) -> int:
+        """Episodes under this prefix: a SCAN, for the ``active_episodes`` gauge only."""
+        total = 0
+        async for _ in self.client.scan_iter(match=f"{self.prefix}ep:*", count=batch):
+            total += 1
+        return total
+
+    async def memory_usage(self, episode_id: str) -> int | None:
+        """Bytes Redis spends on the episode's key (``MEMORY USAGE``), None when absent."""
+        used: Any = await self.client.memory_usage(self.key(episode_id), samples=0)
+        return int(used) if used is not None else None
+
+
+class RedisChainIndex:
+    """``ChainIndex`` on Redis: one key per answered history, expiring with the idle TTL."""
+
+    def __init__(
+        self, client: Redis, idle_ttl_seconds: float = 3600.0, *, prefix: str = DEFAULT_PREFIX
+    ) -> None:
+        self.client = client
+        self.idle_ttl_seconds = idle_ttl_seconds
+        self.prefix = prefix
+        self._ttl_ms = max(int(idle_ttl_seconds * 1000), 1)
+        self._link = client.register_script(_LINK)
+
+    def key(self, digest: bytes) -> str:
+        return f"{self.prefix}ch:{digest.hex()}"
+
+    async def link(self, key: bytes, episode_id: str) -> None:
+        await self._link(keys=[self.key(key)], args=[episode_id, self._ttl_ms])
+
+    async def lookup(self, key: bytes) -> ChainLink | None:
+        value = await self.client.getex(self.key(key), px=self._ttl_ms)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = value.encode()
+        flag, _, episode_id = value.partition(b":")
+        return ChainLink(episode_id.decode("utf-8", "surrogateescape"), flag == b"1")

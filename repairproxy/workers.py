@@ -1,0 +1,96 @@
+"""``--workers N``: several proxy processes on one port, one budget (Redis), one ``/metrics``.
+
+uvicorn's process manager starts the workers; each builds its app from the Settings the parent
+handed over in ``SETTINGS_ENV`` (``worker_app`` is the factory it imports). Prometheus runs in
+multi-process mode: every worker writes its samples to files in ``PROMETHEUS_MULTIPROC_DIR`` (set
+before any worker imports prometheus_client), and whichever worker answers a scrape sums them
+all (``MultiProcessMetrics``). The ``active_episodes`` gauge is the store's count, not a sum.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pickle
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from repairproxy.metrics import Metrics
+from repairproxy.settings import Settings
+
+__all__ = [
+    "MULTIPROC_ENV",
+    "SETTINGS_ENV",
+    "MultiProcessMetrics",
+    "decode_settings",
+    "encode_settings",
+    "multiprocess_mode",
+    "worker_app",
+]
+
+SETTINGS_ENV = "REPAIRPROXY_WORKER_SETTINGS"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+_ACTIVE = "repairproxy_active_episodes"
+
+
+def encode_settings(settings: Settings) -> str:
+    """Settings for the environment of worker processes this process starts (never read from
+    anywhere else: a worker trusts its parent)."""
+    return base64.b64encode(pickle.dumps(settings)).decode("ascii")
+
+
+def decode_settings(text: str) -> Settings:
+    settings = pickle.loads(base64.b64decode(text))
+    if not isinstance(settings, Settings):
+        raise TypeError(f"{SETTINGS_ENV} does not hold Settings")
+    return settings
+
+
+def worker_app() -> Any:
+    """The uvicorn factory each worker imports (``repairproxy.workers:worker_app``)."""
+    from repairproxy.app import create_app
+
+    return create_app(decode_settings(os.environ[SETTINGS_ENV]))
+
+
+def multiprocess_mode() -> bool:
+    """Whether this process writes its metrics for a multi-process scrape."""
+    return bool(os.environ.get(MULTIPROC_ENV))
+
+
+class _Aggregated:
+    """Every worker's samples, summed, with the store's episode count as ``active_episodes``."""
+
+    def __init__(self, directory: str, active: Callable[[], int] | None) -> None:
+        self._workers: Any = cast(Any, MultiProcessCollector)(None, directory)
+        self._active = active
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._workers.collect():
+            if metric.name != _ACTIVE:  # per-pid copies of a gauge that is not a sum
+                yield metric
+        if self._active is not None:
+            yield GaugeMetricFamily(_ACTIVE, "Episodes the store holds now.", self._active())
+
+
+class MultiProcessMetrics(Metrics):
+    """``Metrics`` whose exposition sums the samples of every worker process."""
+
+    def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
+        super().__init__(settings, registry)
+        self._active: Callable[[], int] | None = None
+
+    def bind_active_episodes(self, count: Callable[[], int]) -> None:
+        super().bind_active_episodes(count)
+        self._active = count
+
+    def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Aggregated(os.environ[MULTIPROC_ENV], self._active))
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(registry), content_type
