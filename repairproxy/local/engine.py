@@ -2,7 +2,9 @@
 
 Generation is serialised (one model, few cores), and consecutive requests share the KV cache through
 llama.cpp's prefix matching, so each turn of an episode only prefills what the last turn added.
-Sampling never uses a grammar unless the caller passes one (forced tool choice).
+A long system turn (policy + tools) is evaluated on its own and its state kept on disk
+(``PrefixStateCache``), so the first turn of a later episode, in any process, loads it instead of
+prefilling it. Sampling never uses a grammar unless the caller passes one (forced tool choice).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from repairproxy.local.prefix_cache import PrefixStateCache
 
 if TYPE_CHECKING:  # numpy comes with llama-cpp-python; the proxy alone does not need it
     import numpy as np
@@ -40,6 +44,10 @@ class EngineConfig:
     n_ctx: int = 16384
     n_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     n_batch: int = 512
+    # Where system-turn KV states are kept across processes (None: RAM prefix reuse only).
+    prompt_cache_dir: Path | None = None
+    prompt_cache_min_tokens: int = 512  # shorter system turns prefill in seconds anyway
+    prompt_cache_max_files: int = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +93,7 @@ class Generation:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    prefix_source: str = "none"  # the system turn's KV: "ram", "disk", "computed" or "none"
 
 
 # on_delta(text_safe_to_emit, logprobs_of_tokens_since_last_call)
@@ -114,6 +123,9 @@ class Engine:
     """Loads the GGUF once; ``generate`` is thread-safe and serialised."""
 
     def __init__(self, config: EngineConfig) -> None:
+        # ggml's OpenMP threads spin between ops by default; on shared cores (CI, a laptop with a
+        # browser, two model servers) spinning threads starve each other: 3-5x slower here.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         import llama_cpp  # deferred: the proxy and the unit tests never need the runtime
 
         self._llama_cpp = llama_cpp
@@ -130,6 +142,15 @@ class Engine:
         )
         self._vocab = self.llm._model.vocab
         self._n_vocab = self.llm.n_vocab()
+        end_of_turn = self.tokenize("<|im_end|>")
+        self._end_of_turn = end_of_turn[0] if len(end_of_turn) == 1 else None
+        self._prefix_cache = (
+            PrefixStateCache(
+                config.prompt_cache_dir, config.model_path, max_files=config.prompt_cache_max_files
+            )
+            if config.prompt_cache_dir is not None
+            else None
+        )
 
     def tokenize(self, text: str) -> list[int]:
         tokens: list[int] = self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
@@ -167,12 +188,47 @@ class Engine:
         )
 
     def _cached_prefix(self, tokens: list[int]) -> int:
+        """How many leading ``tokens`` the context already holds (only its live tokens count)."""
         cached = 0
-        for a, b in zip(self.llm._input_ids.tolist(), tokens, strict=False):
+        for a, b in zip(self.llm._input_ids.tolist(), tokens, strict=False):  # live tokens
             if a != b:
                 break
             cached += 1
         return cached
+
+    def _system_turn_length(self, tokens: list[int]) -> int:
+        """Tokens up to the end of the first turn when it is long enough to keep; else 0."""
+        if self._end_of_turn is None or self._prefix_cache is None:
+            return 0
+        try:
+            end = tokens.index(self._end_of_turn) + 1
+        except ValueError:
+            return 0
+        if end < self.config.prompt_cache_min_tokens or end >= len(tokens):
+            return 0
+        return end
+
+    def _ensure_prefix(self, prefix: list[int], cached: int) -> str:
+        """Make the context hold exactly ``prefix`` (or more of the prompt); say from where.
+
+        The prefix is always evaluated as a batch of its own, whether or not it is then saved,
+        so a state loaded from disk is bit-for-bit what this process would have computed.
+        """
+        assert self._prefix_cache is not None
+        if cached >= len(prefix):
+            return "ram"
+        ctx = self.llm._ctx.ctx
+        if self._prefix_cache.has(prefix):
+            if self._prefix_cache.load(ctx, prefix):
+                # Llama tracks its tokens in input_ids[:n_tokens]; tell it what the state holds.
+                self.llm.input_ids[: len(prefix)] = prefix
+                self.llm.n_tokens = len(prefix)
+                return "disk"
+            cached = 0  # a failed load may have cleared the memory
+        self.llm.n_tokens = min(cached, self.llm.n_tokens)
+        self.llm.eval(prefix[self.llm.n_tokens :])
+        self._prefix_cache.save(ctx, prefix)
+        return "computed"
 
     def generate(
         self,
@@ -202,6 +258,12 @@ class Engine:
             )
         limit = room if params.max_tokens is None else min(params.max_tokens, room)
         result = Generation(prompt_tokens=len(tokens), cached_tokens=self._cached_prefix(tokens))
+        started = time.perf_counter()
+        system_turn = self._system_turn_length(tokens)
+        if system_turn:
+            result.prefix_source = self._ensure_prefix(tokens[:system_turn], result.cached_tokens)
+            if result.prefix_source == "disk":
+                result.cached_tokens = system_turn
         self.llm.set_seed(params.seed if params.seed is not None else random.getrandbits(31))
         grammar = (
             llama_cpp.LlamaGrammar.from_string(params.grammar, verbose=False)
@@ -211,7 +273,6 @@ class Engine:
         buffer = b""
         emitted = 0
         pending: list[TokenLogprob] = []
-        started = time.perf_counter()
         first_token_at: float | None = None
         result.finish_reason = "length"
         if limit > 0:

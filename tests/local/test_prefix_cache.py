@@ -1,0 +1,75 @@
+"""The system turn's KV state kept on disk: computed once, loaded by a later engine, same answer.
+
+Needs the embedded model; a short system turn (a low threshold instead of a long policy) keeps the
+prefills cheap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from repairproxy.local import ARMS, resolve_cache_dir
+from repairproxy.local.engine import Engine, EngineConfig, SamplingParams
+from repairproxy.local.prompt import render_prompt
+from tests.local.model_fixtures import requires_model
+from tests.local.retail_tools import RETAIL_SYSTEM
+
+pytestmark = [pytest.mark.model, requires_model]
+
+GREEDY = SamplingParams(max_tokens=4, temperature=0.0, seed=0)
+
+
+def _engine(cache: Path) -> Engine:
+    model = resolve_cache_dir() / "models" / ARMS["q4_k_m"].filename
+    config = EngineConfig(
+        model, n_ctx=1024, n_threads=2, prompt_cache_dir=cache, prompt_cache_min_tokens=16
+    )
+    return Engine(config)
+
+
+def _prompt(user: str) -> str:
+    messages = [{"role": "system", "content": RETAIL_SYSTEM}, {"role": "user", "content": user}]
+    return render_prompt(messages)
+
+
+def test_the_system_turn_is_computed_once_then_loaded_by_a_new_engine(tmp_path: Path) -> None:
+    first = _engine(tmp_path)
+    try:
+        cold = first.generate(_prompt("Hi, I need to cancel an order."), GREEDY)
+        again = first.generate(_prompt("Where is my package?"), GREEDY)
+    finally:
+        first.llm.close()
+    assert cold.prefix_source == "computed" and cold.cached_tokens == 0
+    assert again.prefix_source == "ram" and again.cached_tokens > 16
+    [saved] = list(tmp_path.rglob("*.kvstate"))
+
+    second = _engine(tmp_path)  # a later process: empty KV, the file on disk
+    try:
+        warm = second.generate(_prompt("Hi, I need to cancel an order."), GREEDY)
+    finally:
+        second.llm.close()
+    assert warm.prefix_source == "disk"
+    assert 16 < warm.cached_tokens <= again.cached_tokens  # the system turn, not prefilled
+    assert warm.text == cold.text  # the loaded state is what this engine would have computed
+
+    saved.write_bytes(b"not a llama.cpp state")
+    third = _engine(tmp_path)
+    try:
+        recovered = third.generate(_prompt("Hi, I need to cancel an order."), GREEDY)
+    finally:
+        third.llm.close()
+    assert recovered.prefix_source == "computed" and recovered.text == cold.text
+    assert saved.stat().st_size > 1000  # written again
+
+
+def test_short_system_turns_and_disabled_caches_are_not_saved(tmp_path: Path) -> None:
+    model = resolve_cache_dir() / "models" / ARMS["q4_k_m"].filename
+    engine = Engine(EngineConfig(model, n_ctx=1024, n_threads=2, prompt_cache_dir=tmp_path))
+    try:  # the default threshold (512 tokens) is above this system turn
+        result = engine.generate(_prompt("Hello"), SamplingParams(max_tokens=1, temperature=0.0))
+    finally:
+        engine.llm.close()
+    assert result.prefix_source == "none"
+    assert list(tmp_path.rglob("*.kvstate")) == []
