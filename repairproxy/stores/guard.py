@@ -7,8 +7,9 @@ without it: an update runs on a blank state and its snapshot is marked ``unknown
 says ``X-Repairproxy-Budget-Remaining: unknown``, ``--on-budget-exhausted reject`` lets the request
 through, no ladder rung is counted), a lookup finds nothing. ``StoreHealth`` counts every such
 call (``repairproxy_store_errors_total``), logs one line when the store goes away and one when it
-is back, and skips the store for ``retry_after`` seconds after a failure, so a dead host costs
-one connect timeout per interval instead of one per request. It tries again by itself.
+is back, and skips the store for a while after a failure (``retry_after`` seconds, doubling while
+it keeps failing, up to ``max_retry_after``), so a dead host costs one connect timeout per
+interval instead of one per request. It tries again by itself.
 """
 
 from __future__ import annotations
@@ -48,11 +49,14 @@ class StoreHealth:
         self,
         *,
         retry_after: float = 1.0,
+        max_retry_after: float = 8.0,
         count_error: Callable[[str], None] = lambda operation: None,
         log: Any = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.retry_after = retry_after
+        self.max_retry_after = max_retry_after
+        self._rest = retry_after
         self._count_error = count_error
         self._log = log
         self._clock = clock
@@ -70,7 +74,9 @@ class StoreHealth:
         self._count_error(operation)
         if exc is None:
             return  # skipped while down: already logged
-        self._down_until = self._clock() + self.retry_after
+        if self.down:
+            self._rest = min(self._rest * 2, self.max_retry_after)
+        self._down_until = self._clock() + self._rest
         if not self.down:
             self.down = True
             if self._log is not None:
@@ -84,6 +90,7 @@ class StoreHealth:
     def succeeded(self) -> None:
         if self.down:
             self.down = False
+            self._rest = self.retry_after
             if self._log is not None:
                 self._log.warning("episode store available again")
 

@@ -1,12 +1,14 @@
 """Episodes and conversation links in Redis, shared by every worker and replica.
 
-An episode is one string key, ``<prefix>ep:<id>`` = ``<version>:<EpisodeState as JSON>``. An
-update reads it with ``GETEX`` (which also pushes the idle TTL back), runs the Python ``mutate`` on
-the decoded state, and writes the result with a compare-and-set script that checks the version:
-two processes that mutate one episode at once never lose an update, the loser retries on the
-state the winner wrote (bounded; the ladder rungs and the seen-result keys are decided inside the
-mutation, so a retried one decides again on fresh data). An update that changes nothing writes
-nothing (one round trip: the common request without a new tool error).
+An episode is one string key, ``<prefix>ep:<id>`` = ``<version>:<token>:<EpisodeState as JSON>``.
+An update reads it with ``GETEX`` (which also pushes the idle TTL back), runs the Python ``mutate``
+on the decoded state, and writes the result with a compare-and-set script that checks the
+version: two processes that mutate one episode at once never lose an update, the loser retries on
+the state the winner wrote (bounded; the ladder rungs and the seen-result keys are decided inside
+the mutation, so a retried one decides again on fresh data). The random token makes the write
+idempotent: when the client resends the script after a reply was lost, the script recognises its
+own write instead of failing the version check and counting twice. An update that changes
+nothing writes nothing (one round trip: the common request without a new tool error).
 
 A conversation link is ``<prefix>ch:<digest hex>`` = ``<0|1>:<episode id>`` (1: ambiguous), set by
 one script so that two replicas linking one digest to two episodes both see it ambiguous.
@@ -17,11 +19,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import secrets
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 
 from repairproxy.chaining import ChainLink
 from repairproxy.sessions import EpisodeState
@@ -45,14 +50,18 @@ DEFAULT_PREFIX = "repairproxy:"
 MAX_ATTEMPTS = 64
 _FIELDS = tuple(f.name for f in dataclasses.fields(EpisodeState))
 
-# KEYS[1] the episode; ARGV: expected version, new value (with its version), TTL in ms.
+# KEYS[1] the episode; ARGV: expected version, new value (with its version and token), TTL in
+# ms, the token. 1: written (or written already by this very call, resent after a lost reply).
 _CAS = """
 local current = redis.call('GET', KEYS[1])
-local version = '0'
-if current then version = string.match(current, '^(%d+):') or '0' end
-if version ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return 1
+local version, token = '0', ''
+if current then version, token = string.match(current, '^(%d+):(%x*):') end
+if version == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+if token == ARGV[4] then return 1 end
+return 0
 """
 
 # KEYS[1] the digest; ARGV: episode id, TTL in ms. Another episode's link makes it ambiguous.
@@ -73,13 +82,18 @@ class StoreConflictError(RuntimeError):
 
 def redis_client(url: str, *, max_connections: int = 64, timeout: float = 1.0) -> Redis:
     """An asyncio client with its own connection pool for ``redis://`` / ``rediss://`` URLs
-    (password and database number in the URL). Connects lazily: a proxy starts without Redis."""
+    (password and database number in the URL). Connects lazily: a proxy starts without Redis.
+
+    Two quick retries on a broken connection (a restarted Redis leaves stale ones in the pool),
+    not redis-py's ten: while Redis is away a request must not wait seconds for it.
+    """
     client: Redis = Redis.from_url(
         url,
         max_connections=max_connections,
-        socket_connect_timeout=timeout,
+        socket_connect_timeout=min(timeout, 0.25),
         socket_timeout=timeout,
         health_check_interval=30,
+        retry=Retry(ExponentialWithJitterBackoff(base=0.005, cap=0.05), retries=2),
     )
     return client
 
@@ -99,8 +113,8 @@ def _split(value: bytes | str | None) -> tuple[bytes, bytes | None]:
         return b"0", None
     if isinstance(value, str):  # a client made with decode_responses=True
         value = value.encode()
-    version, _, body = value.partition(b":")
-    return version, body
+    version, _, rest = value.partition(b":")
+    return version, rest.partition(b":")[2]
 
 
 class RedisEpisodeStore:
@@ -134,8 +148,9 @@ class RedisEpisodeStore:
             encoded = encode_state(state)
             if encoded == body:
                 return result  # nothing changed: the read was the transaction
-            value = b"%d:%s" % (int(version) + 1, encoded)
-            if await self._cas(keys=[key], args=[version, value, self._ttl_ms]):
+            token = secrets.token_hex(6).encode()
+            value = b"%d:%s:%s" % (int(version) + 1, token, encoded)
+            if await self._cas(keys=[key], args=[version, value, self._ttl_ms, token]):
                 return result
             self.conflicts += 1
             # Someone else wrote first: read again after a short jittered pause.

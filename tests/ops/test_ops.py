@@ -57,7 +57,7 @@ def walk(node: Any) -> list[dict[str, Any]]:
 def test_compose_config_is_valid() -> None:
     rendered = yaml.safe_load(run(tool("docker-compose"), "-f", "docker/compose.yaml", "config"))
     services = rendered["services"]
-    assert set(services) == {"vllm", "proxy", "prometheus", "grafana"}
+    assert set(services) == {"vllm", "proxy", "proxy-2", "redis", "lb", "prometheus", "grafana"}
     vllm = " ".join(services["vllm"]["command"])
     assert "--quantization=awq" in vllm and "AWQ" in vllm
 
