@@ -87,7 +87,12 @@ def _free_port() -> int:
 
 
 def _run_mode(
-    client: httpx.Client, model: str, mode: str, prompts: list[tuple[str, str]], verbose: bool
+    client: httpx.Client,
+    model: str,
+    mode: str,
+    prompts: list[tuple[str, str]],
+    verbose: bool,
+    max_tokens: int = 160,
 ) -> dict[str, Any]:
     validator = ToolsCache().compile({"tools": TOOLS})
     assert validator is not None
@@ -106,7 +111,7 @@ def _run_mode(
             ],
             "tools": TOOLS,
             "temperature": 0.0,
-            "max_tokens": 160,
+            "max_tokens": max_tokens,
         }
         started = time.perf_counter()
         response = client.post(
@@ -182,7 +187,7 @@ def _run_arm(label: str, upstream: str, args: argparse.Namespace) -> None:
             header = ("mode", "invalid answers", "right tool", "promoted", "repairs", "s/answer")
             print("{:<12} {:>15} {:>10} {:>8} {:>7} {:>8}".format(*header), flush=True)
             for mode in args.modes:
-                result = _run_mode(client, args.model, mode, prompts, args.verbose)
+                result = _run_mode(client, args.model, mode, prompts, args.verbose, args.max_tokens)
                 print(
                     f"{mode:<12} {result['invalid_answers']:>9}/{len(prompts):<5} "
                     f"{result['right']:>6}/{len(prompts):<3} {result['promoted']:>8} "
@@ -208,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         "--modes", nargs="+", default=["off", "promote", "reflexive", "constrained"]
     )
     parser.add_argument("--prompts", type=int, default=len(PROMPTS))
+    parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--threads", type=int, default=None, help="embedded model threads")
     parser.add_argument("--verbose", action="store_true", help="one line per answer")
     args = parser.parse_args(argv)
