@@ -20,7 +20,9 @@ from repairproxy.validation import CallVerdict, Channel, CompiledTools, MessageV
 __all__ = [
     "DEFAULT_TEMPLATE",
     "MAX_QUOTE_CHARS",
+    "OPTIONAL_SECTIONS",
     "REPEAT_TEMPERATURE_FACTOR",
+    "TEMPLATE_SECTIONS",
     "RepairTemplate",
     "build_repair_turn",
     "lowered_temperature",
@@ -40,12 +42,9 @@ TEMPLATE_SECTIONS = (
     "tool_call_in_content",
     "empty_output",
 )
-# Sections a template may leave out, and the section used in their place.
-OPTIONAL_SECTIONS = {
-    "text_unknown_tool": "tool_call_in_content",
-    "text_invalid_arguments": "tool_call_in_content",
-    "repeated": None,  # None: the channel's own section
-}
+# Sections a template may leave out (repair-v1 has none of them); without them a call written as
+# text gets the tool_call_in_content text, and a repeated answer its channel's own text.
+OPTIONAL_SECTIONS = ("text_unknown_tool", "text_invalid_arguments", "repeated")
 # Every placeholder a section may use; a template using another one is rejected when loaded.
 _PLACEHOLDERS = dict.fromkeys(
     (
@@ -183,15 +182,18 @@ def _json(value: Any) -> str:
         return "(unreadable)"
 
 
+_TEXT_SECTIONS = {
+    Channel.UNKNOWN_TOOL: "text_unknown_tool",
+    Channel.SCHEMA_VIOLATION: "text_invalid_arguments",
+    Channel.INVALID_JSON: "text_invalid_arguments",
+}
+
+
 def _section_for(verdict: CallVerdict, template: RepairTemplate) -> str:
-    if verdict.text_call is not None and verdict.name:
-        if verdict.inner is Channel.UNKNOWN_TOOL:
-            wanted = "text_unknown_tool"
-        elif verdict.inner in (Channel.SCHEMA_VIOLATION, Channel.INVALID_JSON):
-            wanted = "text_invalid_arguments"
-        else:
-            wanted = ""
-        if wanted and template.has(wanted):
+    """A call written as text gets the text for what was wrong inside it, if the template has it."""
+    if verdict.text_call is not None and verdict.name and verdict.inner is not None:
+        wanted = _TEXT_SECTIONS.get(verdict.inner)
+        if wanted is not None and template.has(wanted):
             return wanted
     return str(verdict.channel)
 

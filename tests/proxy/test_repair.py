@@ -695,3 +695,20 @@ async def test_deeply_nested_arguments_never_crash(tools: CompiledTools) -> None
     )
     outcome = await _repair(tools, too_deep, ScriptedSend())
     assert outcome.response == too_deep
+
+
+@pytest.mark.anyio
+async def test_a_repair_v1_template_still_repairs_text_calls_and_repeats(
+    tools: CompiledTools,
+) -> None:
+    v1 = RepairTemplate.from_file(
+        Path(__file__).parents[2].joinpath("repairproxy/templates/repair_v1.txt")
+    )
+    assert v1.version == "repair-v1" and DEFAULT_TEMPLATE.version == "repair-v2"
+    text = '{"name": "get_order_status", "arguments": {"order_id": "#W1"}}'
+    send = ScriptedSend(completion(content=text), completion(REPAIRED))
+    outcome = await _repair(tools, completion(content=text), send, template=v1)
+    assert outcome.attempts == 2 and not outcome.exhausted
+    for request in send.requests:
+        diagnosis = request["messages"][-1]["content"]
+        assert "wrote a tool call as text" in diagnosis and "repair-v1" in diagnosis
