@@ -59,6 +59,7 @@ class RepairProxyApp:
         self.proxy: Proxy | None = None
         self.stores: Stores | None = None
         self.draining = False
+        self._sigterm: tuple[Any, Any] | None = None  # (our handler, the one it chains to)
         self._metrics_server: Any = None  # --metrics-port's own server, closed at shutdown
 
     def begin_drain(self) -> None:
@@ -163,6 +164,7 @@ class RepairProxyApp:
                 gc.freeze()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                self._unwatch_sigterm()
                 if self.proxy is not None:
                     await self.proxy.upstream.aclose()
                     self.proxy = None
@@ -190,6 +192,16 @@ class RepairProxyApp:
                 raise SystemExit(128 + signum)
 
         signal.signal(signal.SIGTERM, on_sigterm)
+        self._sigterm = (on_sigterm, previous)
+
+    def _unwatch_sigterm(self) -> None:
+        """Put the previous handler back (apps started and stopped in one process, tests)."""
+        if self._sigterm is None or threading.current_thread() is not threading.main_thread():
+            return
+        ours, previous = self._sigterm
+        self._sigterm = None
+        if signal.getsignal(signal.SIGTERM) is ours:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _store_error_counter(metrics: Any, settings: Settings) -> Callable[[str], None] | None:

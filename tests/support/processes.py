@@ -209,7 +209,7 @@ def nginx(http_block: str, port: int) -> Iterator[Path]:
         process = subprocess.Popen(
             [binary, "-e", f"{directory}/error.log", "-c", str(conf), "-p", directory],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
         )
         try:
             _wait_for_port(port, process, "nginx", 10.0)

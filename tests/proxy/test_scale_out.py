@@ -1,0 +1,329 @@
+"""Many proxy processes, one budget: real ``python -m repairproxy serve`` processes on one real
+``redis-server``, directly and behind Debian's nginx running ``docker/nginx.conf``.
+
+One episode alternating between two processes counts as one process would; 16 concurrent clients
+of one episode across both end at the exact count; Redis killed mid-run costs no 5xx, and the
+budget comes back with Redis; a SIGTERM to a replica mid-stream loses no stream; ``--workers 2``
+serves one port and one summed ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from repairproxy.errors import BudgetExhaustedError
+from repairproxy.settings import Settings
+from tests.support.in_process import in_process_proxy
+from tests.support.mock_transport import MockTransport
+from tests.support.processes import (
+    ProxyProcess,
+    RedisServer,
+    free_port,
+    nginx,
+    proxy_process,
+    redis_server,
+)
+from tests.support.scripted_upstream import ScriptedUpstream, completion
+
+ROOT = Path(__file__).resolve().parents[2]
+NGINX_CONF = ROOT / "docker" / "nginx.conf"
+# Every process: the shared store, and rejection once a named episode's budget is spent.
+REJECTED = BudgetExhaustedError.status_code
+COMMON = ("--on-budget-exhausted", "reject", "--repair", "off")
+
+pytestmark = pytest.mark.slow
+
+
+def history(ids: list[str]) -> list[dict[str, Any]]:
+    """A user turn, then one failed tool call per id."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Where is order #W1?"}]
+    for call_id in ids:
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": "get_order_details", "arguments": '{"id":"1"}'},
+                    }
+                ],
+            }
+        )
+        messages.append(
+            {"role": "tool", "tool_call_id": call_id, "content": f"Error: order {call_id} missing"}
+        )
+    return messages
+
+
+def chat(
+    client: httpx.Client,
+    proxy: str,
+    episode: str,
+    ids: list[str],
+    *,
+    budget: int | None = None,
+    stream: bool = False,
+) -> httpx.Response:
+    headers = {"x-episode-id": episode}
+    if budget is not None:
+        headers["x-repairproxy-budget"] = str(budget)
+    body = {"model": "scripted-model", "messages": history(ids), "stream": stream}
+    return client.post(f"{proxy}/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+
+def remaining(response: httpx.Response) -> str:
+    return response.headers["x-repairproxy-budget-remaining"]
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[ScriptedUpstream]:
+    with ScriptedUpstream() as scripted:
+        yield scripted
+
+
+@pytest.fixture(scope="module")
+def pair(
+    redis: RedisServer, upstream: ScriptedUpstream
+) -> Iterator[tuple[ProxyProcess, ProxyProcess]]:
+    args = ("--episode-store", redis.url, *COMMON)
+    with (
+        proxy_process(upstream.base_url, *args) as a,
+        proxy_process(upstream.base_url, *args) as b,
+    ):
+        yield a, b
+
+
+@contextlib.contextmanager
+def load_balancer(*replicas: ProxyProcess) -> Iterator[str]:
+    """nginx running docker/nginx.conf, its two servers pointed at ``replicas``."""
+    port = free_port()
+    conf = NGINX_CONF.read_text()
+    for name, replica in zip(("proxy", "proxy-2"), replicas, strict=True):
+        conf, found = re.subn(rf"server {name}:8080 ", f"server 127.0.0.1:{replica.port} ", conf)
+        assert found == 1
+    conf = conf.replace("listen 8080;", f"listen 127.0.0.1:{port};")
+    with nginx(conf, port):
+        yield f"http://127.0.0.1:{port}"
+
+
+def served(replica: ProxyProcess, episode: str) -> int:
+    """Requests of ``episode`` in the replica's log (one JSON line per request)."""
+    lines = [orjson.loads(line) for line in replica.log().splitlines() if line.startswith("{")]
+    return sum(1 for line in lines if line.get("episode_id") == episode)
+
+
+def test_one_episode_alternating_between_two_processes(
+    pair: tuple[ProxyProcess, ProxyProcess], upstream: ScriptedUpstream
+) -> None:
+    a, b = pair
+    upstream.push(*[completion(content="Looking into it.") for _ in range(5)])
+    seen = []
+    with httpx.Client() as client:
+        for turn, replica in enumerate((a, b, a, b), start=1):
+            ids = [f"alt-{i}" for i in range(turn)]
+            seen.append(remaining(chat(client, replica.root_url, "alternating", ids)))
+        # The whole history again, at the other process: nothing new to count.
+        again = chat(client, a.root_url, "alternating", [f"alt-{i}" for i in range(4)])
+    assert seen == ["9", "8", "7", "6"]
+    assert remaining(again) == "6" and again.headers["x-repairproxy-episode-errors"] == "4"
+
+
+def test_sixteen_clients_of_one_episode_end_at_the_exact_count(
+    pair: tuple[ProxyProcess, ProxyProcess], upstream: ScriptedUpstream
+) -> None:
+    a, b = pair
+    turns = 3
+    upstream.push(*[completion(content="ok") for _ in range(16 * turns + 1)])
+
+    def client_run(index: int) -> list[int]:
+        replica = (a, b)[index % 2]
+        statuses = []
+        with httpx.Client() as client:
+            for turn in range(1, turns + 1):
+                ids = [f"c{index}-{i}" for i in range(turn)]
+                response = chat(client, replica.root_url, "crowd", ids, budget=1000)
+                statuses.append(response.status_code)
+        return statuses
+
+    with ThreadPoolExecutor(16) as pool:
+        statuses = [s for run in pool.map(client_run, range(16)) for s in run]
+    assert statuses == [200] * 16 * turns
+    with httpx.Client() as client:
+        final = chat(client, b.root_url, "crowd", [], budget=1000)
+    assert final.headers["x-repairproxy-episode-errors"] == str(16 * turns)
+    assert remaining(final) == str(1000 - 16 * turns)
+
+
+def test_through_nginx_one_episode_alternates_and_counts_exactly(
+    pair: tuple[ProxyProcess, ProxyProcess], upstream: ScriptedUpstream
+) -> None:
+    a, b = pair
+    upstream.push(*[completion(content="ok") for _ in range(6)])
+    with load_balancer(a, b) as lb, httpx.Client() as client:
+        seen = [
+            remaining(chat(client, lb, "balanced", [f"lb-{i}" for i in range(turn)]))
+            for turn in range(1, 5)
+        ]
+        streamed = chat(client, lb, "balanced", [f"lb-{i}" for i in range(5)], stream=True)
+    assert seen == ["9", "8", "7", "6"]
+    assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
+    assert remaining(streamed) == "5"
+    assert served(a, "balanced") >= 2 and served(b, "balanced") >= 2  # both replicas answered
+
+
+def test_redis_killed_mid_run_no_5xx_then_recovery(
+    pair: tuple[ProxyProcess, ProxyProcess], upstream: ScriptedUpstream, redis: RedisServer
+) -> None:
+    a, b = pair
+    upstream.push(*[completion(content="ok") for _ in range(64)])
+    spent = ["spent-0", "spent-1"]
+    with httpx.Client() as client:
+        assert chat(client, a.root_url, "spent", spent, budget=2).status_code == REJECTED
+        redis.kill()
+        try:
+            outage = [
+                chat(client, replica.root_url, episode, spent, budget=2)
+                for replica in (a, b, a, b)
+                for episode in ("spent", "other")
+            ]
+        finally:
+            redis.restart()  # empty, as a restarted Redis without disk is
+        assert [r.status_code for r in outage] == [200] * 8  # reject lets them through
+        assert {remaining(r) for r in outage} == {"unknown"}
+        metrics = client.get(a.root_url + "/metrics").text
+        failed = re.findall(
+            r'^repairproxy_store_errors_total\{operation="(\w+)"\} (\S+)', metrics, re.M
+        )
+        assert sum(float(value) for _, value in failed) >= 4
+        # Back by itself within the guard's rest (1 s, doubling while Redis stayed away).
+        deadline = time.monotonic() + 20
+        recovered: dict[str, int] = {}
+        while len(recovered) < 2 and time.monotonic() < deadline:
+            for name, replica in (("a", a), ("b", b)):
+                response = chat(client, replica.root_url, "spent", spent, budget=2)
+                assert response.status_code in (200, REJECTED)
+                if response.status_code == REJECTED:
+                    recovered[name] = REJECTED  # counted again from the history: enforced again
+            time.sleep(0.2)
+    assert recovered == {"a": REJECTED, "b": REJECTED}
+    for replica in (a, b):
+        log = replica.log()
+        assert log.count("episode store unavailable") == 1, log
+        assert "episode store available again" in log
+
+
+def test_sigterm_mid_stream_loses_no_stream(redis: RedisServer) -> None:
+    """Two streams through nginx (one per replica), SIGTERM to one: both finish whole, the
+    signalled replica stops accepting at once, and the other takes the next requests."""
+    args = ("--episode-store", redis.url, "--drain-timeout", "20", *COMMON)
+    slow = [completion(content="one two three four five six", event_delay=0.4) for _ in range(2)]
+    with (
+        ScriptedUpstream() as upstream,
+        proxy_process(upstream.base_url, *args) as leaving,
+        proxy_process(upstream.base_url, *args) as staying,
+        load_balancer(leaving, staying) as lb,
+    ):
+        upstream.push(*slow)
+        results: dict[int, httpx.Response] = {}
+        started = threading.Barrier(3)
+
+        def stream(index: int) -> None:
+            with httpx.Client() as client:
+                body = {"model": "m", "messages": history([]), "stream": True}
+                headers = {"x-episode-id": f"drain-{index}"}
+                with client.stream(
+                    "POST", lb + "/v1/chat/completions", json=body, headers=headers, timeout=30
+                ) as response:
+                    started.wait(10)
+                    response.read()
+                    results[index] = response
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        started.wait(10)
+        time.sleep(0.3)  # both streams are under way
+        leaving.terminate()
+        time.sleep(0.3)
+        with pytest.raises(httpx.ConnectError):  # no longer accepting
+            httpx.get(leaving.root_url + "/healthz", timeout=2)
+        for thread in threads:
+            thread.join(30)
+        for response in results.values():
+            assert response.status_code == 200
+            text = response.text
+            assert text.endswith("data: [DONE]\n\n"), text
+            content = "".join(
+                (orjson.loads(line[6:])["choices"] or [{}])[0].get("delta", {}).get("content") or ""
+                for line in text.splitlines()
+                if line.startswith("data: {")
+            )
+            assert content == "one two three four five six"
+        assert len(results) == 2
+        assert leaving.process.wait(20) is not None  # drained, then exited
+        upstream.push(*[completion(content="ok") for _ in range(4)])
+        with httpx.Client() as client:
+            after = [chat(client, lb, "after", []).status_code for _ in range(4)]
+        assert after == [200] * 4
+
+
+def test_two_workers_share_one_port_one_budget_and_one_metrics(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    requests = 24
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    args = ("--episode-store", redis.url, "--workers", "2", *COMMON)
+    with (
+        ScriptedUpstream() as upstream,
+        proxy_process(upstream.base_url, *args, env=env) as proxy,
+    ):
+        upstream.push(*[completion(content="ok") for _ in range(requests)])
+        for turn in range(1, requests + 1):
+            with httpx.Client() as client:  # a new connection each: the workers take turns
+                response = chat(client, proxy.root_url, "workers", [f"w-{turn}"], budget=100)
+            assert response.status_code == 200
+        assert response.headers["x-repairproxy-episode-errors"] == str(requests)
+        pids = {p.stem.rsplit("_", 1)[1] for p in tmp_path.glob("counter_*.db")}
+        assert len(pids) == 2, pids  # both workers wrote samples
+        for _ in range(4):  # whichever worker answers the scrape, the sum is the same
+            text = httpx.get(proxy.root_url + "/metrics", timeout=5).text
+            total = sum(
+                float(value)
+                for value in re.findall(r"^repairproxy_requests_total\{[^}]*\} (\S+)", text, re.M)
+            )
+            assert total == requests
+            assert "pid=" not in text
+
+
+@pytest.mark.anyio
+async def test_draining_turns_readyz_unready_but_keeps_serving() -> None:
+    transport = MockTransport(completion(content="ok"))
+    async with in_process_proxy(Settings(upstream="http://mock/v1"), transport) as proxy:
+        assert (await proxy.http.get("/readyz")).status_code == 200
+        proxy.app.begin_drain()
+        ready = await proxy.http.get("/readyz")
+        assert ready.status_code == 503 and ready.json() == {"status": "draining"}
+        assert (await proxy.http.get("/healthz")).status_code == 200
+        answer = await proxy.http.post(
+            "/v1/chat/completions", json={"model": "m", "messages": history([])}
+        )
+        assert answer.status_code == 200
