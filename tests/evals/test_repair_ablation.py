@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from evals.grid import load_grid
+from evals.grid import REPAIR_MODES, load_grid
 from evals.launch import free_port
 from evals.repair_ablation import analysis_pairs, main, plan_runs
 from tests.evals.conftest import REPO_ROOT
@@ -28,6 +28,7 @@ from tests.support.gold_upstream import GoldArm, GoldUpstream, hallucinated_acti
 TASK_IDS = ("65", "69", "88")  # 3, 4 and 1 gold calls; distinct openings
 SHARE = 0.5  # hallucinated gold calls: 65 -> [1], 69 -> [1, 3], 88 -> []
 BUDGET = 2  # task 69 reaches it with repair off
+REPAIRING = ("reflexive", "constrained")  # the modes that re-ask; the others pass names through
 
 
 def _tasks(data_dir: Path) -> dict[str, dict[str, Any]]:
@@ -83,6 +84,7 @@ def test_grid_resumes_after_sigkill_and_matches_the_scripted_truth(
         grid = _write_grid(
             tmp_path / "tiny.toml",
             f'[arms.flaky]\nupstream = "{upstream.base_url("flaky")}"\nmodel = "gold"\n',
+            modes=json.dumps(list(REPAIR_MODES)),
         )
         command = [sys.executable, "-m", "evals.repair_ablation", str(grid), "--out", str(out)]
         command += ["--tau2-data", str(tau2_data_dir), "--no-progress"]
@@ -104,12 +106,13 @@ def test_grid_resumes_after_sigkill_and_matches_the_scripted_truth(
             first.wait()
         saved_at_kill = _saved(first_results)
         assert 1 <= saved_at_kill < len(TASK_IDS), (tmp_path / "first.log").read_text()
+        upstream.set_arm("flaky", GoldArm(SHARE))  # no more need to be slow
         second = subprocess.run(
             command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=180, check=False
         )
         assert second.returncode == 0, second.stdout + second.stderr
 
-    for mode in ("off", "reflexive"):
+    for mode in REPAIR_MODES:
         folder = out / "retail-flaky-scripted-k2" / mode
         results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
         episodes = {(s["task_id"], s["trial"]): s for s in results["simulations"]}
@@ -123,7 +126,7 @@ def test_grid_resumes_after_sigkill_and_matches_the_scripted_truth(
         for task_id in TASK_IDS:
             simulation = episodes[(task_id, 0)]
             reward = simulation["reward_info"]["reward"]
-            if mode == "off":
+            if mode not in REPAIRING:  # the invented names reach the environment
                 expected = min(len(truth[task_id]), BUDGET)
                 assert _not_found_errors(simulation) == expected, task_id
                 failed = expected >= BUDGET
@@ -149,7 +152,7 @@ def test_grid_resumes_after_sigkill_and_matches_the_scripted_truth(
     assert repaired["success"]["estimate"] == 1.0
     assert repaired["channel_counts"]["hallucinated_name"] == 0
     assert repaired["proxy"]["repairs"] == 3
-    assert len(summary["pairs"]) == 1
+    assert len(summary["pairs"]) == len(REPAIR_MODES) - 1  # each mode against off
 
 
 def _stand_in_vllm(

@@ -226,6 +226,11 @@ class GoldUpstream:
         prefix = "" if arm == "default" else f"/{arm}"
         return f"http://127.0.0.1:{self.port}{prefix}/v1"
 
+    def set_arm(self, name: str, arm: GoldArm) -> None:
+        """Add or change an arm while serving (e.g. drop the delay once a test has killed a run)."""
+        with self._server.state.lock:
+            self._server.state.arms = {**self._server.state.arms, name: arm}
+
     @property
     def requests(self) -> list[tuple[str, dict[str, Any]]]:
         """Every chat request received, as (arm, body), in order."""
