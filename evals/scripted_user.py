@@ -175,7 +175,8 @@ _IDENTITY = ("name", "zip", "email", "user_id", "phone")
 # Device tools are named verb_noun...; the agent names them in words ("turn airplane mode off").
 _VERBS = {
     "check": ("check", "look", "see", "what", "show", "tell", "status", "verify"),
-    "toggle": ("toggle", "turn", "switch", "enable", "disable", "on", "off"),
+    # Not "on"/"off" alone: "is your data on?" asks to look, not to flip a switch.
+    "toggle": ("toggle", "turn", "switch", "enable", "disable"),
     "turn": ("turn", "switch", "enable", "disable"),
     "reset": ("reset", "restore", "default"),
     "reseat": ("reseat", "remove", "reinsert", "re-insert", "take out"),

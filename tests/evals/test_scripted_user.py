@@ -131,6 +131,8 @@ async def test_it_operates_the_device_tools_the_agent_names(tau2_data_dir: Path)
     report = await user.generate(results)
     assert report.content is not None
     assert "Airplane Mode is now OFF." in report.content and "📶 Good" in report.content
+    (looked,) = await _say(user, "Is airplane mode on? Please check your status bar.")
+    assert [c.name for c in looked.tool_calls or []] == ["check_status_bar"]  # nothing toggled
 
 
 @pytest.mark.parametrize(
