@@ -1,9 +1,11 @@
 """The grid spec of a repair ablation: arms, users and cells, read once from TOML (``tomllib``).
 
-An arm is one model at one precision and how to reach it: an existing server (``upstream = URL``),
-a vLLM server the runner starts (``launch = "vllm"``), or the embedded CPU model
-(``launch = "embedded"``). A ``[[cell]]`` entry expands to the product of its domains, arms, users
-and error budgets; each cell runs every listed repair mode over the same tasks and trials.
+An arm is one model at one precision and how to reach it: an existing server (``upstream = URL``,
+or a list of URLs of servers of the same model: the arm's episodes are spread over them, up to
+``concurrency`` at a time on each), a vLLM server the runner starts (``launch = "vllm"``), or the
+embedded CPU model (``launch = "embedded"``). A ``[[cell]]`` entry expands to the product of its
+domains, arms, users and error budgets; each cell runs every listed repair mode over the same tasks
+and trials.
 
     [arms.q4]
     launch = "embedded"
@@ -129,9 +131,10 @@ Launch = VllmLaunch | EmbeddedLaunch
 class ArmSpec:
     """One model at one precision, and how to reach it.
 
-    ``upstreams`` holds one URL today; it is a tuple so that scale-out (several replicas behind
-    one proxy) fits without changing the shape. ``arm_dir`` is the made precision arm's folder
-    (``arm.json``), reserved for the arms issue; the runner refuses it until that lands.
+    ``upstreams``: one URL, or several servers of the same model (one proxy each; the arm's
+    episodes are spread over them by ``evals.upstream_pool``). ``arm_dir`` is the made precision
+    arm's folder (``arm.json``), reserved for the arms issue; the runner refuses it until that
+    lands.
     """
 
     name: str

@@ -180,11 +180,14 @@ class ArmEndpoint:
         self._stack = ExitStack()
         self.upstream_url = ""
         self.proxy_url = ""
-        self.proxy_command: list[str] | str = "external"
+        self.proxy_urls: list[str] = []  # one proxy per upstream (several: evals.upstream_pool)
+        self.proxy_command: list[str] | str | list[list[str]] = "external"
         self.processes: list[ManagedProcess] = []
 
     def describe(self) -> dict[str, Any]:
         """The proxy this arm is reached through, for the provenance."""
+        if len(self.proxy_urls) > 1:
+            return {"urls": self.proxy_urls, "command": self.proxy_command}
         return {"url": self.proxy_url, "command": self.proxy_command}
 
     def open(self) -> ArmEndpoint:
@@ -197,31 +200,35 @@ class ArmEndpoint:
                 launch = load_arm(arm.arm_dir).launch(served_model_name=arm.model)
             except ArmError as exc:
                 raise LaunchError(f"arms.{arm.name}: {exc}") from exc
-        if len(arm.upstreams) > 1:
-            raise LaunchError(f"arms.{arm.name}: several upstreams per arm are not supported yet")
-        if launch is not None:
-            self.upstream_url = self._launch(launch)
-        else:
-            self.upstream_url = arm.upstreams[0]
+        if len(arm.upstreams) > 1 and arm.proxy is not None:
+            raise LaunchError(f"arms.{arm.name}: several upstreams need a proxy each, not proxy =")
+        upstreams = [self._launch(launch)] if launch is not None else list(arm.upstreams)
+        self.upstream_url = upstreams[0]
         if arm.proxy is not None:
             self.proxy_url = arm.proxy
+            self.proxy_urls = [arm.proxy]
             return self
-        port = free_port()
-        command = proxy_command(self.upstream_url, port, [*self._proxy_args, *arm.proxy_args])
         env = None
         if arm.api_key_env and arm.api_key_env in os.environ:
             # The upstream key travels in the environment, never on a command line or in a log.
             env = {"REPAIRPROXY_UPSTREAM_API_KEY": os.environ[arm.api_key_env]}
-        proxy = ManagedProcess(
-            f"proxy for {arm.name}",
-            command,
-            f"http://127.0.0.1:{port}/healthz",
-            self._logs / f"proxy-{arm.name}.log",
-            env=env,
-        )
-        self._start(proxy)
-        self.proxy_command = command
-        self.proxy_url = f"http://127.0.0.1:{port}/v1"
+        commands = []
+        for index, upstream in enumerate(upstreams):
+            port = free_port()
+            command = proxy_command(upstream, port, [*self._proxy_args, *arm.proxy_args])
+            suffix = f"-{index}" if len(upstreams) > 1 else ""
+            proxy = ManagedProcess(
+                f"proxy for {arm.name}{suffix}",
+                command,
+                f"http://127.0.0.1:{port}/healthz",
+                self._logs / f"proxy-{arm.name}{suffix}.log",
+                env=env,
+            )
+            self._start(proxy)
+            commands.append(command)
+            self.proxy_urls.append(f"http://127.0.0.1:{port}/v1")
+        self.proxy_command = commands[0] if len(commands) == 1 else commands
+        self.proxy_url = self.proxy_urls[0]
         return self
 
     def _launch(self, launch: Launch) -> str:

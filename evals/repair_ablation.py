@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import json
 import os
@@ -41,6 +42,7 @@ from evals.logs import SimulationRun, load_results, save_results
 from evals.provenance import PROVENANCE_FILE, cell_provenance
 from evals.run import RESULTS_FILE, RunConfig, run
 from evals.tasks import as_task
+from evals.upstream_pool import UpstreamPool
 
 __all__ = [
     "BUDGET_HEADER",
@@ -267,27 +269,53 @@ async def run_grid(
                     )
                     bar.set_description(f"{item.cell.name}/{item.mode}")
                     config = _run_config(grid, item, endpoint, data_dir, concurrency, environ)
-                    await _run_watched(config, endpoint, saved)
+                    pool = None
+                    if len(endpoint.proxy_urls) > 1 and config.agent_model is not None:
+                        # One queue per arm, `concurrency` episodes per upstream at a time.
+                        pool = UpstreamPool(config.agent_model, endpoint.proxy_urls, concurrency)
+                        config = dataclasses.replace(config, concurrency=pool.concurrency)
+                    await _run_watched(config, endpoint, saved, pool)
 
 
 async def _run_watched(
-    config: RunConfig, endpoint: ArmEndpoint, on_episode: Callable[[SimulationRun], None]
+    config: RunConfig,
+    endpoint: ArmEndpoint,
+    on_episode: Callable[[SimulationRun], None],
+    pool: UpstreamPool | None = None,
 ) -> None:
     """``evals.run.run``, stopped as soon as a server of the arm dies: every episode after that
-    would end as an ``agent_error`` that a resume would not run again."""
-    running = asyncio.ensure_future(run(config, on_episode=on_episode))
-    while not running.done():
-        await asyncio.wait({running}, timeout=WATCH_INTERVAL_S)
-        if not running.done():
-            try:
-                endpoint.check()
-            except LaunchError:
-                running.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await running
-                raise
-    running.result()
-    endpoint.check()  # a server that died with the last episodes fails the run too
+    would end as an ``agent_error`` that a resume would not run again. With a ``pool`` the
+    episodes are spread over the arm's upstreams."""
+    make_agent = None
+    if pool is not None:
+        make_agent, on_episode = pool.make_agent, _both(pool.episode_saved, on_episode)
+    try:
+        running = asyncio.ensure_future(run(config, on_episode=on_episode, make_agent=make_agent))
+        while not running.done():
+            await asyncio.wait({running}, timeout=WATCH_INTERVAL_S)
+            if not running.done():
+                try:
+                    endpoint.check()
+                except LaunchError:
+                    running.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await running
+                    raise
+        running.result()
+        endpoint.check()  # a server that died with the last episodes fails the run too
+    finally:
+        if pool is not None:
+            await pool.aclose()
+
+
+def _both(
+    first: Callable[[SimulationRun], None], then: Callable[[SimulationRun], None]
+) -> Callable[[SimulationRun], None]:
+    def saved(simulation: SimulationRun) -> None:
+        first(simulation)
+        then(simulation)
+
+    return saved
 
 
 def drop_agent_errors(path: Path) -> int:
