@@ -74,6 +74,7 @@ def make_gguf_requant(options: MakeOptions, folder: Path) -> Made:
     import llama_cpp
 
     made_path = arm_path(arm, folder)
+    log = folder / "logs" / f"quantize-{arm.name}.log"
     return Made(
         form="gguf",
         library={**library_info("llama-cpp-python"), "llama_cpp": llama_cpp.__version__},
@@ -96,5 +97,6 @@ def make_gguf_requant(options: MakeOptions, folder: Path) -> Made:
         serve={"engine": "embedded", "embedded_arm": arm.name, "cache_dir": "."},
         artifact=str(made_path.relative_to(folder)),
         device="cpu",
-        extra={"log": str(Path("logs") / f"quantize-{arm.name}.log")},
+        # llama.cpp's per-tensor log, when llama-cpp-python let it through to the file.
+        extra={"log": str(log.relative_to(folder))} if log.is_file() and log.stat().st_size else {},
     )

@@ -288,7 +288,6 @@ def test_gguf_requant_end_to_end_on_the_embedded_model(
     assert record.artifact["size_bytes"] == made.stat().st_size
     assert record.artifact["sha256"] == sha256_of(made)
     assert made.stat().st_size < 0.9 * record.source["size_bytes"]
-    assert (out / "logs" / "quantize-q2_k-requant.log").stat().st_size > 0
     assert record.library["name"] == "llama-cpp-python" and record.library["version"]
     assert {p.name: p.stat().st_mtime_ns for p in cache_models.iterdir()} == before
     launch = record.launch()
