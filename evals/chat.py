@@ -29,11 +29,13 @@ _FLOAT = re.compile(r"-?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?")
 
 
 def _tool_call_payload(call: ToolCall) -> dict[str, Any]:
+    # τ²-bench's shape on the wire (litellm passes its extra top-level ``name`` through).
     arguments = call.raw_arguments if call.malformed else json.dumps(call.arguments)
     return {
         "id": call.id,
-        "type": "function",
+        "name": call.name,
         "function": {"name": call.name, "arguments": arguments},
+        "type": "function",
     }
 
 
@@ -49,11 +51,14 @@ def to_openai_messages(
     for message in history:
         if isinstance(message, ToolMessage):
             payload.append(
-                {"role": "tool", "tool_call_id": message.id, "content": message.content or ""}
+                {"role": "tool", "content": message.content or "", "tool_call_id": message.id}
             )
         elif isinstance(message, AssistantMessage | UserMessage):
             if message.role == speaker:
-                turn: dict[str, Any] = {"role": "assistant", "content": message.content}
+                # As τ²-bench's requests reach the wire: a null content is left out.
+                turn: dict[str, Any] = {"role": "assistant"}
+                if message.content is not None:
+                    turn["content"] = message.content
                 if message.tool_calls:
                     turn["tool_calls"] = [_tool_call_payload(c) for c in message.tool_calls]
                 payload.append(turn)

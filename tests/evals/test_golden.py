@@ -158,3 +158,44 @@ def test_every_tasks_user_prompt_and_first_messages_match(
         if got_user != want_user or agent_digest != want["agent_first_request_messages"]:
             mismatches.append(task.id)
     assert mismatches == []
+
+
+@pytest.mark.parametrize("domain_name", ["retail", "telecom"])
+async def test_wire_bodies_match_tau2_v1_0_1_through_litellm(
+    domain_name: str, tau2_data_dir: Path, upstream: ScriptedUpstream, tmp_path: Path
+) -> None:
+    """Four whole request bodies, with an agent tool call and its result in the later ones."""
+    wire = GOLDEN["wire"][domain_name]
+    domain = load_domain(domain_name, tau2_data_dir)
+    task = next(t for t in domain.tasks("base") if t.id == wire["task_id"])
+    for answer in wire["script"]:
+        calls = answer.get("tool_calls")
+        upstream.push(completion(content=answer["content"], tool_calls=calls))
+    agent_model = ModelConfig(
+        model="golden-agent", base_url=upstream.base_url, temperature=SCRIPT["temperature"]
+    )
+    user_model = ModelConfig(
+        model="golden-user", base_url=upstream.base_url, temperature=SCRIPT["temperature"]
+    )
+    before = len(upstream.chat_requests)
+    async with openai.AsyncOpenAI(base_url=upstream.base_url, api_key="x", max_retries=0) as c:
+        episode = await run_episode(
+            domain=domain,
+            task=task,
+            make_agent=lambda ctx: LLMAgent(c, agent_model, ctx),
+            make_user=lambda ctx: LLMUserSimulator(
+                c,
+                user_model,
+                load_guidelines(tau2_data_dir, with_tools=bool(ctx.user_tools)),
+                ctx,
+            ),
+            config=OrchestratorConfig(),
+            seed=SCRIPT["seed"],
+        )
+    assert episode.run.termination_reason == "user_stop"
+    bodies = upstream.chat_requests[before:]
+    assert [b["model"] for b in bodies] == wire["models"]
+    digests = [_sha256(_canonical(body)) for body in bodies]
+    if digests != wire["bodies"]:  # leave the bodies for a side-by-side read with make_golden's
+        (tmp_path / "ours.json").write_text(json.dumps(bodies, indent=1))
+    assert digests == wire["bodies"], f"see {tmp_path / 'ours.json'}"

@@ -17,6 +17,11 @@ again: ``###STOP###``). The recorded requests are the user's first and the agent
 Digests cover the exact strings (system prompts) and canonical JSON (sorted keys, no ``None``
 values) of the message lists and tool schemas. ``tests/evals/test_golden.py`` computes the same
 digests from our engine's requests.
+
+The ``wire`` part goes one step further for the first base task of each domain: τ²-bench talks to
+a loopback HTTP server through litellm, as it would to a real upstream, and the agent makes one
+tool call; the digests are of the whole JSON bodies the server received (messages, tools,
+``tool_choice``, ``temperature``, ``seed``, model), so a later turn's shape is pinned too.
 """
 
 from __future__ import annotations
@@ -88,12 +93,23 @@ class Recorder:
 
 def golden_for_domain(domain: str, dump: Path | None) -> dict[str, Any]:
     import tau2.utils.llm_utils as llm_utils
-    from tau2.orchestrator.orchestrator import Orchestrator
     from tau2.registry import registry
-    from tau2.runner.build import build_agent, build_environment, build_user
 
     tasks = registry.get_tasks_loader(domain)("base")
     out: dict[str, Any] = {"tasks": {}}
+    real_completion = llm_utils.completion
+    try:
+        _record_tasks(domain, tasks, out, dump)
+    finally:
+        llm_utils.completion = real_completion
+    return out
+
+
+def _record_tasks(domain: str, tasks: list[Any], out: dict[str, Any], dump: Path | None) -> None:
+    import tau2.utils.llm_utils as llm_utils
+    from tau2.orchestrator.orchestrator import Orchestrator
+    from tau2.runner.build import build_agent, build_environment, build_user
+
     for task in tasks:
         recorder = Recorder()
         llm_utils.completion = recorder  # the name generate() calls
@@ -136,7 +152,95 @@ def golden_for_domain(domain: str, dump: Path | None) -> dict[str, Any]:
             "user_first_request": user_digests,
             "agent_first_request_messages": agent_digests["messages"],
         }
-    return out
+
+
+# The wire check: one task per domain played over real HTTP through litellm, with a tool call.
+WIRE_CALLS = {
+    "retail": ("find_user_id_by_email", {"email": "noa.doe@example.com"}),
+    "telecom": ("get_customer_by_phone", {"phone_number": "555-123-2002"}),
+}
+
+
+def wire_script(domain: str) -> list[dict[str, Any]]:
+    """The answers, in request order: user, agent (a tool call), agent, user (stop)."""
+    name, arguments = WIRE_CALLS[domain]
+    call = {
+        "id": "call_wire_1",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
+    return [
+        {"content": USER_OPENING},
+        {"content": None, "tool_calls": [call]},
+        {"content": AGENT_REPLY},
+        {"content": STOP},
+    ]
+
+
+def wire_golden(domain: str, dump: Path | None) -> dict[str, Any]:
+    """The four HTTP request bodies τ²-bench (through litellm) sends for the first base task."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from tau2.orchestrator.orchestrator import Orchestrator
+    from tau2.registry import registry
+    from tau2.runner.build import build_agent, build_environment, build_user
+
+    script = wire_script(domain)
+    bodies: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            bodies.append(body)
+            message = script[min(len(bodies), len(script)) - 1]
+            reply = {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", **message},
+                    }
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+            data = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}/v1"
+    task = registry.get_tasks_loader(domain)("base")[0]
+    environment = build_environment(domain)
+    args = {"temperature": TEMPERATURE, "api_base": base, "api_key": "x"}
+    agent = build_agent("llm_agent", environment, llm="openai/golden-agent", llm_args=dict(args))
+    user = build_user(
+        "user_simulator", environment, task, llm="openai/golden-user", llm_args=dict(args)
+    )
+    Orchestrator(
+        domain=domain, agent=agent, user=user, environment=environment, task=task, seed=SEED
+    ).run()
+    server.shutdown()
+    assert len(bodies) == len(script), f"{domain}: {len(bodies)} requests"
+    if dump is not None:
+        (dump / f"wire-{domain}.json").write_text(json.dumps(bodies, indent=1), encoding="utf-8")
+    return {
+        "task_id": task.id,
+        "script": script,
+        "models": [body["model"] for body in bodies],
+        "bodies": [sha256(canonical(body)) for body in bodies],
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -154,6 +258,7 @@ def main(argv: list[str]) -> int:
             "temperature": TEMPERATURE,
         },
         "domains": {domain: golden_for_domain(domain, dump) for domain in DOMAINS},
+        "wire": {domain: wire_golden(domain, dump) for domain in DOMAINS},
     }
     target.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     counts = {d: len(golden["domains"][d]["tasks"]) for d in DOMAINS}
