@@ -185,6 +185,33 @@ class ArmRecord:
         lib = f"{self.library.get('name')} {self.library.get('version')}"
         return f"{self.name}: {self.method} ({self.form}, {lib}){where}"
 
+    def table_row(self) -> dict[str, str]:
+        """The report's arm table: one row naming exactly which weights an arm's figures used."""
+        source = self.source
+        identity = source.get("revision") or str(source.get("sha256") or "")[:12]
+        calibration = self.calibration or {}
+        size = (self.artifact or {}).get("size_bytes")
+        digest = str((self.artifact or {}).get("sha256") or "")[:12]
+        return {
+            "arm": self.name,
+            "method": self.method,
+            "form": self.form,
+            "library": f"{self.library.get('name')} {self.library.get('version') or ''}".strip(),
+            "source": f"{source.get('model')} @ {identity}"
+            if identity
+            else str(source.get("model")),
+            "settings": str(self.settings.get("scheme") or self.settings.get("ftype") or ""),
+            "calibration": (
+                f"{calibration.get('samples')} samples, {calibration.get('source')}"
+                if calibration
+                else "none"
+            ),
+            "size": f"{size / 1e6:.1f} MB" if isinstance(size, int) else "n/a (serving flag)",
+            "weights sha256": digest or "n/a",
+            "made": f"{self.created_at} in {self.wall_seconds:.0f} s",
+            "commit": str(self.git.get("commit") or "")[:12],
+        }
+
     def launch(
         self,
         *,

@@ -53,6 +53,20 @@ def test_arm_json_round_trips_and_launches_the_checkpoint_from_its_folder(tmp_pa
     assert command[7:9] == ["--served-model-name", "qwen"]
 
 
+def test_the_report_row_names_the_weights() -> None:
+    row = _record(
+        artifact={"path": "checkpoint", "size_bytes": 2_500_000, "sha256": "cd" * 32},
+        settings={"scheme": "W4A16, group size 128, asymmetric with zero point"},
+        calibration={"samples": 128, "source": "τ²-bench policies and task instructions"},
+        git={"commit": "f" * 40},
+    ).table_row()
+    assert row["source"] == "/models/qwen @ " + "ab" * 6
+    assert row["settings"].startswith("W4A16, group size 128")
+    assert row["size"] == "2.5 MB" and row["weights sha256"] == "cd" * 6
+    assert row["calibration"].startswith("128 samples")
+    assert _record(artifact=None).table_row()["size"] == "n/a (serving flag)"
+
+
 def test_the_grid_launcher_reads_the_arm_folder(tmp_path: Path) -> None:
     spec = ArmSpec(name="int4", model="m", arm_dir=tmp_path / "missing")
     with pytest.raises(LaunchError, match=r"arms\.int4: .*missing/arm\.json does not exist"):
