@@ -10,6 +10,10 @@ idempotent: when the client resends the script after a reply was lost, the scrip
 own write instead of failing the version check and counting twice. An update that changes
 nothing writes nothing (one round trip: the common request without a new tool error).
 
+``get`` claims an episode it does not find (an empty state, in the same script): of two replicas
+that meet a new episode at once, exactly one hears "absent", so the episode is counted as started
+once (``repairproxy_episodes_total``).
+
 A conversation link is ``<prefix>ch:<digest hex>`` = ``<0|1>:<episode id>`` (1: ambiguous), set by
 one script so that two replicas linking one digest to two episodes both see it ambiguous.
 """
@@ -62,6 +66,14 @@ if version == ARGV[1] then
 end
 if token == ARGV[4] then return 1 end
 return 0
+"""
+
+# KEYS[1] the episode; ARGV: the empty state (version 0), TTL in ms. nil: absent until now.
+_CLAIM = """
+local current = redis.call('GET', KEYS[1])
+if current then return current end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false
 """
 
 # KEYS[1] the digest; ARGV: episode id, TTL in ms. Another episode's link makes it ambiguous.
@@ -134,6 +146,8 @@ class RedisEpisodeStore:
         self.max_attempts = max_attempts
         self._ttl_ms = max(int(idle_ttl_seconds * 1000), 1)
         self._cas = client.register_script(_CAS)
+        self._claim = client.register_script(_CLAIM)
+        self._empty = b"0::" + encode_state(EpisodeState())
         self.conflicts = 0  # compare-and-set attempts lost (for tests and benchmarks)
 
     def key(self, episode_id: str) -> str:
@@ -160,7 +174,10 @@ class RedisEpisodeStore:
         )
 
     async def get(self, episode_id: str) -> EpisodeState | None:
-        _, body = _split(await self.client.get(self.key(episode_id)))
+        """The episode's state; None (once, to one caller) when it did not exist, which also
+        creates it empty."""
+        value = await self._claim(keys=[self.key(episode_id)], args=[self._empty, self._ttl_ms])
+        _, body = _split(value)
         return decode_state(body) if body is not None else None
 
     async def count(self, batch: int = 1000) -> int:

@@ -124,6 +124,28 @@ async def test_concurrent_updates_from_two_pools_are_never_lost(redis: RedisServ
             await c.aclose()
 
 
+async def test_a_new_episode_is_new_to_exactly_one_of_many_processes(redis: RedisServer) -> None:
+    clients = [redis_client(redis.url) for _ in range(4)]
+    try:
+        stores = [RedisEpisodeStore(c, 60) for c in clients]
+        found: list[EpisodeState | None] = []
+
+        async def look(store: RedisEpisodeStore) -> None:
+            found.append(await store.get("fresh"))
+
+        async with anyio.create_task_group() as group:
+            for index in range(16):
+                group.start_soon(look, stores[index % 4])
+        assert sum(state is None for state in found) == 1
+        assert all(state == EpisodeState() for state in found if state is not None)
+        await stores[0].update("fresh", lambda s: s.count("unknown_tool"))  # version 0 is CAS-able
+        state = await stores[1].get("fresh")
+        assert state is not None and state.errors == 1
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
 async def test_a_lost_race_gives_up_after_the_bound(client: Redis) -> None:
     """Every compare-and-set lost (another writer always first): a typed error after the bound,
     which the guard turns into an unknown budget."""
@@ -153,9 +175,9 @@ async def test_keys_expire_with_the_idle_ttl(client: Redis) -> None:
     assert await store.get("brief") is not None
     assert await chains.lookup(b"\x01" * 16) is not None
     await anyio.sleep(0.6)
-    assert await store.get("brief") is None
-    assert await chains.lookup(b"\x01" * 16) is None
     assert await client.dbsize() == 0
+    assert await chains.lookup(b"\x01" * 16) is None
+    assert await store.get("brief") is None  # gone: a new episode of that name starts
 
 
 async def test_chain_links_turn_ambiguous_across_clients(redis: RedisServer) -> None:

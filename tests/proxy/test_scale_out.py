@@ -131,6 +131,19 @@ def served(replica: ProxyProcess, episode: str) -> int:
     return sum(1 for line in lines if line.get("episode_id") == episode)
 
 
+def counters(*replicas: ProxyProcess) -> dict[str, float]:
+    """Episodes started and ladder rungs crossed, summed over ``replicas``' /metrics."""
+    totals: dict[str, float] = {}
+    for replica in replicas:
+        text = httpx.get(replica.root_url + "/metrics", timeout=5).text
+        pattern = r"^repairproxy_(?:episodes|episodes_over_budget)_total\{([^}]*)\} (\S+)"
+        for labels, value in re.findall(pattern, text, re.M):
+            rung = re.search(r'k="(\d+)"', labels)
+            key = f"k={rung.group(1)}" if rung else "started"
+            totals[key] = totals.get(key, 0.0) + float(value)
+    return totals
+
+
 def test_one_episode_alternating_between_two_processes(
     pair: tuple[ProxyProcess, ProxyProcess], upstream: ScriptedUpstream
 ) -> None:
@@ -164,8 +177,18 @@ def test_sixteen_clients_of_one_episode_end_at_the_exact_count(
                 statuses.append(response.status_code)
         return statuses
 
+    before = counters(a, b)
     with ThreadPoolExecutor(16) as pool:
         statuses = [s for run in pool.map(client_run, range(16)) for s in run]
+    after = counters(a, b)
+    # One episode started, each rung of the ladder (1, 2, 5, 10) crossed once: across both.
+    assert {key: after[key] - before.get(key, 0.0) for key in after} == {
+        "started": 1,
+        "k=1": 1,
+        "k=2": 1,
+        "k=5": 1,
+        "k=10": 1,
+    }
     assert statuses == [200] * 16 * turns
     with httpx.Client() as client:
         final = chat(client, b.root_url, "crowd", [], budget=1000)
