@@ -294,3 +294,21 @@ async def test_guard_keeps_requests_going_and_recovers(redis: RedisServer) -> No
             started.wait(5)
     finally:
         await client.aclose()
+
+
+async def test_a_password_in_the_url_and_a_wrong_one() -> None:
+    with redis_server("--requirepass", "s3cret") as server:
+        good = redis_client(f"redis://:s3cret@127.0.0.1:{server.port}/2")
+        bad = redis_client(f"redis://:wrong@127.0.0.1:{server.port}/2")
+        errors: list[str] = []
+        try:
+            store = RedisEpisodeStore(good, 60)
+            await store.update("ep", lambda s: s.count("unknown_tool"))
+            assert await good.exists(store.key("ep")) == 1
+            health = StoreHealth(count_error=errors.append)
+            guarded = GuardedEpisodeStore(RedisEpisodeStore(bad, 60), health)
+            snapshot = await ErrorBudget(guarded).observe_request("ep", {"messages": []})
+            assert snapshot.unknown and errors == ["update"]  # refused: unknown, not an error
+        finally:
+            await good.aclose()
+            await bad.aclose()

@@ -335,6 +335,29 @@ def test_two_workers_share_one_port_one_budget_and_one_metrics(
             )
             assert total == requests
             assert "pid=" not in text
+        proxy.terminate()  # the manager stops both workers, each drains, then it exits
+        assert proxy.process.wait(20) == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--workers", "2"], "--workers > 1 needs --episode-store redis://"),
+        (["--episode-store", "mysql://db"], "--episode-store must be memory or a redis://"),
+        (
+            ["--workers", "2", "--episode-store", "redis://127.0.0.1:1/0", "--metrics-port", "9"],
+            "--metrics-port cannot be combined with --workers > 1",
+        ),
+    ],
+)
+def test_the_cli_refuses_what_cannot_work(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from repairproxy.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--upstream", "http://127.0.0.1:1/v1", *flags])
+    assert message in str(exited.value.code)
 
 
 @pytest.mark.anyio

@@ -94,14 +94,15 @@ class RedisServer:
         self.process.kill()
         self.process.wait(5)
 
-    def restart(self) -> None:
+    def restart(self, *extra: str) -> None:
         """A fresh, empty server on the same port (what a restarted Redis without disk is)."""
-        self.process = _start_redis(self.binary, self.port)
+        self.process = _start_redis(self.binary, self.port, *extra)
 
 
-def _start_redis(binary: str, port: int) -> subprocess.Popen[bytes]:
+def _start_redis(binary: str, port: int, *extra: str) -> subprocess.Popen[bytes]:
+    command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
     process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        [*command, "no", *extra],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -110,11 +111,12 @@ def _start_redis(binary: str, port: int) -> subprocess.Popen[bytes]:
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[RedisServer]:
+def redis_server(*extra: str) -> Iterator[RedisServer]:
+    """``redis-server`` on a free loopback port, without disk; ``extra``: more of its flags."""
     binary = need("redis-server")
     server = RedisServer(free_port(), subprocess.Popen(["true"]), binary)
     server.process.wait()
-    server.restart()
+    server.restart(*extra)
     try:
         yield server
     finally:
