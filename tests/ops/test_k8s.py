@@ -81,7 +81,9 @@ def test_deployment_probes_drain_and_service_agree() -> None:
     port = container["ports"][0]
     assert service["spec"]["ports"][0]["targetPort"] == port["name"]
     assert port["containerPort"] == 8080
-    assert '"--port", "8080"' in (ROOT / "docker/Dockerfile").read_text()
+    dockerfile = (ROOT / "docker/Dockerfile").read_text()
+    assert '"--port", "8080"' in dockerfile
+    assert '".[redis]"' in dockerfile  # the image can reach the store the manifests name
 
 
 def test_redis_service_is_what_the_store_url_names() -> None:
