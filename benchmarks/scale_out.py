@@ -57,7 +57,7 @@ async def _store_costs(url: str, requests: int) -> None:
     answer = {"role": "assistant", "content": "done"}
     client = redis_client(url)
     commands = 0
-    original = client.execute_command
+    original: Any = client.execute_command
 
     async def counted(*args: Any, **options: Any) -> Any:
         nonlocal commands
@@ -79,8 +79,9 @@ async def _store_costs(url: str, requests: int) -> None:
                 commands = 0
                 started = time.perf_counter()
                 for index in range(requests):
-                    body = {"model": "m", "messages": _history(20)}
-                    body["messages"][1]["content"] += f" ({index})"  # one episode per request
+                    messages = _history(20)
+                    messages[1]["content"] += f" ({index})"  # one episode per request
+                    body = {"model": "m", "messages": messages}
                     headers = {"x-episode-id": f"ep-{index}"} if explicit else {}
                     ref = await budget.resolve_episode(headers, body)
                     await budget.observe_request(ref.id, body)
