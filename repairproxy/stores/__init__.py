@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from repairproxy.chaining import ChainIndex
@@ -28,17 +27,29 @@ def is_redis_url(spec: str) -> bool:
     return spec.startswith(REDIS_SCHEMES)
 
 
-@dataclass
 class Stores:
-    """The episode store and chain index an app uses, and how to count and close them."""
+    """The episode store and chain index an app uses, and how to count and close them.
 
-    episodes: EpisodeStore
-    chains: ChainIndex | None = None  # None: ErrorBudget builds its in-process index
-    health: Any = None  # guard.StoreHealth for a shared store
-    _count: Callable[[], int] | None = None
-    _client: Any = None
-    _counted: int = 0
-    _counter: asyncio.Task[None] | None = field(default=None, repr=False)
+    ``chains`` None: ``ErrorBudget`` builds its in-process index. ``count``: the store's size
+    when it is cheap to ask (memory); a shared store is counted in the background instead.
+    """
+
+    def __init__(
+        self,
+        episodes: EpisodeStore,
+        chains: ChainIndex | None = None,
+        health: Any = None,
+        *,
+        count: Callable[[], int] | None = None,
+        client: Any = None,
+    ) -> None:
+        self.episodes = episodes
+        self.chains = chains
+        self.health = health  # guard.StoreHealth for a shared store
+        self._count = count
+        self._client = client
+        self._counted = 0
+        self._counter: asyncio.Task[None] | None = None
 
     def active_episodes(self) -> int:
         """Episodes held now (for Redis: the latest periodic count)."""
@@ -79,7 +90,7 @@ def open_stores(
     spec = settings.episode_store
     if spec == "memory":
         memory = MemoryEpisodeStore(settings.max_episodes, settings.episode_idle_ttl)
-        return Stores(memory, _count=memory.__len__)
+        return Stores(memory, count=memory.__len__)
     if not is_redis_url(spec):
         raise ValueError(
             f"--episode-store must be memory or a redis://, rediss:// or unix:// URL, not {spec!r}"
@@ -94,5 +105,5 @@ def open_stores(
         GuardedEpisodeStore(RedisEpisodeStore(client, ttl), health),
         GuardedChainIndex(RedisChainIndex(client, ttl), health),
         health,
-        _client=client,
+        client=client,
     )

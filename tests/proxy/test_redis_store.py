@@ -92,6 +92,9 @@ async def test_update_and_get_round_trip(client: Redis) -> None:
     await store.update("ep", lambda s: s.count("schema_violation"))
     state = await store.get("ep")
     assert state is not None and state.by_channel == {"unknown_tool": 1, "schema_violation": 1}
+    await RedisChainIndex(client, 60).link(b"d" * 16, "ep")
+    await store.update("ep-2", lambda s: None)
+    assert await store.count() == 2  # episodes only (the active_episodes gauge), not links
 
 
 async def test_an_update_that_changes_nothing_still_creates_the_episode(client: Redis) -> None:
