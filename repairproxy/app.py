@@ -90,11 +90,12 @@ class RepairProxyApp:
             for mode in RepairMode
         }
         logger = configure_logging(settings.log_level, self._log_stream)
-        stores: Stores | None = None
-        metrics = self._metrics(lambda: stores.active_episodes() if stores is not None else 0)
+        metrics = self._metrics()
         stores = self.stores = open_stores(
             settings, log=logger, count_error=_store_error_counter(metrics, settings)
         )
+        if metrics is not None:
+            metrics.bind_active_episodes(stores.active_episodes)
         budget = ErrorBudget(
             stores.episodes,
             default_budget=settings.budget,
@@ -119,7 +120,7 @@ class RepairProxyApp:
         proxy.draining = self.draining
         return proxy
 
-    def _metrics(self, active_episodes: Callable[[], int]) -> Any:
+    def _metrics(self) -> Any:
         """The Prometheus metrics (``repairproxy.metrics``), built once per app, or None; summed
         over every worker process when ``--workers`` runs several (``repairproxy.workers``)."""
         if not self.settings.metrics:
@@ -129,7 +130,6 @@ class RepairProxyApp:
 
         kind = MultiProcessMetrics if multiprocess_mode() else Metrics
         metrics = kind(self.settings)
-        metrics.bind_active_episodes(active_episodes)
         if self.settings.metrics_port is not None:
             self._metrics_server = metrics.start_server(
                 self.settings.metrics_port, self.settings.host
