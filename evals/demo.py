@@ -37,7 +37,8 @@ __all__ = ["main"]
 DEFAULT_TASK = "88"  # Retail: identify the user, look up the order, cancel it
 REPAIR_MODES = ("off", "prompt", "promote", "reflexive", "constrained")
 BUDGET = 10  # the proxy's default --budget and τ²-bench's max_errors
-PROXY_ARGS = ("--forbid-extra-arguments",)  # τ²-bench's tools reject undeclared arguments
+# τ²-bench's tools reject undeclared arguments; the first-ever turn may prefill for many minutes.
+PROXY_ARGS = ("--forbid-extra-arguments", "--upstream-timeout", "3600")
 STUDY_COMMAND = "python -m evals.repair_ablation evals/grids/cpu.toml --out runs/cpu"
 
 
@@ -140,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--arm", default="q4_k_m", help="embedded model arm")
     parser.add_argument("--repair", default="reflexive", choices=REPAIR_MODES)
     parser.add_argument("--user", default="scripted", choices=["scripted", "llm"])
-    parser.add_argument("--max-steps", type=int, default=40)
+    parser.add_argument("--max-steps", type=int, default=30)
     parser.add_argument("--max-tokens", type=int, default=384, help="bound on each model answer")
     parser.add_argument("--seed", type=int, default=7, help="sampling seed of the episode")
     parser.add_argument("--threads", type=int, default=None, help="model threads (all cores)")
@@ -203,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 base_url=f"http://127.0.0.1:{port}/v1",
                 max_tokens=args.max_tokens,
                 seed=args.seed,
+                # The first-ever turn prefills the whole policy: many minutes on busy cores.
+                timeout_s=3600.0,
             ),
             user_model=user_model,
             num_trials=1,

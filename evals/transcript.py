@@ -9,6 +9,7 @@ does not depend on what the proxy says about itself.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -214,42 +215,88 @@ def _proxy_line(view: TurnView, repair: str) -> str:
     return f"caught {what}; {', '.join(steps)}; {outcome}"
 
 
+_CALL_START = re.compile(r"(```(?:json)?\s*)?(\{\s*\"name\"|<tool_call>|<function=)")
+
+
 def _wrote_line(view: TurnView) -> str:
     if view.raw_answers:
         text = str(view.raw_answers[0].get("text") or "")
-        return repr(_one_line(text, 110)) if text.strip() else "(nothing)"
+        if not text.strip():
+            return "(nothing)"
+        call = _CALL_START.search(text) if view.caught else None
+        if call is None:
+            return repr(_one_line(text, 110))
+        prose = _one_line(text[: call.start()], 50)
+        written = _one_line(text[call.start(2) :], 90 if prose else 110)
+        return f"{prose!r} + a call as text: {written}" if prose else f"a call as text: {written}"
     if view.message.content and view.message.content.strip():
         return repr(_one_line(view.message.content, 110))
     return "(a tool call, no text)" if view.message.tool_calls else "(nothing)"
 
 
+def _plain(view: TurnView) -> bool:
+    """A turn where the agent only talked: no call in any form, nothing for the proxy to do."""
+    return not view.caught and not view.results and not view.delivered
+
+
+def _took(view: TurnView) -> str:
+    return f" ({view.seconds:.1f} s)" if view.seconds is not None else ""
+
+
+def _turn_lines(view: TurnView, repair: str) -> list[str]:
+    if _plain(view):
+        return [f"[{view.index}] agent{_took(view)}: {_one_line(view.message.content, 100)!r}"]
+    lines = [f"[{view.index}] agent{_took(view)}", f"    wrote   {_wrote_line(view)}"]
+    if view.raw_answers[1:]:
+        again = view.raw_answers[1:]
+        lines.append(
+            "    re-asks " + ", ".join(repr(_one_line(str(a.get("text")), 60)) for a in again)
+        )
+    lines.append(f"    proxy   {_proxy_line(view, repair)}")
+    raw = str(view.raw_answers[0].get("text") or "") if view.raw_answers else None
+    said = view.message.content or ""
+    if raw is not None and said.strip() and " ".join(said.split()) != " ".join(raw.split()):
+        lines.append(f"    agent   got the text {_one_line(said, 100)!r}")
+    for call, result in view.results:
+        if result is None:
+            lines.append(f"    ran     {call} -> (not run)")
+        else:
+            mark = "ERROR " if result.error else ""
+            lines.append(f"    ran     {call} -> {mark}{_one_line(result.content, 70)}")
+    return lines
+
+
 def render_transcript(views: Sequence[TurnView], *, repair: str, budget: int) -> list[str]:
-    """A few lines per agent turn; tool results and the user's reply on one line each."""
+    """A few lines per agent turn (one for plain talk); a run of exchanges the conversation
+    already had is folded into one line; the budget is shown when it changes."""
     lines: list[str] = []
+    seen: set[tuple[str, str]] = set()
+    folded: list[TurnView] = []
+    shown_budget: Any = None
+
+    def fold() -> None:
+        if folded:
+            first, last = folded[0].index, folded[-1].index
+            span = f"[{first}]" if first == last else f"[{first}-{last}]"
+            lines.append(f"{span} the same exchanges again ({len(folded)} agent turn(s))")
+            folded.clear()
+
     for view in views:
-        took = f" ({view.seconds:.1f} s on the model)" if view.seconds is not None else ""
-        lines.append(f"[{view.index}] agent{took}")
-        lines.append(f"    wrote   {_wrote_line(view)}")
-        if view.raw_answers[1:]:
-            retries = ", ".join(
-                repr(_one_line(str(a.get("text")), 60)) for a in view.raw_answers[1:]
-            )
-            lines.append(f"    re-asks {retries}")
-        lines.append(f"    proxy   {_proxy_line(view, repair)}")
-        raw = str(view.raw_answers[0].get("text") or "") if view.raw_answers else None
-        said = view.message.content or ""
-        if raw is not None and said.strip() and " ".join(said.split()) != " ".join(raw.split()):
-            lines.append(f"    agent   got the text {_one_line(said, 100)!r}")
-        for call, result in view.results:
-            if result is None:
-                lines.append(f"    ran     {call} -> (not run)")
-            else:
-                mark = "ERROR " if result.error else ""
-                lines.append(f"    ran     {call} -> {mark}{_one_line(result.content, 70)}")
-        if "budget_remaining" in view.report:
-            lines.append(f"    budget  {view.report['budget_remaining']} of {budget} left")
+        reply = view.user_reply.content if view.user_reply is not None else ""
+        key = (" ".join((view.message.content or "").split()), " ".join((reply or "").split()))
+        if _plain(view) and key in seen:
+            folded.append(view)
+            continue
+        fold()
+        seen.add(key)
+        lines.extend(_turn_lines(view, repair))
+        remaining = view.report.get("budget_remaining")
+        if remaining is not None and remaining != shown_budget:
+            lines.append(f"    budget  {remaining} of {budget} left")
+            shown_budget = remaining
         if view.user_reply is not None:
             lines.append(f"  user: {_one_line(view.user_reply.content, 110)}")
+    fold()
     return lines
 
 

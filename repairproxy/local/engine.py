@@ -93,7 +93,8 @@ class Generation:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
-    prefix_source: str = "none"  # the system turn's KV: "ram", "disk", "computed" or "none"
+    # Where the system turn's KV came from: "ram", "disk", "disk+computed", "computed", "none".
+    prefix_source: str = "none"
 
 
 # on_delta(text_safe_to_emit, logprobs_of_tokens_since_last_call)
@@ -208,27 +209,35 @@ class Engine:
             return 0
         return end
 
-    def _ensure_prefix(self, prefix: list[int], cached: int) -> str:
-        """Make the context hold exactly ``prefix`` (or more of the prompt); say from where.
+    def _ensure_prefix(self, prefix: list[int], cached: int) -> tuple[str, int]:
+        """Make the context hold ``prefix`` (or more of the prompt); say where it came from and
+        how many of its tokens were not evaluated here.
 
-        The prefix is always evaluated as a batch of its own, whether or not it is then saved,
-        so a state loaded from disk is bit-for-bit what this process would have computed.
+        "ram": already there; "disk": loaded whole; "disk+computed": a saved state sharing its
+        start was loaded and the rest evaluated; "computed": evaluated here. The prefix is always
+        evaluated as a batch of its own and then saved, so a state loaded later is what this
+        process would have computed.
         """
         assert self._prefix_cache is not None
         if cached >= len(prefix):
-            return "ram"
-        ctx = self.llm._ctx.ctx
-        if self._prefix_cache.has(prefix):
-            if self._prefix_cache.load(ctx, prefix):
-                # Llama tracks its tokens in input_ids[:n_tokens]; tell it what the state holds.
-                self.llm.input_ids[: len(prefix)] = prefix
-                self.llm.n_tokens = len(prefix)
-                return "disk"
-            cached = 0  # a failed load may have cleared the memory
+            return "ram", cached
+        source = "computed"
+        match = self._prefix_cache.best_match(prefix)
+        if match is not None and match.common > cached:
+            if self._prefix_cache.load(self.llm._ctx.ctx, match):
+                # Llama tracks its tokens in input_ids[:n_tokens]; tell it what the state holds,
+                # up to where it agrees with this prompt (eval drops the KV beyond that).
+                self.llm.input_ids[: len(match.tokens)] = match.tokens
+                self.llm.n_tokens = match.common
+                if match.common == len(prefix):
+                    return "disk", match.common
+                cached, source = match.common, "disk+computed"
+            else:
+                cached = 0  # a failed load may have cleared the memory
         self.llm.n_tokens = min(cached, self.llm.n_tokens)
         self.llm.eval(prefix[self.llm.n_tokens :])
-        self._prefix_cache.save(ctx, prefix)
-        return "computed"
+        self._prefix_cache.save(self.llm._ctx.ctx, prefix)
+        return source, cached
 
     def generate(
         self,
@@ -261,9 +270,8 @@ class Engine:
         started = time.perf_counter()
         system_turn = self._system_turn_length(tokens)
         if system_turn:
-            result.prefix_source = self._ensure_prefix(tokens[:system_turn], result.cached_tokens)
-            if result.prefix_source == "disk":
-                result.cached_tokens = system_turn
+            source, reused = self._ensure_prefix(tokens[:system_turn], result.cached_tokens)
+            result.prefix_source, result.cached_tokens = source, max(result.cached_tokens, reused)
         self.llm.set_seed(params.seed if params.seed is not None else random.getrandbits(31))
         grammar = (
             llama_cpp.LlamaGrammar.from_string(params.grammar, verbose=False)

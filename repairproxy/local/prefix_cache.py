@@ -10,21 +10,38 @@ beyond ``max_files`` are removed.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import hashlib
 import os
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PrefixStateCache"]
+__all__ = ["PrefixStateCache", "SavedPrefix"]
 
 _SUFFIX = ".kvstate"
+_TOKENS = ".tokens"
+
+
+@dataclass(frozen=True, slots=True)
+class SavedPrefix:
+    """A saved state: its file, the tokens it holds, and how many lead the prompt asked about."""
+
+    path: Path
+    tokens: tuple[int, ...]
+    common: int
 
 
 class PrefixStateCache:
-    """Saved llama.cpp states, one file per distinct prefix, under ``directory/<model>``."""
+    """Saved llama.cpp states, one file per distinct prefix, under ``directory/<model>``.
+
+    Each ``.kvstate`` file has a ``.tokens`` sidecar (its tokens, int32) so a prompt can reuse the
+    saved state sharing its longest prefix: a system turn that differs only at its end (a repair
+    instruction appended, another tool list) loads the common part and prefills the rest.
+    """
 
     def __init__(self, directory: Path, model_path: Path, *, max_files: int = 6) -> None:
         import llama_cpp
@@ -43,35 +60,52 @@ class PrefixStateCache:
     def has(self, tokens: Sequence[int]) -> bool:
         return self.path_for(tokens).is_file()
 
-    def load(self, ctx: Any, tokens: Sequence[int]) -> bool:
-        """Restore the state saved for exactly ``tokens`` into ``ctx``; False when that failed.
+    def best_match(self, tokens: Sequence[int]) -> SavedPrefix | None:
+        """The saved state whose tokens share the longest prefix with ``tokens``."""
+        best: SavedPrefix | None = None
+        for path in self.directory.glob(f"*{_SUFFIX}"):
+            try:
+                saved = array.array("i", path.with_suffix(_TOKENS).read_bytes())
+            except (OSError, ValueError):
+                continue
+            common = 0
+            for a, b in zip(saved, tokens, strict=False):
+                if a != b:
+                    break
+                common += 1
+            if common and (best is None or common > best.common):
+                best = SavedPrefix(path, tuple(saved), common)
+        return best
+
+    def load(self, ctx: Any, saved: SavedPrefix) -> bool:
+        """Restore ``saved`` into ``ctx`` (all its tokens); False when that failed.
 
         After False the context's memory may have been cleared: the caller re-evaluates.
         """
-        path = self.path_for(tokens)
-        if not path.is_file():
-            return False
-        capacity = len(tokens)
+        capacity = len(saved.tokens)
         out = (self._llama_cpp.llama_token * capacity)()
         count = ctypes.c_size_t(0)
         ok = self._llama_cpp.llama_state_load_file(
-            ctx, str(path).encode(), out, capacity, ctypes.byref(count)
+            ctx, str(saved.path).encode(), out, capacity, ctypes.byref(count)
         )
-        if not ok or count.value != capacity or list(out) != list(tokens):
-            path.unlink(missing_ok=True)  # unreadable or stale: make it again
+        if not ok or count.value != capacity or tuple(out) != saved.tokens:
+            saved.path.unlink(missing_ok=True)  # unreadable or stale: make it again
             return False
-        os.utime(path)  # recently used
+        os.utime(saved.path)  # recently used
         return True
 
     def save(self, ctx: Any, tokens: Sequence[int]) -> Path | None:
         """Write the context's state, which must hold exactly ``tokens``; None if it failed."""
         path = self.path_for(tokens)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._write_atomically(path.with_suffix(_TOKENS), array.array("i", tokens).tobytes())
         handle, scratch = tempfile.mkstemp(dir=self.directory, prefix=".", suffix=".part")
         os.close(handle)
-        array = (self._llama_cpp.llama_token * len(tokens))(*tokens)
+        state_tokens = (self._llama_cpp.llama_token * len(tokens))(*tokens)
         try:
-            if not self._llama_cpp.llama_state_save_file(ctx, scratch.encode(), array, len(tokens)):
+            if not self._llama_cpp.llama_state_save_file(
+                ctx, scratch.encode(), state_tokens, len(tokens)
+            ):
                 return None
             os.replace(scratch, path)
         finally:
@@ -79,9 +113,16 @@ class PrefixStateCache:
         self._evict()
         return path
 
+    def _write_atomically(self, path: Path, data: bytes) -> None:
+        handle, scratch = tempfile.mkstemp(dir=self.directory, prefix=".", suffix=".part")
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(scratch, path)
+
     def _evict(self) -> None:
         files = sorted(
             self.directory.glob(f"*{_SUFFIX}"), key=lambda p: p.stat().st_mtime, reverse=True
         )
         for stale in files[self.max_files :]:
             stale.unlink(missing_ok=True)
+            stale.with_suffix(_TOKENS).unlink(missing_ok=True)

@@ -69,6 +69,8 @@ class AnswerLog:
         self._lock = threading.Lock()
 
     def write(self, generation: Generation) -> None:
+        if generation.finish_reason == "cancelled":
+            return  # the client left: nobody saw this answer
         line = orjson.dumps(
             {
                 "text": generation.text,

@@ -29,8 +29,9 @@ def _engine(cache: Path) -> Engine:
     return Engine(config)
 
 
-def _prompt(user: str) -> str:
-    messages = [{"role": "system", "content": RETAIL_SYSTEM}, {"role": "user", "content": user}]
+def _prompt(user: str, extra: str = "") -> str:
+    system = RETAIL_SYSTEM + extra
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
     return render_prompt(messages)
 
 
@@ -62,6 +63,17 @@ def test_the_system_turn_is_computed_once_then_loaded_by_a_new_engine(tmp_path: 
         third.llm.close()
     assert recovered.prefix_source == "computed" and recovered.text == cold.text
     assert saved.stat().st_size > 1000  # written again
+
+    # A system turn that only differs at its end (e.g. the proxy appended its repair instruction)
+    # loads the common start from disk and evaluates the rest.
+    fourth = _engine(tmp_path)
+    try:
+        longer = fourth.generate(_prompt("Hi.", extra="\n\nAlways answer briefly."), GREEDY)
+    finally:
+        fourth.llm.close()
+    assert longer.prefix_source == "disk+computed"
+    assert 16 < longer.cached_tokens < warm.cached_tokens + 10
+    assert len(list(tmp_path.rglob("*.kvstate"))) == 2
 
 
 def test_short_system_turns_and_disabled_caches_are_not_saved(tmp_path: Path) -> None:
