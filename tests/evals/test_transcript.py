@@ -83,7 +83,7 @@ def test_a_promoted_text_call_is_told_and_counted_as_fixed() -> None:
     assert (counts.invalid_delivered, counts.promoted, counts.tool_calls) == (0, 1, 1)
     assert counts.caught["tool_call_in_content"] == 1 and counts.budget_remaining == 10
     text = "\n".join(render_transcript(views, repair="reflexive", budget=10))
-    assert 'wrote   \'{"name": "find_user_id_by_email"' in text
+    assert 'wrote   a call as text: {"name": "find_user_id_by_email"' in text
     assert "the model wrote its tool call as text" in text
     assert "promoted 1 text call(s) to real tool calls" in text
     assert 'ran     find_user_id_by_email(email="a@b.c") -> noah_brown_6181' in text
