@@ -115,7 +115,8 @@ class RepairProxyApp:
             logger,
             # With --metrics-port, /metrics lives on that port only.
             metrics if settings.metrics_port is None else None,
-            dashboard=metrics,
+            # Several workers: the page sums them all, as /metrics does.
+            dashboard=getattr(metrics, "aggregated", lambda: metrics)(),
         )
         proxy.draining = self.draining
         return proxy

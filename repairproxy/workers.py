@@ -4,7 +4,8 @@ uvicorn's process manager starts the workers; each builds its app from the Setti
 handed over in ``SETTINGS_ENV`` (``worker_app`` is the factory it imports). Prometheus runs in
 multi-process mode: every worker writes its samples to files in ``PROMETHEUS_MULTIPROC_DIR`` (set
 before any worker imports prometheus_client), and whichever worker answers a scrape sums them
-all (``MultiProcessMetrics``). The ``active_episodes`` gauge is the store's count, not a sum.
+all (``MultiProcessMetrics``), for ``/metrics`` and ``/dashboard`` alike. The
+``active_episodes`` gauge is the store's count, not a sum.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from repairproxy.settings import Settings
 __all__ = [
     "MULTIPROC_ENV",
     "SETTINGS_ENV",
+    "AggregatedView",
     "MultiProcessMetrics",
     "decode_settings",
     "encode_settings",
@@ -78,6 +80,14 @@ class _Aggregated:
             yield GaugeMetricFamily(_ACTIVE, "Episodes the store holds now.", self._active())
 
 
+class AggregatedView:
+    """What ``/dashboard`` reads (``registry``, ``ladder``): every worker's samples, summed."""
+
+    def __init__(self, registry: CollectorRegistry, ladder: tuple[int, ...]) -> None:
+        self.registry = registry
+        self.ladder = ladder
+
+
 class MultiProcessMetrics(Metrics):
     """``Metrics`` whose exposition sums the samples of every worker process."""
 
@@ -89,8 +99,17 @@ class MultiProcessMetrics(Metrics):
         super().bind_active_episodes(count)
         self._active = count
 
-    def exposition(self, accept: str | None) -> tuple[bytes, str]:
+    def aggregated(self) -> AggregatedView:
+        return AggregatedView(self._aggregated_registry(), self.ladder)
+
+    def _aggregated_registry(self) -> CollectorRegistry:
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Aggregated(os.environ[MULTIPROC_ENV], self._active))
+        registry.register(_Aggregated(os.environ[MULTIPROC_ENV], lambda: self._count()))
+        return registry
+
+    def _count(self) -> int:
+        return self._active() if self._active is not None else 0
+
+    def exposition(self, accept: str | None) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept or "")
-        return encoder(registry), content_type
+        return encoder(self._aggregated_registry()), content_type

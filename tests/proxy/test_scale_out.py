@@ -24,6 +24,7 @@ import pytest
 
 from repairproxy.errors import BudgetExhaustedError
 from repairproxy.settings import Settings
+from tests.proxy.conftest import ORDER_TOOL
 from tests.support.in_process import in_process_proxy
 from tests.support.mock_transport import MockTransport
 from tests.support.processes import (
@@ -34,7 +35,7 @@ from tests.support.processes import (
     proxy_process,
     redis_server,
 )
-from tests.support.scripted_upstream import ScriptedUpstream, completion
+from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
 
 ROOT = Path(__file__).resolve().parents[2]
 NGINX_CONF = ROOT / "docker" / "nginx.conf"
@@ -76,11 +77,14 @@ def chat(
     *,
     budget: int | None = None,
     stream: bool = False,
+    tools: bool = False,
 ) -> httpx.Response:
     headers = {"x-episode-id": episode}
     if budget is not None:
         headers["x-repairproxy-budget"] = str(budget)
-    body = {"model": "scripted-model", "messages": history(ids), "stream": stream}
+    body: dict[str, Any] = {"model": "scripted-model", "messages": history(ids), "stream": stream}
+    if tools:
+        body["tools"] = [ORDER_TOOL]
     return client.post(f"{proxy}/v1/chat/completions", json=body, headers=headers, timeout=30)
 
 
@@ -316,6 +320,20 @@ def test_sigterm_mid_stream_loses_no_stream(redis: RedisServer) -> None:
         assert after == [200] * 4
 
 
+def served_per_worker(directory: Path) -> dict[str, float]:
+    """Chat requests each worker counted, read from its multi-process metric file."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    served = {}
+    for path in directory.glob("counter_*.db"):
+        values = MmapedDict.read_all_values_from_file(str(path))
+        served[path.stem] = sum(
+            value for key, value, *_ in values if '"repairproxy_requests_total"' in key
+        )
+    assert len(served) == 2, served
+    return served
+
+
 def test_two_workers_share_one_port_one_budget_and_one_metrics(
     redis: RedisServer, tmp_path: Path
 ) -> None:
@@ -326,14 +344,17 @@ def test_two_workers_share_one_port_one_budget_and_one_metrics(
         ScriptedUpstream() as upstream,
         proxy_process(upstream.base_url, *args, env=env) as proxy,
     ):
-        upstream.push(*[completion(content="ok") for _ in range(requests)])
+        call = tool_call("get_order_details", {"order_id": "#W1"})
+        upstream.push(*[completion(tool_calls=[call]) for _ in range(requests)])
         for turn in range(1, requests + 1):
             with httpx.Client() as client:  # a new connection each: the workers take turns
-                response = chat(client, proxy.root_url, "workers", [f"w-{turn}"], budget=100)
+                response = chat(
+                    client, proxy.root_url, "workers", [f"w-{turn}"], budget=100, tools=True
+                )
             assert response.status_code == 200
         assert response.headers["x-repairproxy-episode-errors"] == str(requests)
-        pids = {p.stem.rsplit("_", 1)[1] for p in tmp_path.glob("counter_*.db")}
-        assert len(pids) == 2, pids  # both workers wrote samples
+        served = served_per_worker(tmp_path)
+        assert min(served.values()) > 0 and sum(served.values()) == requests, served
         for _ in range(4):  # whichever worker answers the scrape, the sum is the same
             text = httpx.get(proxy.root_url + "/metrics", timeout=5).text
             total = sum(
@@ -342,6 +363,8 @@ def test_two_workers_share_one_port_one_budget_and_one_metrics(
             )
             assert total == requests
             assert "pid=" not in text
+            page = httpx.get(proxy.root_url + "/dashboard", timeout=5).text
+            assert f"<b>{requests}</b><span>tool calls</span>" in page  # summed there too
         proxy.terminate()  # the manager stops both workers, each drains, then it exits
         assert proxy.process.wait(20) == 0
 
