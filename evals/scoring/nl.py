@@ -15,16 +15,63 @@ from evals.logs import Message, NLAssertionCheck
 from evals.scoring.base import Score, ScoredEpisode
 from evals.tasks import RewardType
 
-__all__ = ["NLAssertionScorer", "OpenAIJudge", "parse_judge_output"]
+__all__ = [
+    "JUDGE_SYSTEM_PROMPT",
+    "NLAssertionScorer",
+    "OpenAIJudge",
+    "judge_messages",
+    "parse_judge_output",
+]
 
 NOT_SCORED = "NL assertions not scored: no judge model configured"
 
-_JUDGE_SYSTEM_PROMPT = """You grade a customer-service conversation against expected outcomes.
-Judge each expected outcome on its own: is it satisfied by what the agent said and did?
-Answer with one JSON object only:
-{"results": [{"expectedOutcome": "<the outcome, repeated>", "reasoning": "<short>",
-"metExpectation": true or false}]}
-with one entry per expected outcome, in the order given."""
+# τ²-bench v1.0.1's judge prompts, byte for byte (``evaluator_nl_assertions.py``: indented
+# triple-quoted strings, so every line carries its 8 spaces; tests/evals/test_golden.py checks).
+_INDENT = " " * 8
+_JUDGE_SYSTEM_LINES = (
+    "",
+    "TASK",
+    "- You will be given a list of expected outcomes and a conversation that was collected "
+    "during a test case run.",
+    "- The conversation is between an agent and a customer.",
+    "- Your job is to evaluate whether the agent satisfies each of the expected outcomes.",
+    "- Grade each expected outcome individually.",
+    None,
+    "FORMAT",
+    "- Your response should be a JSON object with the following fields:",
+    "- `reasoning`: a short explanation for your classification",
+    "- `metExpectation`: `true` if the agent satisfies the expected outcomes, `false` otherwise",
+    "- `expectedOutcome`: repeat the expectation from the input that you are grading",
+    "",
+    "Example response structure:",
+    "{",
+    '    "results": [',
+    "        {",
+    '            "expectedOutcome": "<one of the expected outcomes from the input>",',
+    '            "reasoning": "<reasoning trace>",',
+    '            "metExpectation": <false or true>,',
+    "        }",
+    "    ]",
+    "}",
+    "",
+)
+# None marks the one line of the source that is empty (no indentation).
+JUDGE_SYSTEM_PROMPT = "\n" + "\n".join(
+    "" if line is None else _INDENT + line for line in _JUDGE_SYSTEM_LINES[1:]
+)
+
+
+def judge_messages(messages: Sequence[Message], assertions: list[str]) -> list[dict[str, str]]:
+    """The judge's chat messages, as τ²-bench's ``evaluate_nl_assertions`` builds them."""
+    conversation = "\n".join(f"{m.role}: {m.content}" for m in messages)
+    user_prompt = (
+        f"\n{_INDENT}conversation:\n{_INDENT}{conversation}\n{_INDENT}\n"
+        f"{_INDENT}expectedOutcomes:\n{_INDENT}{assertions}\n{_INDENT}"
+    )
+    return [
+        {"role": "system", "content": JUDGE_SYSTEM_PROMPT},
+        {"role": "user", "content": user_prompt},
+    ]
 
 
 class OpenAIJudge:
@@ -38,15 +85,10 @@ class OpenAIJudge:
     async def judge(
         self, messages: Sequence[Message], assertions: list[str]
     ) -> list[NLAssertionCheck]:
-        conversation = "\n".join(f"{m.role}: {m.content}" for m in messages)
-        prompt = f"conversation:\n{conversation}\n\nexpectedOutcomes:\n{assertions}"
         response = await self.client.chat.completions.create(
             model=self.model,
             temperature=self.temperature,
-            messages=[
-                {"role": "system", "content": _JUDGE_SYSTEM_PROMPT},
-                {"role": "user", "content": prompt},
-            ],
+            messages=judge_messages(messages, assertions),
         )
         return parse_judge_output(response.choices[0].message.content or "", assertions)
 

@@ -21,8 +21,9 @@ import pytest
 from evals.agents import LLMAgent, ModelConfig, agent_system_prompt
 from evals.chat import to_openai_messages
 from evals.domains import load_domain
-from evals.logs import AssistantMessage, UserMessage
+from evals.logs import AssistantMessage, ToolMessage, UserMessage
 from evals.orchestrator import GREETING, OrchestratorConfig, run_episode
+from evals.scoring.nl import judge_messages
 from evals.users import LLMUserSimulator, load_guidelines, user_system_prompt
 from tests.support.scripted_upstream import ScriptedUpstream, completion
 
@@ -199,3 +200,15 @@ async def test_wire_bodies_match_tau2_v1_0_1_through_litellm(
     if digests != wire["bodies"]:  # leave the bodies for a side-by-side read with make_golden's
         (tmp_path / "ours.json").write_text(json.dumps(bodies, indent=1))
     assert digests == wire["bodies"], f"see {tmp_path / 'ours.json'}"
+
+
+def test_nl_judge_prompts_match_tau2_v1_0_1() -> None:
+    golden = GOLDEN["nl_judge"]
+    roles = {"assistant": AssistantMessage, "user": UserMessage}
+    conversation = [
+        ToolMessage(id="t", content=text) if role == "tool" else roles[role](content=text)
+        for role, text in golden["conversation"]
+    ]
+    system, user = judge_messages(conversation, golden["assertions"])
+    assert _sha256(system["content"]) == golden["system_prompt"]
+    assert _sha256(user["content"]) == golden["user_prompt"]

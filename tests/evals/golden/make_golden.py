@@ -243,6 +243,44 @@ def wire_golden(domain: str, dump: Path | None) -> dict[str, Any]:
     }
 
 
+NL_CONVERSATION = [
+    ("assistant", "Hi! How can I help you today?"),
+    ("user", "I want to return my order."),
+    ("tool", "Error: Order not found"),
+]
+NL_ASSERTIONS = ["Agent is polite.", "Agent explains the return policy."]
+
+
+def nl_judge_golden() -> dict[str, Any]:
+    """The judge's prompts τ²-bench builds for NL assertions (its judge model call recorded)."""
+    import tau2.evaluator.evaluator_nl_assertions as nl
+    from tau2.data_model.message import AssistantMessage, ToolMessage, UserMessage
+
+    captured: dict[str, Any] = {}
+
+    def record(model: str, messages: list[Any], **kwargs: Any) -> Any:
+        captured.update(model=model, messages=messages, kwargs=kwargs)
+        return AssistantMessage(role="assistant", content='{"results": []}')
+
+    nl.generate = record
+    kinds = {"assistant": AssistantMessage, "user": UserMessage}
+    trajectory = [
+        ToolMessage(id="t", role="tool", content=content)
+        if role == "tool"
+        else kinds[role](role=role, content=content)
+        for role, content in NL_CONVERSATION
+    ]
+    nl.NLAssertionsEvaluator.evaluate_nl_assertions(trajectory, NL_ASSERTIONS)
+    system, user = captured["messages"]
+    return {
+        "conversation": NL_CONVERSATION,
+        "assertions": NL_ASSERTIONS,
+        "system_prompt": sha256(system.content),
+        "user_prompt": sha256(user.content),
+        "temperature": captured["kwargs"].get("temperature"),
+    }
+
+
 def main(argv: list[str]) -> int:
     import tau2
 
@@ -259,6 +297,7 @@ def main(argv: list[str]) -> int:
         },
         "domains": {domain: golden_for_domain(domain, dump) for domain in DOMAINS},
         "wire": {domain: wire_golden(domain, dump) for domain in DOMAINS},
+        "nl_judge": nl_judge_golden(),
     }
     target.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     counts = {d: len(golden["domains"][d]["tasks"]) for d in DOMAINS}
