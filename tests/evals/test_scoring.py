@@ -77,3 +77,22 @@ async def test_an_unscored_component_is_left_out_and_flagged() -> None:
     )
     assert info.reward == 1.0 and info.nl_assertions_scored is False
     assert info.reward_breakdown == {"DB": 1.0}
+
+
+async def test_communicate_checks_carry_tau2s_justifications() -> None:
+    task = make_task(reward_basis=["COMMUNICATE"], communicate_info=["1234.50", "refund"])
+    said = "Your total is 1,234.50."
+    info = await evaluate_episode(
+        domain=CounterDomain(),
+        task=task,
+        termination_reason="user_stop",
+        messages=[AssistantMessage(content=said)],
+        final_env=CounterEnvironment(),
+        judge=None,
+    )
+    assert info.communicate_checks is not None
+    assert [c.justification for c in info.communicate_checks] == [
+        f"Information '1234.50' communicated in the message:\n '{said}'",
+        "Information 'refund' not communicated.",
+    ]
+    assert info.reward == 0.0
