@@ -95,6 +95,13 @@ def _with_call_ids(message: AssistantMessage | UserMessage, requestor: Requestor
             call.id = f"call_{uuid.uuid4().hex[:24]}"
 
 
+def _offered(tools: list[dict[str, Any]], names: list[str] | None) -> list[dict[str, Any]]:
+    """The user tools a task offers: all of them, or only those it names (τ²-bench's include)."""
+    if names is None:
+        return tools
+    return [tool for tool in tools if tool["function"]["name"] in names]
+
+
 async def run_episode(
     *,
     domain: Domain,
@@ -117,7 +124,7 @@ async def run_episode(
         task=task,
         policy=domain.policy,
         agent_tools=environment.agent_tools(),
-        user_tools=environment.user_tools(),
+        user_tools=_offered(environment.user_tools(), task.user_tools),
         trial=trial,
         seed=seed,
     )

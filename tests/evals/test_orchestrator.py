@@ -8,7 +8,7 @@ import pytest
 
 from evals.logs import AssistantMessage, ToolMessage, UserMessage
 from evals.orchestrator import GREETING, Episode, OrchestratorConfig, run_episode
-from evals.participants import AgentError, UserError
+from evals.participants import AgentError, EpisodeContext, UserError
 from tests.evals.fakes import (
     CounterDomain,
     ScriptedAgent,
@@ -170,3 +170,23 @@ async def test_participant_failures_and_empty_turns(
     else:
         assert episode.run.error_detail in {"upstream 500", "user model down"}
         assert empties == []
+
+
+async def test_a_task_can_narrow_the_user_tools_it_offers() -> None:
+    seen: list[list[str]] = []
+
+    def make_user(context: EpisodeContext) -> ScriptedUser:
+        seen.append([t["function"]["name"] for t in context.user_tools])
+        return ScriptedUser([user_says("###STOP###")])
+
+    for names, expected in ((None, ["press"]), ([], []), (["press"], ["press"])):
+        task = make_task()
+        task["user_tools"] = names
+        await run_episode(
+            domain=CounterDomain(),
+            task=task,
+            make_agent=lambda ctx: ScriptedAgent([says("hi")]),
+            make_user=make_user,
+            config=OrchestratorConfig(),
+        )
+        assert seen[-1] == expected
