@@ -108,8 +108,10 @@ def _tool_call(client: httpx.Client, model: str, max_tokens: int) -> str:
     )
     calls = message.get("tool_calls") or []
     if not calls:
-        text = (message.get("content") or "")[:120]
-        raise _StepFailed(f"no tool call; the model wrote {text!r}")
+        text = (message.get("content") or "").strip()
+        # The paper's tool_call_in_content channel: the proxy's promote mode repairs this one.
+        shape = " (a call written as text)" if CHECK_TOOL["function"]["name"] in text else ""
+        raise _StepFailed(f"no tool call{shape}; the model wrote {text[:120]!r}")
     function = calls[0].get("function") or {}
     name, raw = function.get("name"), function.get("arguments")
     if name != CHECK_TOOL["function"]["name"]:

@@ -248,7 +248,8 @@ def test_check_passes_loads_answers_and_tool_call(
 @pytest.mark.parametrize(
     ("answer", "why"),
     [
-        (completion(content="Your order is on its way."), "no tool call"),
+        (completion(content="Your order is on its way."), "no tool call; the model wrote"),
+        (completion(content='{"name": "get_order_details"}'), "no tool call (a call written as"),
         (completion(tool_calls=[tool_call("find_order", {"order_id": "1"})]), "find_order"),
         (completion(tool_calls=[tool_call("get_order_details", "{bad")]), "not JSON"),
         (completion(tool_calls=[tool_call("get_order_details", {"id": 1})]), "order_id"),
