@@ -209,7 +209,9 @@ class Engine:
             return 0
         return end
 
-    def _ensure_prefix(self, prefix: list[int], cached: int) -> tuple[str, int]:
+    def _ensure_prefix(
+        self, prefix: list[int], cached: int, cancelled: threading.Event | None
+    ) -> tuple[str, int]:
         """Make the context hold ``prefix`` (or more of the prompt); say where it came from and
         how many of its tokens were not evaluated here.
 
@@ -235,7 +237,12 @@ class Engine:
             else:
                 cached = 0  # a failed load may have cleared the memory
         self.llm.n_tokens = min(cached, self.llm.n_tokens)
-        self.llm.eval(prefix[self.llm.n_tokens :])
+        # In n_batch steps (as eval would), so a client that leaves stops a minutes-long prefill.
+        while self.llm.n_tokens < len(prefix):
+            if cancelled is not None and cancelled.is_set():
+                return "cancelled", cached
+            start = self.llm.n_tokens
+            self.llm.eval(prefix[start : start + self.config.n_batch])
         self._prefix_cache.save(self.llm._ctx.ctx, prefix)
         return source, cached
 
@@ -270,8 +277,13 @@ class Engine:
         started = time.perf_counter()
         system_turn = self._system_turn_length(tokens)
         if system_turn:
-            source, reused = self._ensure_prefix(tokens[:system_turn], result.cached_tokens)
+            source, reused = self._ensure_prefix(
+                tokens[:system_turn], result.cached_tokens, cancelled
+            )
             result.prefix_source, result.cached_tokens = source, max(result.cached_tokens, reused)
+            if source == "cancelled":
+                result.finish_reason = "cancelled"
+                return result
         self.llm.set_seed(params.seed if params.seed is not None else random.getrandbits(31))
         grammar = (
             llama_cpp.LlamaGrammar.from_string(params.grammar, verbose=False)

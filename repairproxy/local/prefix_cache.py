@@ -62,6 +62,9 @@ class PrefixStateCache:
 
     def best_match(self, tokens: Sequence[int]) -> SavedPrefix | None:
         """The saved state whose tokens share the longest prefix with ``tokens``."""
+        exact = self.path_for(tokens)
+        if exact.is_file():  # named by its tokens: no need to read the sidecar
+            return SavedPrefix(exact, tuple(tokens), len(tokens))
         best: SavedPrefix | None = None
         for path in self.directory.glob(f"*{_SUFFIX}"):
             try:
