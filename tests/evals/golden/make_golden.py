@@ -161,17 +161,23 @@ WIRE_CALLS = {
 }
 
 
-def wire_script(domain: str) -> list[dict[str, Any]]:
-    """The answers, in request order: user, agent (a tool call), agent, user (stop)."""
-    name, arguments = WIRE_CALLS[domain]
-    call = {
-        "id": "call_wire_1",
+def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": call_id,
         "type": "function",
         "function": {"name": name, "arguments": json.dumps(arguments)},
     }
+
+
+def wire_script(domain: str) -> list[dict[str, Any]]:
+    """The answers, in request order: [user (a device tool call, Telecom only)], user, agent (a
+    tool call), agent, user (stop)."""
+    name, arguments = WIRE_CALLS[domain]
+    device = [{"content": None, "tool_calls": [_call("call_wire_0", "check_status_bar", {})]}]
     return [
+        *(device if domain == "telecom" else []),
         {"content": USER_OPENING},
-        {"content": None, "tool_calls": [call]},
+        {"content": None, "tool_calls": [_call("call_wire_1", name, arguments)]},
         {"content": AGENT_REPLY},
         {"content": STOP},
     ]
