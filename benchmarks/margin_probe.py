@@ -4,7 +4,7 @@
 
 Sends the first ``--limit`` of ``benchmarks.local_channels``' fixed agent prompts to each arm with
 the probe's ``logprobs`` / ``top_logprobs`` added (``repairproxy.margin.with_probe``) and prints,
-per prompt, the tool named and the log-prob margin of its first token over the best rival, then a
+per prompt, the tool named (``*``: written as text) and the log-prob margin of its first token over the best rival, then a
 summary per arm. Thin margins are where a lower precision flips a tool choice. Asserts nothing.
 """
 
@@ -20,6 +20,7 @@ import httpx
 from benchmarks.local_channels import DEFAULT_DATA_DIR, build_prompts
 from repairproxy.local import start_embedded_upstream
 from repairproxy.margin import tool_name_margins, with_probe
+from repairproxy.textcalls import find_text_calls
 
 THIN = 0.5
 
@@ -55,8 +56,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                     }
                 )
                 answer = client.post("/chat/completions", json=body).json()
-                calls = answer["choices"][0]["message"].get("tool_calls") or []
-                name = calls[0]["function"]["name"] if calls else None
+                message = answer["choices"][0]["message"]
+                calls = message.get("tool_calls") or []
+                written = find_text_calls(message.get("content") or "")
+                # The first call's name, structured or written as text (marked with a *).
+                name = (
+                    calls[0]["function"]["name"]
+                    if calls
+                    else (f"*{written[0].name}" if written else None)
+                )
                 found = tool_name_margins(answer)
                 margins.extend(found)
                 names[prompt.id] = name
