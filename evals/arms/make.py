@@ -97,9 +97,15 @@ def make_arm(options: MakeOptions, *, force: bool = False) -> ArmRecord:
     if backend is None:
         raise ArmError(f"--method {options.method!r}: expected one of {sorted(BACKENDS)}")
     folder = options.out
+    created = not folder.exists()
     _prepare(folder, force)
     started = time.perf_counter()
-    made = backend(options, folder)
+    try:
+        made = backend(options, folder)
+    except BaseException:
+        if created:  # leave no half-made arm behind where there was nothing
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     seconds = time.perf_counter() - started
     artifact = None
     if made.artifact is not None:
