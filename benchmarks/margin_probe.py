@@ -4,8 +4,9 @@
 
 Sends the first ``--limit`` of ``benchmarks.local_channels``' fixed agent prompts to each arm with
 the probe's ``logprobs`` / ``top_logprobs`` added (``repairproxy.margin.with_probe``) and prints,
-per prompt, the tool named (``*``: written as text) and the log-prob margin of its first token over the best rival, then a
-summary per arm. Thin margins are where a lower precision flips a tool choice. Asserts nothing.
+per prompt, the tool named (``*``: written as text) and the log-prob margin of its first token
+over the best rival, then a summary per arm. Thin margins are where a lower precision flips a tool
+choice. Asserts nothing.
 """
 
 from __future__ import annotations
