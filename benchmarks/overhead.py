@@ -6,6 +6,7 @@ alternating direct and proxied rounds so drift hits both alike. Prints added p50
 requests/s, the proxy's RSS, and the validation cost per tool call.
 
     python -m benchmarks.overhead [--rounds 6] [--requests 500] [--repair reflexive]
+    python -m benchmarks.overhead --episode-store redis://127.0.0.1:6379/0   # every proxy on Redis
 """
 
 from __future__ import annotations
@@ -301,8 +302,14 @@ def main(argv: list[str] | None = None) -> None:
         help="a proxy to measure, LABEL[@DIR][=FLAGS] (repeatable; interleaved in one run), "
         "e.g. --variant now --variant base@/tmp/base --variant no-metrics='--metrics false'",
     )
+    parser.add_argument(
+        "--episode-store", default=None, help="passed to every proxy (e.g. redis://HOST:PORT/DB)"
+    )
     args = parser.parse_args(argv)
     variants: list[_Variant] = args.variant or [_Variant("proxy")]
+    if args.episode_store:
+        for variant in variants:
+            variant.extra += ["--episode-store", args.episode_store]
 
     upstream_port = _free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
