@@ -8,7 +8,6 @@ does). Every request carries ``X-Episode-ID`` so the proxy can keep one error bu
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,10 +124,6 @@ def action_blocks(
     return blocks
 
 
-def describe_action(action: Action) -> str:
-    return f"{action.name}({json.dumps(action.arguments, sort_keys=True)})"
-
-
 class GoldAgent:
     """Replays the gold ``assistant`` actions one tool call per turn.
 
@@ -150,7 +145,7 @@ class GoldAgent:
             requestor, actions = self._blocks[self._block]
             if requestor == "user":
                 self._block += 1
-                steps = "; ".join(describe_action(a) for a in actions)
+                steps = "; ".join(a.describe() for a in actions)
                 return AssistantMessage(content=f"Please perform these steps on your side: {steps}")
             action = actions[self._within]
             self._within += 1

@@ -9,6 +9,7 @@ fields are kept (``extra="allow"``), so a task dumps back to what was read.
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Mapping
 from enum import StrEnum
@@ -95,8 +96,6 @@ class Action(_Model):
 
     def describe(self) -> str:
         """``name({...})`` with the arguments as sorted JSON, for messages and logs."""
-        import json
-
         return f"{self.name}({json.dumps(self.arguments, sort_keys=True)})"
 
 
