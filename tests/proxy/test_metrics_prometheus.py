@@ -200,6 +200,8 @@ E2E_TOOLS = [
 ]
 # Per episode, the invented names of its five first answers (None: a valid call), and whether the
 # re-ask fixes them: 40 calls, 10 invented, over 8 episodes (plus a warm-up episode without calls).
+# Episode 4's first call comes back from the environment as an error (seen in its second request).
+ENV_ERROR = "Error: get_order_details() missing 1 required positional argument: 'order_id'"
 E2E_EPISODES: list[list[tuple[str, bool] | None]] = [
     [("lookup_order", True)] * 2 + [("lookup_order", False)] * 2 + [None],
     [("find_user", True)] * 3 + [None] * 2,
@@ -222,6 +224,7 @@ def proxied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Promethe
     from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
 
     valid = tool_call("get_order_details", {"order_id": "#W1"})
+    env_call = tool_call("get_order_details", {"order_id": "#W1"}, call_id="call_env")
     with ScriptedUpstream() as upstream:
         settings = Settings(
             upstream=upstream.base_url, repair=RepairMode.REFLEXIVE, max_repairs=1, budget=3
@@ -229,11 +232,15 @@ def proxied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Promethe
         with running_proxy(settings) as proxy, httpx.Client(base_url=proxy.root_url) as client:
 
             def ask(episode: str, turn: int) -> None:
-                body = {
-                    "model": E2E_MODEL,
-                    "messages": [{"role": "user", "content": f"episode {episode}, turn {turn}"}],
-                    "tools": E2E_TOOLS,
-                }
+                messages: list[dict[str, Any]] = [
+                    {"role": "user", "content": f"episode {episode}, turn {turn}"}
+                ]
+                if episode == "episode-4" and turn == 1:  # the environment refused turn 0's call
+                    messages += [
+                        {"role": "assistant", "content": None, "tool_calls": [env_call]},
+                        {"role": "tool", "tool_call_id": "call_env", "content": ENV_ERROR},
+                    ]
+                body = {"model": E2E_MODEL, "messages": messages, "tools": E2E_TOOLS}
                 reply = client.post(
                     "/v1/chat/completions", json=body, headers={"x-episode-id": episode}
                 )
@@ -250,7 +257,8 @@ def proxied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Promethe
                 for number, steps in enumerate(E2E_EPISODES):
                     for turn, step in enumerate(steps):
                         if step is None:
-                            upstream.push(completion(tool_calls=[valid], model=E2E_MODEL))
+                            first = env_call if (number, turn) == (4, 0) else valid
+                            upstream.push(completion(tool_calls=[first], model=E2E_MODEL))
                         else:
                             name, fixed = step
                             invented = tool_call(name, {"order_id": "#W1"})
@@ -287,9 +295,13 @@ def test_end_to_end_dashboard_and_alerts_through_the_proxy(
     assert per_model("Hallucination rate")[()] == pytest.approx(0.25, abs=1e-9)
     assert per_model("Repairs fixed")[()] == pytest.approx(8, abs=1e-9)
     assert per_model("Repair success rate")[()] == pytest.approx(8 / 10, abs=1e-9)
-    # Errors per episode as they would have been without the proxy: 4, 3, 2, 1, then none.
+    # Errors per episode as they would have been without the proxy: 4, 3, 2, 1, 1, then none.
     over = per_model("Episodes over k", "k")
-    assert {k: over[(k,)] for k in ("1", "2", "5", "10")} == {"1": 4, "2": 3, "5": 0, "10": 0}
+    assert {k: over[(k,)] for k in ("1", "2", "5", "10")} == {"1": 5, "2": 3, "5": 0, "10": 0}
+    errors = per_model("Per-channel error rates by source", "source", "channel")
+    assert errors[("environment", "env_argument_error")] == pytest.approx(1 / 40, abs=1e-9)
+    assert errors[("answer", "unknown_tool")] == pytest.approx(10 / 40, abs=1e-9)
+    assert errors[("environment", "env_unknown_tool")] == 0
     names = by_labels(
         prom.query(panel_expr("Top hallucinated tool names (since proxy start)"), at=at), "tool"
     )
