@@ -1,11 +1,12 @@
 """A shared store that may fail must never fail a request: the guard turns its errors into an
 unknown budget.
 
-``GuardedEpisodeStore`` and ``GuardedChainIndex`` wrap a Redis store and index. When a call fails
-(Redis down, a timeout, a lost compare-and-set race run out of attempts) the request goes on
-without it: an update runs on a blank state and its snapshot is marked ``unknown`` (the header
-says ``X-Repairproxy-Budget-Remaining: unknown``, ``--on-budget-exhausted reject`` lets the request
-through, no ladder rung is counted), a lookup finds nothing. ``StoreHealth`` counts every such
+``GuardedEpisodeStore`` and ``GuardedChainIndex`` wrap a Redis store and index. When a call
+fails (Redis down, a timeout, a compare-and-set race lost too often, an unreadable key) the
+request goes on without it: an update runs on a blank state and its snapshot is marked
+``unknown`` (the header says ``X-Repairproxy-Budget-Remaining: unknown``,
+``--on-budget-exhausted reject`` lets the request through, no ladder rung is counted), a lookup
+finds nothing. ``StoreHealth`` counts every such
 call (``repairproxy_store_errors_total``), logs one line when the store goes away and one when it
 is back, and skips the store for a while after a failure (``retry_after`` seconds, doubling while
 it keeps failing, up to ``max_retry_after``), so a dead host costs one connect timeout per
@@ -23,7 +24,7 @@ from redis.exceptions import RedisError
 
 from repairproxy.chaining import ChainIndex, ChainLink
 from repairproxy.sessions import BudgetSnapshot, EpisodeState, EpisodeStore
-from repairproxy.stores.redis_store import StoreConflictError
+from repairproxy.stores.redis_store import StoreConflictError, StoreDataError
 
 __all__ = ["STORE_ERRORS", "GuardedChainIndex", "GuardedEpisodeStore", "StoreHealth"]
 
@@ -35,6 +36,7 @@ STORE_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
     StoreConflictError,
+    StoreDataError,
 )
 
 

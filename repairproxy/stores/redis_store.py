@@ -41,6 +41,7 @@ __all__ = [
     "RedisChainIndex",
     "RedisEpisodeStore",
     "StoreConflictError",
+    "StoreDataError",
     "decode_state",
     "encode_state",
     "redis_client",
@@ -92,6 +93,10 @@ class StoreConflictError(RuntimeError):
     """An update lost the compare-and-set ``MAX_ATTEMPTS`` times in a row."""
 
 
+class StoreDataError(RuntimeError):
+    """A key under the prefix does not hold what this store writes (another program's)."""
+
+
 def redis_client(url: str, *, max_connections: int = 64, timeout: float = 1.0) -> Redis:
     """An asyncio client with its own connection pool for ``redis://`` / ``rediss://`` URLs
     (password and database number in the URL). Connects lazily: a proxy starts without Redis.
@@ -117,6 +122,13 @@ def encode_state(state: EpisodeState) -> bytes:
 def decode_state(raw: bytes) -> EpisodeState:
     data = orjson.loads(raw)
     return EpisodeState(**{name: data[name] for name in _FIELDS if name in data})
+
+
+def _load(version: bytes, body: bytes) -> tuple[int, EpisodeState]:
+    try:
+        return int(version), decode_state(body)
+    except (ValueError, TypeError, KeyError) as exc:  # orjson's JSONDecodeError is a ValueError
+        raise StoreDataError(f"unreadable episode state: {exc}") from exc
 
 
 def _split(value: bytes | str | None) -> tuple[bytes, bytes | None]:
@@ -157,13 +169,13 @@ class RedisEpisodeStore:
         key = self.key(episode_id)
         for attempt in range(self.max_attempts):
             version, body = _split(await self.client.getex(key, px=self._ttl_ms))
-            state = decode_state(body) if body is not None else EpisodeState()
+            number, state = _load(version, body) if body is not None else (0, EpisodeState())
             result = mutate(state)
             encoded = encode_state(state)
             if encoded == body:
                 return result  # nothing changed: the read was the transaction
             token = secrets.token_hex(6).encode()
-            value = b"%d:%s:%s" % (int(version) + 1, token, encoded)
+            value = b"%d:%s:%s" % (number + 1, token, encoded)
             if await self._cas(keys=[key], args=[version, value, self._ttl_ms, token]):
                 return result
             self.conflicts += 1
@@ -177,8 +189,8 @@ class RedisEpisodeStore:
         """The episode's state; None (once, to one caller) when it did not exist, which also
         creates it empty."""
         value = await self._claim(keys=[self.key(episode_id)], args=[self._empty, self._ttl_ms])
-        _, body = _split(value)
-        return decode_state(body) if body is not None else None
+        version, body = _split(value)
+        return _load(version, body)[1] if body is not None else None
 
     async def count(self, batch: int = 1000) -> int:
         """Episodes under this prefix: a SCAN, for the ``active_episodes`` gauge only."""

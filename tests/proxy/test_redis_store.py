@@ -23,6 +23,7 @@ from repairproxy.stores.redis_store import (
     RedisChainIndex,
     RedisEpisodeStore,
     StoreConflictError,
+    StoreDataError,
     decode_state,
     encode_state,
     redis_client,
@@ -315,3 +316,14 @@ async def test_a_password_in_the_url_and_a_wrong_one() -> None:
         finally:
             await good.aclose()
             await bad.aclose()
+
+
+async def test_a_foreign_value_under_the_prefix_is_a_store_error(client: Redis) -> None:
+    store = RedisEpisodeStore(client, 60)
+    await client.set(store.key("odd"), b"not ours")
+    with pytest.raises(StoreDataError):
+        await store.get("odd")
+    errors: list[str] = []
+    guarded = GuardedEpisodeStore(store, StoreHealth(count_error=errors.append))
+    snapshot = await ErrorBudget(guarded).observe_request("odd", {"messages": []})
+    assert snapshot.unknown and errors == ["update"]
