@@ -6,7 +6,8 @@ For each arm (made on first use): load time and RSS; prefill tokens/s on the Ret
 decode tokens/s; and the first agent turn of a Retail episode (τ²-bench's agent system prompt
 with the Retail policy, its 16 tools, the greeting and the user's opening) two ways: cold, with an
 empty prompt cache (what every episode paid before; it saves the system turn's state), and in a
-new engine that loads that state (every later episode; goal <= 15 s on 2 cores). Greedy, one run each: on a shared machine the figures are noisy.
+new engine that loads that state (every later episode; goal <= 15 s on 2 cores). Greedy, one
+run each: on a shared machine the figures are noisy.
 ``--fetch`` also times a fresh download + assembly + verification into a scratch cache dir.
 Prints figures; asserts nothing.
 """
