@@ -221,10 +221,24 @@ def test_redis_killed_mid_run_no_5xx_then_recovery(
     pair: tuple[ProxyProcess, ProxyProcess], upstream: ScriptedUpstream, redis: RedisServer
 ) -> None:
     a, b = pair
-    upstream.push(*[completion(content="ok") for _ in range(64)])
+    upstream.push(*[completion(content="ok") for _ in range(5000)])
     spent = ["spent-0", "spent-1"]
+    stop = threading.Event()
+    background: list[int] = []
+
+    def busy(index: int) -> None:  # traffic in flight while Redis dies and comes back
+        with httpx.Client() as client:
+            while not stop.is_set():
+                ids = [f"busy-{index}"]
+                replica = (a, b)[index % 2]
+                background.append(chat(client, replica.root_url, f"busy-{index}", ids).status_code)
+
+    workers = [threading.Thread(target=busy, args=(i,)) for i in range(4)]
+    for worker in workers:
+        worker.start()
     with httpx.Client() as client:
         assert chat(client, a.root_url, "spent", spent, budget=2).status_code == REJECTED
+        time.sleep(0.3)
         redis.kill()
         try:
             outage = [
@@ -234,6 +248,11 @@ def test_redis_killed_mid_run_no_5xx_then_recovery(
             ]
         finally:
             redis.restart()  # empty, as a restarted Redis without disk is
+            time.sleep(1.5)
+            stop.set()
+            for worker in workers:
+                worker.join(30)
+        assert background and set(background) == {200}, sorted(set(background))
         assert [r.status_code for r in outage] == [200] * 8  # reject lets them through
         assert {remaining(r) for r in outage} == {"unknown"}
         metrics = client.get(a.root_url + "/metrics").text
