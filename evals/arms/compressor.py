@@ -162,7 +162,8 @@ def _run(options: MakeOptions, folder: Path, method: str, recipe_of: Any, calibr
         library=library_info("llmcompressor", *_LIBRARIES),
         source={**source, "dtype": str(getattr(model.config, "torch_dtype", None) or "")},
         settings={
-            "recipe": [type(m).__name__ for m in recipe],
+            "recipe": [_modifier_settings(m) for m in recipe],
+            "recipe_file": f"{CHECKPOINT}/recipe.yaml",  # llm-compressor's own full record
             "ignore": list(options.ignore),
             "quantization_config": quantization,
         },
@@ -175,6 +176,15 @@ def _run(options: MakeOptions, folder: Path, method: str, recipe_of: Any, calibr
         ),
         device=device,
     )
+
+
+def _modifier_settings(modifier: Any) -> dict[str, Any]:
+    named: dict[str, Any] = {"modifier": type(modifier).__name__}
+    for field in ("duo_scaling", "n_grid", "scheme", "targets"):
+        value = getattr(modifier, field, None)
+        if isinstance(value, str | int | float | bool | list):
+            named[field] = value
+    return named
 
 
 def make_awq(options: MakeOptions, folder: Path) -> Made:
