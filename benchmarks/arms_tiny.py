@@ -13,6 +13,20 @@ install; run it in its own environment:
     TAU2_DATA_DIR=../shared/tau2-data /tmp/arms-venv/bin/python benchmarks/arms_tiny.py
 
 ``--autoawq`` also runs the AutoAWQ back-end (the ``quantize-autoawq`` extra).
+
+Measured 2026-11-30 on the shared 2-core machine (load average 10-15, so read the CPU seconds),
+torch 2.13.0+cpu, transformers 5.17.0, llmcompressor 0.14.0.1, compressed-tensors 0.19.0,
+autoawq 0.2.9, 16 calibration samples of at most 256 tokens; every layout check passed:
+
+    arm                     wall s   CPU s  folder MB  weights MB  /bf16
+    bf16 source                                             2.891   1.00
+    awq (llm-compressor)     462.8    86.8      1.175       1.149   0.40
+    fp8 dynamic                2.8     0.7      1.746       1.721   0.60
+    fp8 static                39.3     8.9      1.740       1.714   0.59
+    awq (autoawq)            189.2    35.5      1.171       1.147   0.40
+
+(The embedding and ``lm_head`` stay BF16 and dominate so tiny a model; on a real one the linear
+layers do.) No GPU run was possible for this task.
 """
 
 from __future__ import annotations
