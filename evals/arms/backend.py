@@ -148,7 +148,3 @@ def source_identity(source: str, revision: str | None) -> dict[str, Any]:
             f"{source!r} is not a local folder; give --revision COMMIT so the arm names its weights"
         )
     return {"model": source, "revision": revision}
-
-
-def no_such(method: str, what: str) -> ArmError:
-    return ArmError(f"--method {method}: {what}")
