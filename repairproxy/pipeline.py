@@ -165,7 +165,10 @@ class ChatPipeline:
         snapshot = await budget.observe_request(ref.id, request.body, request.budget)
         request.snapshot = snapshot
         record.env_errors = list(snapshot.new_env_errors)
-        record.episode = _episode_record(ref.new, ref.explicit, snapshot)
+        # An unknown budget (shared store down) is not observed: no ladder rung, no histogram.
+        record.episode = (
+            None if snapshot.unknown else _episode_record(ref.new, ref.explicit, snapshot)
+        )
         if (
             snapshot.exhausted
             and ref.explicit  # a chained episode may be a fresh conversation that looks old
@@ -268,7 +271,9 @@ class ChatPipeline:
         snapshot = await self.budget.observe_answer(
             request.episode.id, first, request.budget, delivered_invalid
         )
-        if record.episode is not None:
+        if snapshot.unknown:
+            record.episode = None
+        elif record.episode is not None:
             record.episode = replace(
                 record.episode,
                 errors_after=snapshot.errors,
