@@ -208,7 +208,7 @@ def _proxy_line(view: TurnView, repair: str) -> str:
     elif not steps:
         steps.append("left it as it was")
     outcome = (
-        f"the agent still got an invalid answer ({', '.join(view.delivered)})"
+        f"the agent still got an invalid answer ({', '.join(dict.fromkeys(view.delivered))})"
         if view.delivered
         else "the agent got a valid answer"
     )
