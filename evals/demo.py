@@ -64,12 +64,18 @@ async def _run_with_ticker(config: RunConfig, proxy_log: Path) -> Any:
     """Run the episode; meanwhile print one line per agent answer as the proxy logs it."""
     task = asyncio.ensure_future(run(config))
     seen = 0
-    started = time.monotonic()
+    started = last = time.monotonic()
     while not task.done():
         await asyncio.wait({task}, timeout=1.0)
         events = [e for e in _read_jsonl(proxy_log) if e.get("path") == "/v1/chat/completions"]
+        if time.monotonic() - last >= 60 and len(events) == seen:
+            last = time.monotonic()
+            _say(
+                f"  ... the model is still working on answer {seen + 1} ({last - started:.0f} s in)"
+            )
         for event in events[seen:]:
             seen += 1
+            last = time.monotonic()
             caught = ", ".join(event.get("channels") or []) or "nothing"
             _say(
                 f"  answer {seen}: {event.get('latency_ms', 0) / 1000:.1f} s, proxy caught "
