@@ -20,6 +20,7 @@ from repairproxy.exchange import Exchange
 from repairproxy.pipeline import ChatOutcome, ChatPipeline, ChatRequest
 from repairproxy.streaming import DONE_EVENT, SSEParser, ToolCallGate, completion_to_chunks
 from repairproxy.upstream import HeaderList, Upstream, UpstreamReply, response_headers, timed
+from repairproxy.validation import text_calls_allowed
 from repairproxy.wire import ChatCompletion
 
 __all__ = ["CHAT_PATH", "ChatCall"]
@@ -136,7 +137,8 @@ class ChatCall:
     ) -> None:
         ex = self.ex
         parser = SSEParser()
-        gate = ToolCallGate()
+        # tool_choice none: text is text, so nothing is held for a possible text call
+        gate = ToolCallGate(hold_text=text_calls_allowed(self.request.body))
         upstream_error = False
         async for chunk in chunks:
             for event in parser.feed(chunk):

@@ -138,16 +138,18 @@ class StreamAssembler:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self.usage = usage
-        choices = chunk.get("choices") or ()
-        for choice in choices:
+        for choice in _list(chunk.get("choices")):
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            delta = choice.get("delta") or {}
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                continue  # an upstream's malformed chunk: nothing in it to assemble
             text = delta.get("content")
             if isinstance(text, str):
                 self.content = (self.content or "") + text
-            for part in delta.get("tool_calls") or ():
-                self._add_call_delta(part)
+            for part in _list(delta.get("tool_calls")):
+                if isinstance(part, dict):
+                    self._add_call_delta(part)
             legacy = delta.get("function_call")
             if isinstance(legacy, dict):
                 self.function_call = self.function_call or _CallParts()
@@ -163,9 +165,11 @@ class StreamAssembler:
             call.id = part["id"]
         if part.get("type"):
             call.type = part["type"]
-        function = part.get("function") or {}
-        call.name += function.get("name") or ""
-        call.arguments += function.get("arguments") or ""
+        function = part.get("function")
+        if isinstance(function, dict):
+            name, arguments = function.get("name"), function.get("arguments")
+            call.name += name if isinstance(name, str) else ""
+            call.arguments += arguments if isinstance(arguments, str) else ""
 
     @property
     def has_calls(self) -> bool:
@@ -259,15 +263,20 @@ def _is_content_only(chunk: Mapping[str, Any]) -> bool:
     if chunk.get("usage"):
         return False
     choices = chunk.get("choices")
-    if not choices:
+    if not isinstance(choices, list) or not choices:
         return False
     for choice in choices:
         if not isinstance(choice, dict) or choice.get("finish_reason"):
             return False
-        delta = choice.get("delta") or {}
-        if delta.get("tool_calls") or delta.get("function_call"):
+        delta = choice.get("delta")
+        if not isinstance(delta, dict) or delta.get("tool_calls") or delta.get("function_call"):
             return False
     return True
+
+
+def _list(value: Any) -> list[Any]:
+    """``value`` when the upstream sent a list where the API has one, else nothing."""
+    return value if isinstance(value, list) else []
 
 
 def could_open_call(text: str) -> bool:

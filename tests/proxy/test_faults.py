@@ -284,13 +284,6 @@ def test_reset_mid_stream(faulty: Faulty, tools: bool) -> None:
     _next_request_works(faulty)
 
 
-_NEEDS_STREAMING = pytest.mark.xfail(
-    strict=True,
-    reason="needs streaming.py: a chunk whose choices or tool_calls is not a list raises "
-    "TypeError/AttributeError in the tool-call gate; the client gets a 500, not a 502",
-)
-
-
 @pytest.mark.parametrize(
     "garbage",
     [
@@ -298,9 +291,8 @@ _NEEDS_STREAMING = pytest.mark.xfail(
         b"random line\n\n: comment\n\nevent: odd\ndata: {}\n\n",
         pytest.param(
             b"data: " + orjson.dumps({"choices": [{"delta": {"tool_calls": "x"}}]}) + b"\n\n",
-            marks=_NEEDS_STREAMING,
         ),
-        pytest.param(b"data: " + orjson.dumps({"choices": 7}) + b"\n\n", marks=_NEEDS_STREAMING),
+        pytest.param(b"data: " + orjson.dumps({"choices": 7}) + b"\n\n"),
     ],
     ids=["broken-json", "no-data", "tool-calls-not-a-list", "choices-not-a-list"],
 )
