@@ -268,6 +268,8 @@ class ChatPipeline:
         """Charge the first answer's errors; remember invalid calls the client will still see."""
         if request.episode is None:
             return
+        if first.ok and not delivered_invalid:
+            return  # nothing to charge or remember: the snapshot from admit() still holds
         snapshot = await self.budget.observe_answer(
             request.episode.id, first, request.budget, delivered_invalid
         )
