@@ -39,7 +39,7 @@ from repairproxy.settings import BudgetPolicy, Settings
 from repairproxy.validation import CallVerdict, Channel, CompiledTools, MessageVerdict, ToolsCache
 from repairproxy.wire import ChatCompletion, ChatRequestBody, first_message
 
-__all__ = ["ChatOutcome", "ChatPipeline", "ChatRequest", "Send", "instructs"]
+__all__ = ["ChatOutcome", "ChatPipeline", "ChatRequest", "Send", "instructs", "json_object"]
 
 Send = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -50,6 +50,17 @@ _CHANGES_ANSWERS = frozenset({RepairMode.PROMOTE, RepairMode.REFLEXIVE, RepairMo
 # Modes that add the repair instruction to the system prompt (promote is promotion alone).
 _INSTRUCTS = frozenset({RepairMode.PROMPT, RepairMode.REFLEXIVE, RepairMode.CONSTRAINED})
 _MODES = {mode.value: mode for mode in RepairMode}
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body that must be one JSON object; anything else is a 400."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidJSONBodyError(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise InvalidJSONBodyError("the request body must be a JSON object")
+    return body
 
 
 def instructs(mode: RepairMode) -> bool:
@@ -124,13 +135,7 @@ class ChatPipeline:
 
     def parse(self, raw: bytes, headers: Mapping[str, str], record: Record) -> ChatRequest:
         """The request body and per-request options; malformed input is a 400, never a 500."""
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidJSONBodyError(f"the request body is not valid JSON: {exc}") from exc
-        if not isinstance(body, dict):
-            raise InvalidJSONBodyError("the request body must be a JSON object")
-        return self.parse_body(body, raw, headers, record)
+        return self.parse_body(json_object(raw), raw, headers, record)
 
     def parse_body(
         self, body: dict[str, Any], raw: bytes, headers: Mapping[str, str], record: Record

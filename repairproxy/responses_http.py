@@ -18,14 +18,13 @@ import orjson
 from repairproxy.asgi import Responder, Scope
 from repairproxy.errors import (
     BadRequestError,
-    InvalidJSONBodyError,
     UpstreamBadAnswerError,
     UpstreamStatusError,
     UpstreamUnavailableError,
 )
 from repairproxy.events import API, Outcome
 from repairproxy.exchange import Exchange
-from repairproxy.pipeline import ChatPipeline, ChatRequest, instructs
+from repairproxy.pipeline import ChatPipeline, ChatRequest, instructs, json_object
 from repairproxy.responses_api import (
     response_events,
     responses_request,
@@ -92,12 +91,7 @@ class ResponsesCall:
         count the history's error results, and build the body that goes upstream."""
         ex, pipeline = self.ex, self.pipeline
         ex.record.api = API.RESPONSES
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidJSONBodyError(f"the request body is not valid JSON: {exc}") from exc
-        if not isinstance(body, dict):
-            raise InvalidJSONBodyError("the request body must be a JSON object")
+        body = json_object(raw)
         for name, kinds in (("input", (str, list)), ("tools", (list,))):
             if body.get(name) is not None and not isinstance(body[name], kinds):
                 raise BadRequestError(f"'{name}' has the wrong type", param=name)
