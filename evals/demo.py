@@ -130,12 +130,24 @@ def _report(results: Any, args: argparse.Namespace, data_dir: Path, answers: Pat
     _say(f"verdict: {verdict(episode, counts, repair=args.repair)}")
 
 
+def _save_dashboard(port: int, path: Path) -> None:
+    """The proxy's /dashboard page as the episode left it, saved beside the results."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/dashboard", timeout=10) as page:
+            path.write_bytes(page.read())
+    except OSError as exc:  # informative only: the episode's results are already saved
+        _say(f"(the dashboard page could not be saved: {exc})")
+
+
 def _next_steps(save_to: Path, proxy_log: Path, other_mode: str) -> None:
     _say("")
     _say("where to look next:")
     _say(f"  results (τ²-bench layout):  {save_to / 'results.json'}")
     _say(f"  proxy log (one JSON line per request):  {proxy_log}")
     _say(f"  the same episode, repair {other_mode}:  python -m evals.demo --repair {other_mode}")
+    _say(f"  the proxy's live page at the end:  {save_to / 'dashboard.html'}")
     _say("  a live dashboard:  repairproxy serve  then open http://127.0.0.1:8080/dashboard")
     _say(f"  the study (two arms, repair off vs on):  {STUDY_COMMAND}")
 
@@ -226,6 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"first time, seconds once it is cached; live page http://127.0.0.1:{port}/dashboard)"
         )
         results = asyncio.run(_run_with_ticker(config, proxy_log))
+        _save_dashboard(port, save_to / "dashboard.html")  # while the proxy still runs
     _say(f"episode done in {time.monotonic() - started:.0f} s")
     _report(results, args, data_dir, answers)
     _next_steps(save_to, proxy_log, "off" if args.repair != "off" else "reflexive")
