@@ -148,17 +148,24 @@ class Proxy:
             if path.startswith("/v1/"):
                 self._finish(ex, responder)
 
-    # -- chat completions -------------------------------------------------------------------------
+    # -- chat completions and responses (validated) ----------------------------------------------
 
-    async def _chat(
-        self, scope: Scope, receive: Receive, responder: Responder, ex: Exchange
-    ) -> None:
+    async def _validated_request(
+        self, scope: Scope, receive: Receive, ex: Exchange
+    ) -> tuple[dict[str, str], bytes]:
+        """Headers and body of a request the pipeline will judge, after auth and URL checks."""
         headers = header_map(scope)
         self._authenticate(headers, self._api_keys)  # before reading: no buffer for strangers
         if scope["query_string"]:
             _raw_target(scope)  # the query goes upstream as sent: refuse what a URL cannot hold
         raw = await read_body(receive, headers, self.settings.max_body_bytes)
         ex.request_body = raw if self.settings.log_bodies else None
+        return headers, raw
+
+    async def _chat(
+        self, scope: Scope, receive: Receive, responder: Responder, ex: Exchange
+    ) -> None:
+        headers, raw = await self._validated_request(scope, receive, ex)
         pipeline = self.pipeline
         request = pipeline.parse(raw, headers, ex.record)
         ex.mode = request.mode.value
@@ -176,12 +183,7 @@ class Proxy:
     async def _responses(
         self, scope: Scope, receive: Receive, responder: Responder, ex: Exchange
     ) -> None:
-        headers = header_map(scope)
-        self._authenticate(headers, self._api_keys)
-        if scope["query_string"]:
-            _raw_target(scope)
-        raw = await read_body(receive, headers, self.settings.max_body_bytes)
-        ex.request_body = raw if self.settings.log_bodies else None
+        headers, raw = await self._validated_request(scope, receive, ex)
         call = ResponsesCall(self.upstream, self.pipeline, ex, scope, headers)
         request = await call.prepare(raw)
         ex.warn_missing_header = request.episode is not None and request.episode.warn_missing_header
