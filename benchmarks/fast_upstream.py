@@ -1,7 +1,8 @@
 """A deliberately fast fake OpenAI upstream for overhead measurements (uvloop + httptools).
 
-Every ``POST .../chat/completions`` gets the same canned answer holding one valid tool call, so the
-time measured through the proxy minus the time measured directly is the proxy's own cost.
+Every ``POST .../chat/completions`` gets the same canned answer holding one valid tool call (as an
+SSE stream when the request says ``"stream": true``), so the time measured through the proxy minus
+the time measured directly is the proxy's own cost.
 
     python -m benchmarks.fast_upstream --port 9100
 """
@@ -55,7 +56,38 @@ def _response(body: bytes) -> bytes:
     return head + body
 
 
+def _sse_answer() -> bytes:
+    base = {k: CANNED_COMPLETION[k] for k in ("id", "created", "model")}
+    call = CANNED_COMPLETION["choices"][0]["message"]["tool_calls"][0]
+    args = call["function"]["arguments"]
+    head = {"index": 0, **call, "function": {**call["function"], "arguments": ""}}
+    deltas: list[tuple[dict[str, object], str | None]] = [
+        ({"role": "assistant", "content": None}, None),
+        ({"tool_calls": [head]}, None),
+        ({"tool_calls": [{"index": 0, "function": {"arguments": args[:10]}}]}, None),
+        ({"tool_calls": [{"index": 0, "function": {"arguments": args[10:]}}]}, None),
+        ({}, "tool_calls"),
+    ]  # fmt: skip
+    events = [
+        b"data: "
+        + orjson.dumps(
+            {
+                **base,
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+        )
+        + b"\n\n"
+        for delta, finish in deltas
+    ]
+    events.append(b"data: [DONE]\n\n")
+    body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    status = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+    return status + b"\r\n" + body
+
+
 _CHAT = _response(orjson.dumps(CANNED_COMPLETION))
+_STREAM = _sse_answer()
 _MODELS = _response(b'{"object":"list","data":[{"id":"bench-model","object":"model"}]}')
 
 
@@ -63,6 +95,7 @@ class _Protocol(asyncio.Protocol):
     def __init__(self) -> None:
         self._parser = httptools.HttpRequestParser(self)
         self._url = b""
+        self._streamed = False
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -77,10 +110,18 @@ class _Protocol(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url = url
+        self._streamed = False
+
+    def on_body(self, body: bytes) -> None:
+        # The flag sits in the JSON body; bodies arrive whole or split, so look at each piece.
+        self._streamed = self._streamed or b'"stream":true' in body or b'"stream": true' in body
 
     def on_message_complete(self) -> None:
         assert self._transport is not None
-        self._transport.write(_CHAT if b"chat/completions" in self._url else _MODELS)
+        if b"chat/completions" not in self._url:
+            self._transport.write(_MODELS)
+        else:
+            self._transport.write(_STREAM if self._streamed else _CHAT)
 
 
 async def serve(host: str, port: int) -> None:

@@ -32,98 +32,12 @@ import httptools
 import orjson
 import uvloop
 
-from benchmarks.fast_upstream import CANNED_COMPLETION
 from benchmarks.overhead import REQUEST_BODY
 
 __all__ = ["main"]
 
 LITELLM_REQUIREMENT = "litellm[proxy]==1.82.6"  # 1.82.7 and 1.82.8 were compromised on PyPI
 DEFAULT_LITELLM_VENV = Path(tempfile.gettempdir()) / "litellm-venv"
-
-
-# -- the upstream (a subprocess: python -m benchmarks.vs_litellm --serve-upstream PORT) ----------
-
-
-def _sse_answer() -> bytes:
-    base = {k: CANNED_COMPLETION[k] for k in ("id", "created", "model")}
-    call = CANNED_COMPLETION["choices"][0]["message"]["tool_calls"][0]
-    args = call["function"]["arguments"]
-    head = {"index": 0, **call, "function": {**call["function"], "arguments": ""}}
-    deltas: list[tuple[dict[str, object], str | None]] = [
-        ({"role": "assistant", "content": None}, None),
-        ({"tool_calls": [head]}, None),
-        ({"tool_calls": [{"index": 0, "function": {"arguments": args[:10]}}]}, None),
-        ({"tool_calls": [{"index": 0, "function": {"arguments": args[10:]}}]}, None),
-        ({}, "tool_calls"),
-    ]  # fmt: skip
-    events = [
-        b"data: "
-        + orjson.dumps(
-            {
-                **base,
-                "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            }
-        )
-        + b"\n\n"
-        for delta, finish in deltas
-    ]
-    events.append(b"data: [DONE]\n\n")
-    body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
-    status = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
-    return status + b"\r\n" + body
-
-
-def _json_answer(body: bytes) -> bytes:
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-    return head % len(body) + body
-
-
-_CHAT = _json_answer(orjson.dumps(CANNED_COMPLETION))
-_STREAM = _sse_answer()
-_MODELS = _json_answer(b'{"object":"list","data":[{"id":"bench-model","object":"model"}]}')
-
-
-class _UpstreamProtocol(asyncio.Protocol):
-    def __init__(self) -> None:
-        self._parser = httptools.HttpRequestParser(self)
-        self._url = b""
-        self._body: list[bytes] = []
-        self._transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError:
-            if self._transport is not None:
-                self._transport.close()
-
-    def on_url(self, url: bytes) -> None:
-        self._url = url
-        self._body = []
-
-    def on_body(self, body: bytes) -> None:
-        self._body.append(body)
-
-    def on_message_complete(self) -> None:
-        assert self._transport is not None
-        if b"chat/completions" not in self._url:
-            self._transport.write(_MODELS)
-            return
-        body = b"".join(self._body)
-        streamed = b'"stream":true' in body or b'"stream": true' in body
-        self._transport.write(_STREAM if streamed else _CHAT)
-
-
-async def _serve_upstream(port: int) -> None:
-    server = await asyncio.get_running_loop().create_server(
-        _UpstreamProtocol, "127.0.0.1", port, backlog=1024
-    )
-    async with server:
-        await server.serve_forever()
 
 
 # -- the load client ------------------------------------------------------------------------------
@@ -390,18 +304,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--litellm-venv", type=Path, default=DEFAULT_LITELLM_VENV)
     parser.add_argument("--skip-litellm", action="store_true")
     parser.add_argument("--clients-only", action="store_true")
-    parser.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.serve_upstream:
-        uvloop.run(_serve_upstream(args.serve_upstream))
-        return
-
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     upstream_port = _free_port()
     processes: list[subprocess.Popen[bytes]] = []
-    me = [sys.executable, "-m", "benchmarks.vs_litellm"]
     try:
-        upstream = subprocess.Popen([*me, "--serve-upstream", str(upstream_port)], env=env)
+        upstream = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.fast_upstream", "--port", str(upstream_port)],
+            env=env,
+        )
         processes.append(upstream)
         _wait_port(upstream_port, upstream, 20)
         print(
