@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 from redis.exceptions import RedisError
@@ -42,6 +42,13 @@ STORE_ERRORS: tuple[type[BaseException], ...] = (
 
 class _Skipped(Exception):
     """The store failed a moment ago: not tried again yet."""
+
+
+class _Failed:
+    """The marker ``StoreHealth.attempt`` returns when the store did not answer."""
+
+
+FAILED = _Failed()
 
 
 class StoreHealth:
@@ -96,6 +103,20 @@ class StoreHealth:
             if self._log is not None:
                 self._log.warning("episode store available again")
 
+    async def attempt(self, operation: str, call: Callable[[], Awaitable[T]]) -> T | _Failed:
+        """``call()``'s result, or ``FAILED`` (counted and logged) when the store is away."""
+        try:
+            self.check()
+            result = await call()
+        except _Skipped:
+            self.failed(operation, None)
+            return FAILED
+        except STORE_ERRORS as exc:
+            self.failed(operation, exc)
+            return FAILED
+        self.succeeded()
+        return result
+
 
 def _unknown(result: T) -> T:
     """A snapshot computed on a blank state: counted nothing that can be trusted."""
@@ -113,33 +134,13 @@ class GuardedEpisodeStore:
         self.idle_ttl_seconds: float = getattr(inner, "idle_ttl_seconds", 3600.0)
 
     async def update(self, episode_id: str, mutate: Callable[[EpisodeState], T]) -> T:
-        health = self.health
-        try:
-            health.check()
-            result = await self.inner.update(episode_id, mutate)
-        except _Skipped:
-            health.failed("update", None)
-        except STORE_ERRORS as exc:
-            health.failed("update", exc)
-        else:
-            health.succeeded()
-            return result
-        return _unknown(mutate(EpisodeState()))
+        result = await self.health.attempt("update", lambda: self.inner.update(episode_id, mutate))
+        return _unknown(mutate(EpisodeState())) if isinstance(result, _Failed) else result
 
     async def get(self, episode_id: str) -> EpisodeState | None:
-        health = self.health
-        try:
-            health.check()
-            state = await self.inner.get(episode_id)
-        except _Skipped:
-            health.failed("get", None)
-        except STORE_ERRORS as exc:
-            health.failed("get", exc)
-        else:
-            health.succeeded()
-            return state
+        state = await self.health.attempt("get", lambda: self.inner.get(episode_id))
         # Unknown, not absent: an episode is not counted as started again while Redis is away.
-        return EpisodeState()
+        return EpisodeState() if isinstance(state, _Failed) else state
 
 
 class GuardedChainIndex:
@@ -150,27 +151,8 @@ class GuardedChainIndex:
         self.health = health
 
     async def link(self, key: bytes, episode_id: str) -> None:
-        health = self.health
-        try:
-            health.check()
-            await self.inner.link(key, episode_id)
-        except _Skipped:
-            health.failed("link", None)
-        except STORE_ERRORS as exc:
-            health.failed("link", exc)
-        else:
-            health.succeeded()
+        await self.health.attempt("link", lambda: self.inner.link(key, episode_id))
 
     async def lookup(self, key: bytes) -> ChainLink | None:
-        health = self.health
-        try:
-            health.check()
-            link = await self.inner.lookup(key)
-        except _Skipped:
-            health.failed("lookup", None)
-        except STORE_ERRORS as exc:
-            health.failed("lookup", exc)
-        else:
-            health.succeeded()
-            return link
-        return None
+        link = await self.health.attempt("lookup", lambda: self.inner.lookup(key))
+        return None if isinstance(link, _Failed) else link
