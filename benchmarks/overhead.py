@@ -3,7 +3,10 @@
 Starts ``benchmarks.fast_upstream`` and ``python -m repairproxy serve`` as subprocesses, then drives
 both with a minimal keep-alive HTTP/1.1 client (uvloop + httptools) at concurrency 1, 16 and 64,
 alternating direct and proxied rounds so drift hits both alike. Prints added p50/p99 latency,
-requests/s, the proxy's RSS, and the validation cost per tool call.
+requests/s, the proxy's RSS, and the validation cost per tool call. Then the server's CPU time
+per request: utime + stime of each proxy process and its children (``--workers``), read from
+/proc before and after a fixed count of requests, interleaved across variants; wall-clock
+latency is noisy on shared cores, CPU time much less so.
 
     python -m benchmarks.overhead [--rounds 6] [--requests 500] [--repair reflexive]
     python -m benchmarks.overhead --episode-store redis://127.0.0.1:6379/0   # every proxy on Redis
@@ -194,6 +197,57 @@ def _rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def _family(pid: int) -> list[int]:
+    """``pid`` and every process below it (uvicorn's workers), from /proc's parent links."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # exited meanwhile
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, ()))
+    return found
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of these processes (all their threads), in seconds."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / ticks
+
+
+async def _measure_cpu(
+    args: argparse.Namespace, proxies: list[tuple[_Target, int]]
+) -> dict[str, list[float]]:
+    """Microseconds of server CPU per request, one sample per interleaved repetition."""
+    families = {target.name: _family(pid) for target, pid in proxies}
+    samples: dict[str, list[float]] = {target.name: [] for target, _ in proxies}
+    for index in range(args.cpu_repeats):
+        shift = index % len(proxies)
+        for target, _ in proxies[shift:] + proxies[:shift]:
+            pids = families[target.name]
+            before = _cpu_seconds(pids)
+            await target.round(args.cpu_concurrency, args.cpu_requests, record=False)
+            used = _cpu_seconds(pids) - before
+            sent = max(1, args.cpu_requests // args.cpu_concurrency) * args.cpu_concurrency
+            samples[target.name].append(used / sent * 1e6)
+    return samples
+
+
 def _speed_marker_us() -> float:
     """A CPU-speed marker, so figures from a busy machine can be read as such."""
     import timeit
@@ -263,6 +317,21 @@ async def _measure(
                 f"{_rss_mib(pid):>6.1f}MiB",
                 flush=True,
             )
+    if args.cpu_requests > 0:
+        cpu = await _measure_cpu(args, proxies)
+        resolution = 1e6 / os.sysconf("SC_CLK_TCK") / args.cpu_requests
+        print(
+            f"server CPU per request (utime+stime of the proxy and its children, "
+            f"{args.cpu_requests} requests at concurrency {args.cpu_concurrency}, "
+            f"x{args.cpu_repeats} interleaved; resolution {resolution:.1f} us):"
+        )
+        for proxy, _ in proxies:
+            values = cpu[proxy.name]
+            print(
+                f"{proxy.name:>12}: median {statistics.median(values):.1f} us/request "
+                f"(min {min(values):.1f}, max {max(values):.1f})",
+                flush=True,
+            )
     seq_d = direct.latencies.get(1)
     for proxy, _ in proxies:
         seq_p = proxy.latencies.get(1)
@@ -295,6 +364,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--repair", default="reflexive")
+    parser.add_argument(
+        "--cpu-requests",
+        type=int,
+        default=5000,
+        help="requests per server-CPU sample (0: skip the CPU measurement)",
+    )
+    parser.add_argument("--cpu-concurrency", type=int, default=16)
+    parser.add_argument("--cpu-repeats", type=int, default=5)
     parser.add_argument(
         "--variant",
         action="append",
