@@ -61,6 +61,7 @@ class RepairProxyApp:
         self.draining = False
         self._sigterm: tuple[Any, Any] | None = None  # (our handler, the one it chains to)
         self._metrics_server: Any = None  # --metrics-port's own server, closed at shutdown
+        self.metrics: Any = None  # built with the Proxy; None with --metrics false
 
     def begin_drain(self) -> None:
         """From now on ``/readyz`` answers 503 (load balancers stop sending new requests)."""
@@ -91,20 +92,32 @@ class RepairProxyApp:
         }
         logger = configure_logging(settings.log_level, self._log_stream)
         metrics = self._metrics()
+        self.metrics = metrics  # the server layer counts its refusals here (repairproxy.server)
         stores = self.stores = open_stores(
             settings, log=logger, count_error=_store_error_counter(metrics, settings)
         )
         if metrics is not None:
             metrics.bind_active_episodes(stores.active_episodes)
+        tenants = TenantKeys(settings.tenant_secret) if settings.api_keys else None
+        if tenants is not None and tenants.generated and len(settings.api_keys) > 1:
+            logger.warning(
+                "tenant_secret_generated",
+                detail="no --tenant-secret: tenants are derived under a per-process secret, so "
+                "replicas (or a restart) would not agree on them; set the same on every replica",
+            )
         budget = ErrorBudget(
             stores.episodes,
             default_budget=settings.budget,
             tool_error_pattern=settings.tool_error_pattern,
             chains=stores.chains,
             episode_header=settings.episode_header,
+            tenants=tenants,
         )
         tools = ToolsCache(
-            settings.tools_cache_size, forbid_extra_arguments=settings.forbid_extra_arguments
+            settings.tools_cache_size,
+            max_bytes=settings.tools_cache_bytes,
+            max_tools=settings.max_tools,
+            forbid_extra_arguments=settings.forbid_extra_arguments,
         )
         observer: PipelineObserver = metrics if metrics is not None else NullObserver()
         proxy = Proxy(

@@ -1,7 +1,8 @@
 """Command line: ``repairproxy serve --upstream URL ...`` (also ``python -m repairproxy``).
 
 Thin on purpose: parse flags into Settings, start the embedded CPU model when no upstream is given,
-run uvicorn (uvloop + httptools) on the app: one process, or ``--workers N`` under uvicorn's
+run uvicorn (uvloop + httptools, with the header, timeout and connection limits of
+``repairproxy.server``) on the app: one process, or ``--workers N`` under uvicorn's
 process manager (``repairproxy.workers``). SIGTERM drains: uvicorn stops accepting and waits up to
 ``--drain-timeout`` for in-flight requests and streams before the process exits.
 """
@@ -81,25 +82,14 @@ def serve(settings: Settings) -> None:
     import uvicorn
 
     from repairproxy.app import create_app
+    from repairproxy.server import server_options
 
     embedded = None
     if not settings.upstream:
         embedded = _start_embedded(settings.embedded_arm)
         settings = replace(settings, upstream=embedded.base_url)
     try:
-        options: dict[str, Any] = {
-            "host": settings.host,
-            "port": settings.port,
-            "loop": _best("uvloop", "asyncio"),
-            "http": _best("httptools", "h11"),
-            "lifespan": "on",
-            "access_log": False,  # our own canonical log line replaces it
-            "log_level": "warning",
-            "server_header": False,  # the upstream's Server/Date headers pass through instead
-            "date_header": False,
-            "proxy_headers": False,  # no X-Forwarded-* rewriting middleware on the hot path
-            "timeout_graceful_shutdown": settings.drain_timeout,
-        }
+        options = server_options(settings)
         models = f"; send model: {_model_ids(embedded.base_url)}" if embedded else ""
         workers = f", {settings.workers} workers" if settings.workers > 1 else ""
         print(
@@ -166,14 +156,6 @@ def _check_store(settings: Settings) -> None:
                 f"--episode-store {settings.episode_store.split('@')[-1]} needs redis-py: "
                 "pip install 'repairproxy[redis]'"
             ) from exc
-
-
-def _best(module: str, fallback: str) -> str:
-    try:
-        __import__(module)
-    except ImportError:
-        return fallback
-    return module
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -148,6 +148,12 @@ class _Family:
         self.active_episodes = Gauge(
             "repairproxy_active_episodes", "Episodes the store holds now.", registry=registry
         )
+        self.connections_refused = counter(
+            "connections_refused",
+            "Client connections the server closed before the app saw a request "
+            "(max_connections: 503, header_bytes: 431, header_timeout: 408 or a silent close).",
+            ("reason",),
+        )
 
 
 class _ModelMetrics:
@@ -236,6 +242,10 @@ class Metrics:
         self.ladder = self._family.ladder
         self._models: dict[str, _ModelMetrics] = {}
         self._lock = threading.Lock()  # only creating a model's children takes it
+
+    def connection_refused(self, reason: str) -> None:
+        """One connection the server layer refused (``repairproxy.server``); reason is bounded."""
+        self._family.connections_refused.labels(reason).inc()
 
     def bind_active_episodes(self, count: Callable[[], int]) -> None:
         """Read the ``active_episodes`` gauge from ``count`` at each scrape (the store's len)."""

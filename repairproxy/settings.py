@@ -99,6 +99,31 @@ class Settings:
         default=DEFAULT_MAX_BODY_BYTES,
         metadata=_opt("larger request bodies get 413 (default 16 MiB)", parse=int),
     )
+    max_header_bytes: int = field(
+        default=64 * 1024,
+        metadata=_opt(
+            "request line + headers beyond this get 431, before the app (default 64 KiB)",
+            parse=int,
+        ),
+    )
+    header_timeout: float = field(
+        default=10.0,
+        metadata=_opt(
+            "seconds a request's headers may take to arrive, else 408 (default 10)", parse=float
+        ),
+    )
+    keep_alive_timeout: float = field(
+        default=5.0,
+        metadata=_opt("seconds an idle keep-alive connection is kept (default 5)", parse=float),
+    )
+    max_client_connections: int = field(
+        default=1024,
+        metadata=_opt(
+            "open client connections; beyond, a new one gets 503 (default 1024; keep it below "
+            "the fd limit)",
+            parse=int,
+        ),
+    )
     repair: RepairMode = field(
         default=RepairMode.REFLEXIVE,
         metadata=_opt(
@@ -176,6 +201,26 @@ class Settings:
     tools_cache_size: int = field(
         default=256, metadata=_opt("distinct tools lists kept compiled (default 256)", parse=int)
     )
+    tools_cache_bytes: int = field(
+        default=64 * 1024 * 1024,
+        metadata=_opt(
+            "estimated memory the compiled tools lists may take, least recently used dropped "
+            "first (default 64 MiB)",
+            parse=int,
+        ),
+    )
+    max_tools: int = field(
+        default=1024,
+        metadata=_opt("a request declaring more tools gets 400 (default 1024)", parse=int),
+    )
+    store_timeout: float = field(
+        default=0.25,
+        metadata=_opt(
+            "seconds one episode-store call may take before the request goes on without it "
+            "(budget unknown; default 0.25)",
+            parse=float,
+        ),
+    )
     forbid_extra_arguments: bool = field(
         default=False,
         metadata=_opt(
@@ -233,6 +278,13 @@ class Settings:
             raise ValueError("--max-repairs and --budget must be >= 0")
         if self.upstream_timeout <= 0 or self.max_body_bytes <= 0:
             raise ValueError("--upstream-timeout and --max-body-bytes must be > 0")
+        if min(self.max_header_bytes, self.max_client_connections) < 1 or min(
+            self.header_timeout, self.keep_alive_timeout
+        ) <= 0:
+            raise ValueError(
+                "--max-header-bytes, --max-client-connections, --header-timeout and "
+                "--keep-alive-timeout must be > 0"
+            )
         if self.workers < 1:
             raise ValueError("--workers must be >= 1")
         if self.workers > 1 and self.episode_store == "memory":

@@ -1,0 +1,179 @@
+"""Limits uvicorn does not have, held at the HTTP protocol before the app sees a byte.
+
+uvicorn's httptools protocol hands every byte a client sends to the parser, and httptools keeps a
+header's name and value until the header ends: one unauthenticated 48 MiB header is buffered
+whole (twice: the parser's copy and the scope's), and a connection that never finishes its headers
+is held forever (with the fd limit at 128, 150 such sockets starve ``/healthz``).
+``LimitedProtocol`` subclasses that protocol and adds, per connection:
+
+- **header bytes**: the request line and headers of one request may take ``--max-header-bytes``
+  (default 64 KiB); the parser is fed at most that many bytes before the headers end, so what it
+  holds is bounded, and the client gets ``431`` and a closed connection. (A pipelined request that
+  starts in the same read as the previous one's end may carry one read, <= 256 KiB, uncounted.)
+- **header-read timeout**: from the first byte of a request (or the connection's start) its headers
+  must arrive within ``--header-timeout`` seconds, else ``408`` (or a silent close if nothing came).
+- **connections**: beyond ``--max-client-connections`` open connections, a new one is answered
+  ``503`` at once and closed, before it can hold a file descriptor for long.
+
+Idle keep-alive connections close after ``--keep-alive-timeout`` (uvicorn's own timer). Each refusal
+is counted in ``repairproxy_connections_refused_total{reason}``. The limits are read from the app's
+Settings (the protocol finds the app below uvicorn's wrappers), so ``--workers`` needs no extra
+plumbing. Without httptools, uvicorn's h11 protocol runs with ``h11_max_incomplete_event_size`` set
+to the same header cap (h11 answers such a request 400, not 431).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from repairproxy.settings import Settings
+
+__all__ = ["LimitedProtocol", "RefusalCounter", "server_options"]
+
+
+class RefusalCounter(Protocol):
+    """What the protocol reports refusals to (``Metrics.connection_refused``)."""
+
+    def connection_refused(self, reason: str) -> None: ...
+
+
+def _plain(status: bytes, reason: str) -> bytes:
+    body = reason.encode("ascii")
+    return (
+        b"HTTP/1.1 " + status + b"\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        b"content-length: " + str(len(body)).encode("ascii") + b"\r\nconnection: close\r\n\r\n"
+    ) + body
+
+
+_TOO_LARGE = _plain(b"431 Request Header Fields Too Large", "request line and headers too large")
+_TIMEOUT = _plain(b"408 Request Timeout", "request headers not received in time")
+_BUSY = _plain(b"503 Service Unavailable", "too many open connections")
+
+
+def _find_settings(app: Any) -> tuple[Settings, Any]:
+    """The Settings (and the app holding them) below uvicorn's middleware wrappers."""
+    for _ in range(8):
+        settings = getattr(app, "settings", None)
+        if isinstance(settings, Settings):
+            return settings, app
+        app = getattr(app, "app", None)
+        if app is None:
+            break
+    return Settings(upstream="-"), None  # a foreign app: the defaults
+
+
+class LimitedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol plus a header-byte cap, a header timeout, a connection cap."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        settings, self._owner = _find_settings(self.app)
+        self._max_header_bytes = settings.max_header_bytes
+        self._header_timeout = settings.header_timeout
+        self._max_connections = settings.max_client_connections
+        self._in_headers = True  # between one request's first byte and its headers' end
+        self._header_bytes = 0
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def _refused(self, reason: str, answer: bytes) -> None:
+        metrics = getattr(self._owner, "metrics", None)
+        if metrics is not None:
+            metrics.connection_refused(reason)
+        if not self.transport.is_closing():
+            self.transport.write(answer)
+            self.transport.close()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        busy = len(self.connections) >= self._max_connections
+        super().connection_made(transport)
+        if busy:
+            self._refused("max_connections", _BUSY)
+            return
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_timer()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self._header_timeout, self._header_timed_out)
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timed_out(self) -> None:
+        self._header_timer = None
+        if not self._in_headers or self.transport.is_closing():
+            return
+        if self._header_bytes:
+            self._refused("header_timeout", _TIMEOUT)
+        else:  # an idle connection that never sent a request: nothing to answer
+            self._refused("header_timeout", b"")
+
+    def data_received(self, data: bytes) -> None:
+        if not self._in_headers or self.parser is None:
+            super().data_received(data)
+            return
+        self._arm_header_timer()
+        room = self._max_header_bytes - self._header_bytes
+        if len(data) <= room:
+            self._header_bytes += len(data)
+            super().data_received(data)
+            return
+        # Feed only what the cap allows; if the headers end within it, feed the rest as body.
+        view = memoryview(data)
+        self._header_bytes += room
+        super().data_received(bytes(view[:room]))
+        if self._in_headers:
+            self._refused("header_bytes", _TOO_LARGE)
+            return
+        if self.parser is not None and not self.transport.is_closing():
+            super().data_received(bytes(view[room:]))
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        self._disarm_header_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_headers = True  # the next bytes on this connection start the next request
+        self._header_bytes = 0
+
+
+def server_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's options for this proxy: uvloop + the limited httptools protocol when present."""
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "loop": _best("uvloop", "asyncio"),
+        "lifespan": "on",
+        "access_log": False,  # our own canonical log line replaces it
+        "log_level": "warning",
+        "server_header": False,  # the upstream's Server/Date headers pass through instead
+        "date_header": False,
+        "proxy_headers": False,  # no X-Forwarded-* rewriting middleware on the hot path
+        "timeout_graceful_shutdown": settings.drain_timeout,
+        "timeout_keep_alive": settings.keep_alive_timeout,
+    }
+    if _best("httptools", "h11") == "httptools":
+        options["http"] = LimitedProtocol
+    else:
+        options["http"] = "h11"
+        options["h11_max_incomplete_event_size"] = settings.max_header_bytes
+        options["limit_concurrency"] = settings.max_client_connections
+    return options
+
+
+def _best(module: str, fallback: str) -> str:
+    try:
+        __import__(module)
+    except ImportError:
+        return fallback
+    return module
