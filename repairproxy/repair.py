@@ -133,14 +133,26 @@ class RepairOutcome:
     repair_failed: str | None = None
 
 
+# A mention is a whole word of word characters and hyphens (what a function name is made of),
+# not preceded by a dot (``module.name`` names something else).
+_WORD = re.compile(r"[\w-]+")
+
+
 def _declared_mentions(text: str, tools: CompiledTools) -> list[str]:
-    """Declared tool names the text mentions as words, in order of first mention."""
-    found = []
-    for name in tools.names:
-        match = re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", text)
-        if match:
-            found.append((match.start(), name))
-    return [name for _, name in sorted(found)]
+    """Declared tool names the text mentions as words, in order of first mention.
+
+    One pass over the text, each word looked up among the names: linear in text + tools, however
+    many tools are declared (a name with other characters is not looked for).
+    """
+    names = tools.name_set
+    found: dict[str, None] = {}
+    for word in _WORD.finditer(text):
+        name = word.group()
+        if name in names and name not in found:
+            start = word.start()
+            if start == 0 or text[start - 1] != ".":
+                found[name] = None
+    return list(found)
 
 
 def _intended_tool(call: CallVerdict, tools: CompiledTools, mentions: Sequence[str]) -> str | None:

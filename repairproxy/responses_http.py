@@ -32,7 +32,7 @@ from repairproxy.responses_api import (
     to_chat_completion,
     to_response,
 )
-from repairproxy.streaming import SSEParser, could_open_call
+from repairproxy.streaming import SSEParser, call_opening
 from repairproxy.upstream import HeaderList, Upstream, UpstreamReply, response_headers, timed
 from repairproxy.wire import ChatCompletion
 
@@ -210,6 +210,7 @@ class ResponsesCall:
         sequence = 0
         prose: dict[int, bool] = {}  # output index -> its text is plain prose (released)
         text: dict[int, str] = {}
+        opening: dict[int, bool | None] = {}  # output index -> its text opens a call, if decided
 
         async def release(raw: bytes) -> None:
             if not responder.started:
@@ -230,9 +231,16 @@ class ResponsesCall:
                     await release(event.raw)
                     continue
                 index = payload.get("output_index")
-                if kind == "response.output_text.delta" and isinstance(index, int):
+                if (
+                    kind == "response.output_text.delta"
+                    and isinstance(index, int)
+                    and not prose.get(index)
+                    and opening.get(index) is None
+                ):
+                    # Read again only while undecided (short or blank): linear in the stream.
                     text[index] = text.get(index, "") + str(payload.get("delta", ""))
-                    if not prose.get(index) and not could_open_call(text[index]):
+                    opening[index] = call_opening(text[index])
+                    if opening[index] is False:
                         prose[index] = True  # plain prose: this item's events flow from now on
                         for raw, _ in [h for h in held if h[1] == index]:
                             await release(raw)

@@ -22,8 +22,9 @@ What a stream's HTTP headers can carry (headers leave before the first body byte
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -37,6 +38,7 @@ __all__ = [
     "SSEParser",
     "StreamAssembler",
     "ToolCallGate",
+    "call_opening",
     "comment_event",
     "completion_to_chunks",
     "could_open_call",
@@ -44,7 +46,8 @@ __all__ = [
 ]
 
 DONE_EVENT = b"data: [DONE]\n\n"
-_SEPARATORS = (b"\r\n\r\n", b"\n\n", b"\r\r")
+# One pass finds the earliest of the three event separators.
+_SEPARATOR = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 # Content held while it could still be a call written as text, at most this many characters:
 # a longer answer is flushed (and, if it was a call after all, still promoted, its text kept).
 MAX_HELD_CONTENT_CHARS = 16_384
@@ -73,30 +76,45 @@ def comment_event(text: str) -> bytes:
 
 
 class SSEParser:
-    """Incremental SSE splitter; ``feed`` returns the events completed by this chunk."""
+    """Incremental SSE splitter; ``feed`` returns the events completed by this chunk.
+
+    Linear in the bytes fed: each byte is searched for a separator once (a partial event is not
+    searched again from its start when the next chunk arrives), and the buffer is trimmed once
+    per chunk, not once per event. ``scanned`` counts the bytes searched (tests hold it to that).
+    """
 
     def __init__(self) -> None:
-        self._buffer = b""
+        self._buffer = bytearray()
+        self._searched = 0  # bytes of the buffer known to hold no separator start
+        self.scanned = 0
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        self._buffer += chunk
+        buffer = self._buffer
+        buffer += chunk
         events: list[SSEEvent] = []
+        start = 0
+        # A separator may straddle the previous chunk's end: search from up to 3 bytes before.
+        position = max(self._searched - 3, 0)
         while True:
-            cut = -1
-            sep_len = 0
-            for sep in _SEPARATORS:
-                pos = self._buffer.find(sep)
-                if pos != -1 and (cut == -1 or pos < cut):
-                    cut, sep_len = pos, len(sep)
-            if cut == -1:
-                return events
-            raw = self._buffer[: cut + sep_len]
-            self._buffer = self._buffer[cut + sep_len :]
-            events.append(SSEEvent(raw, _data_of(raw[:cut])))
+            match = _SEPARATOR.search(buffer, position)
+            if match is None:
+                self.scanned += len(buffer) - position
+                break
+            self.scanned += match.end() - position
+            cut, end = match.span()
+            raw = bytes(buffer[start:end])
+            events.append(SSEEvent(raw, _data_of(raw[: cut - start])))
+            start = position = end
+        if start:
+            del buffer[:start]
+        self._searched = len(buffer)
+        return events
 
     def flush(self) -> list[SSEEvent]:
         """Whatever the upstream left unterminated at the end of the stream."""
-        rest, self._buffer = self._buffer, b""
+        rest = bytes(self._buffer)
+        self._buffer = bytearray()
+        self._searched = 0
         if not rest.strip():
             return []
         return [SSEEvent(rest, _data_of(rest))]
@@ -111,26 +129,71 @@ def _data_of(block: bytes) -> bytes | None:
     return b"\n".join(parts) if parts else None
 
 
-@dataclass(slots=True)
 class _CallParts:
-    id: str | None = None
-    type: str = "function"
-    name: str = ""
-    arguments: str = ""
+    """One call's deltas, kept as pieces and joined once (``+=`` on a long string is quadratic)."""
+
+    __slots__ = ("_arguments", "_name", "id", "type")
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.type = "function"
+        self._name: list[str] = []
+        self._arguments: list[str] = []
+
+    def add(self, name: Any, arguments: Any) -> None:
+        if isinstance(name, str) and name:
+            self._name.append(name)
+        if isinstance(arguments, str) and arguments:
+            self._arguments.append(arguments)
+
+    @property
+    def name(self) -> str:
+        return _joined(self._name)
+
+    @property
+    def arguments(self) -> str:
+        return _joined(self._arguments)
 
 
-@dataclass(slots=True)
+def _joined(parts: list[str]) -> str:
+    """The pieces as one string, kept as one piece so that reading it again costs nothing."""
+    if len(parts) > 1:
+        parts[:] = ["".join(parts)]
+    return parts[0] if parts else ""
+
+
 class StreamAssembler:
-    """Folds chunk JSON into the equivalent non-streaming ``chat.completion`` (choice 0)."""
+    """Folds chunk JSON into the equivalent non-streaming ``chat.completion`` (choice 0).
 
-    meta: dict[str, Any] = field(default_factory=dict)
-    content: str | None = None
-    calls: dict[int, _CallParts] = field(default_factory=dict)
-    function_call: _CallParts | None = None
-    finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
+    Linear in the stream: text and arguments are kept as pieces, joined when read.
+    """
 
-    def add(self, chunk: Mapping[str, Any]) -> None:
+    __slots__ = (
+        "_content",
+        "calls",
+        "content_chars",
+        "finish_reason",
+        "function_call",
+        "meta",
+        "usage",
+    )
+
+    def __init__(self) -> None:
+        self.meta: dict[str, Any] = {}
+        self._content: list[str] | None = None
+        self.content_chars = 0
+        self.calls: dict[int, _CallParts] = {}
+        self.function_call: _CallParts | None = None
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+
+    @property
+    def content(self) -> str | None:
+        return None if self._content is None else _joined(self._content)
+
+    def add(self, chunk: Mapping[str, Any]) -> str:
+        """Fold one chunk in; returns the content text it added (choice 0)."""
+        added = ""
         if not self.meta:
             self.meta = {
                 k: chunk[k] for k in ("id", "created", "model", "system_fingerprint") if k in chunk
@@ -146,17 +209,22 @@ class StreamAssembler:
                 continue  # an upstream's malformed chunk: nothing in it to assemble
             text = delta.get("content")
             if isinstance(text, str):
-                self.content = (self.content or "") + text
+                if self._content is None:
+                    self._content = []
+                if text:
+                    self._content.append(text)
+                    self.content_chars += len(text)
+                    added += text
             for part in _list(delta.get("tool_calls")):
                 if isinstance(part, dict):
                     self._add_call_delta(part)
             legacy = delta.get("function_call")
             if isinstance(legacy, dict):
                 self.function_call = self.function_call or _CallParts()
-                self.function_call.name += legacy.get("name") or ""
-                self.function_call.arguments += legacy.get("arguments") or ""
+                self.function_call.add(legacy.get("name"), legacy.get("arguments"))
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+        return added
 
     def _add_call_delta(self, part: Mapping[str, Any]) -> None:
         index = part.get("index", len(self.calls))
@@ -167,9 +235,7 @@ class StreamAssembler:
             call.type = part["type"]
         function = part.get("function")
         if isinstance(function, dict):
-            name, arguments = function.get("name"), function.get("arguments")
-            call.name += name if isinstance(name, str) else ""
-            call.arguments += arguments if isinstance(arguments, str) else ""
+            call.add(function.get("name"), function.get("arguments"))
 
     @property
     def has_calls(self) -> bool:
@@ -224,6 +290,9 @@ class ToolCallGate:
         self._prose = not hold_text
         self._max_held_chars = max_held_chars
         self.released_content = False
+        # Whether the held text opens a call: True or False once a prefix decides, else None.
+        self._opening: bool | None = None
+        self.scanned = 0  # characters of held text read to decide (tests hold it bounded)
 
     def feed(self, event: SSEEvent) -> list[bytes]:
         if event.data is None or event.is_done:
@@ -237,7 +306,7 @@ class ToolCallGate:
         if not isinstance(chunk, dict):
             self._held.append(event.raw)
             return []
-        self.assembler.add(chunk)
+        added = self.assembler.add(chunk)
         if not _is_content_only(chunk) or self._held_calls:
             self._held_calls = True
             self._held.append(event.raw)
@@ -246,8 +315,12 @@ class ToolCallGate:
             self.released_content = True
             return [event.raw]
         self._held.append(event.raw)
-        content = self.assembler.content or ""
-        if len(content) <= self._max_held_chars and could_open_call(content):
+        if self._opening is None and added:
+            # Undecided prefixes are short (or blank): the text is read again only while one is.
+            content = self.assembler.content or ""
+            self.scanned += len(content)
+            self._opening = call_opening(content)
+        if self.assembler.content_chars <= self._max_held_chars and self._opening is not False:
             return []
         self._prose = True
         self.released_content = True
@@ -281,28 +354,41 @@ def _list(value: Any) -> list[Any]:
 
 def could_open_call(text: str) -> bool:
     """Whether content beginning with ``text`` may still turn out to be a call written as text."""
+    return call_opening(text) is not False
+
+
+def call_opening(text: str) -> bool | None:
+    """Whether content beginning with ``text`` opens a call written as text, as far as it tells.
+
+    True or False once the prefix decides it (every longer text beginning with it gets the same
+    answer, so a stream need not read its text again), None while it could go either way.
+    """
     stripped = text.lstrip()
     if not stripped:
-        return True
+        return None
     first, rest = stripped[0], stripped[1:].lstrip()
-    if first == "{":
-        return not rest or rest[0] == '"'  # a JSON object opens with a key
-    if first == "[":
-        return not rest or rest[0] == "{"  # a list of call objects
+    if first in "{[":
+        if not rest:
+            return None
+        return rest[0] == ('"' if first == "{" else "{")  # an object's key; a list of calls
     if stripped.startswith("```"):
         language, newline, body = stripped[3:].partition("\n")
         language = language.strip().lower()
         if not newline:
-            return len(language) < 16 and any(
+            if len(language) < 16 and any(
                 known.startswith(language) for known in JSON_FENCE_LANGUAGES
-            )
+            ):
+                return None
+            return False
+        if language not in JSON_FENCE_LANGUAGES:
+            return False
         body = body.lstrip()
-        return language in JSON_FENCE_LANGUAGES and (not body or body[0] in "{[<")
+        return body[0] in "{[<" if body else None
     if "```".startswith(stripped):
+        return None
+    if any(stripped.startswith(opener) for opener in _TAG_OPENERS):
         return True
-    return any(
-        stripped.startswith(opener) or opener.startswith(stripped) for opener in _TAG_OPENERS
-    )
+    return None if any(opener.startswith(stripped) for opener in _TAG_OPENERS) else False
 
 
 def completion_to_chunks(

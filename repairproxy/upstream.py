@@ -22,6 +22,7 @@ pool: send a request, get status, headers, a body iterator, close). Tests script
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import os
 import time
@@ -202,7 +203,11 @@ class UpstreamTimer:
 
 
 async def timed(chunks: AsyncIterator[bytes], timer: UpstreamTimer) -> AsyncIterator[bytes]:
-    """Re-yield ``chunks``, adding the time spent waiting for each one to ``timer``."""
+    """Re-yield ``chunks``, adding the time spent waiting for each one to ``timer``.
+
+    Between chunks it lets the event loop run: chunks already buffered arrive without a pause, so
+    a long stream relayed in one go would otherwise hold every other request back until its end.
+    """
     iterator = chunks.__aiter__()
     while True:
         started = time.perf_counter()
@@ -213,6 +218,7 @@ async def timed(chunks: AsyncIterator[bytes], timer: UpstreamTimer) -> AsyncIter
         finally:
             timer.seconds += time.perf_counter() - started
         yield chunk
+        await asyncio.sleep(0)
 
 
 def response_headers(raw: Iterable[tuple[bytes, bytes]], *, head: bool = False) -> HeaderList:

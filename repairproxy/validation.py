@@ -1,7 +1,8 @@
 """Classify every tool call in a model answer into exactly one channel of a fixed vocabulary.
 
-A request's declared tools are compiled once (jsonschema-rs validators, in a bounded LRU keyed by
-their serialised JSON); each answer is then checked call by call in a few microseconds.
+A request's declared tools are compiled once (jsonschema-rs validators, in an LRU keyed by their
+serialised JSON and bounded by the memory they are estimated to take); each answer is then checked
+call by call in a few microseconds.
 """
 
 from __future__ import annotations
@@ -23,11 +24,16 @@ from repairproxy.errors import InvalidToolsError
 from repairproxy.textcalls import TextCall, find_call_in_text, find_text_calls, message_text
 
 __all__ = [
+    "COMPILED_BYTES_PER_JSON_BYTE",
+    "COMPILED_BYTES_PER_TOOL",
+    "DEFAULT_MAX_TOOLS",
+    "DEFAULT_TOOLS_CACHE_BYTES",
     "CallVerdict",
     "Channel",
     "CompiledTools",
     "MessageVerdict",
     "ToolsCache",
+    "compiled_size",
     "find_call_in_text",
     "text_calls_allowed",
 ]
@@ -145,7 +151,7 @@ def _closed(schema: Mapping[str, Any]) -> dict[str, Any]:
 class CompiledTools:
     """The declared tools of one request, compiled once; checks calls and whole messages."""
 
-    __slots__ = ("_closest", "_normalized_names", "_schemas", "_validators", "names")
+    __slots__ = ("_closest", "_normalized_names", "_schemas", "_validators", "name_set", "names")
 
     def __init__(
         self,
@@ -172,6 +178,7 @@ class CompiledTools:
                 ) from exc
             schemas[name] = schema
         self.names: tuple[str, ...] = tuple(validators)
+        self.name_set = frozenset(self.names)
         self._validators = validators
         self._schemas = schemas
         self._normalized_names = {_normalized(name): name for name in self.names}
@@ -482,34 +489,77 @@ def _declared_function(function: Mapping[str, Any], where: str) -> tuple[str, Ma
     return name, parameters
 
 
-class ToolsCache:
-    """Compiled tools per distinct ``tools``/``functions`` list: bounded LRU keyed by their JSON."""
+# A compiled tools list costs about this many bytes of memory per byte of its JSON, plus a fixed
+# cost per tool (measured by ``benchmarks/limits.py`` from the process's RSS: jsonschema-rs
+# allocates outside Python's allocator, so tracemalloc does not see it).
+COMPILED_BYTES_PER_JSON_BYTE = 24
+COMPILED_BYTES_PER_TOOL = 4096
+DEFAULT_TOOLS_CACHE_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_TOOLS = 1024
 
-    def __init__(self, max_entries: int = 256, *, forbid_extra_arguments: bool = False) -> None:
-        if max_entries < 1:
-            raise ValueError("max_entries must be at least 1")
+
+def compiled_size(key: bytes, tools: int) -> int:
+    """The memory a compiled tools list is accounted for, estimated from its JSON's size."""
+    return len(key) * COMPILED_BYTES_PER_JSON_BYTE + tools * COMPILED_BYTES_PER_TOOL
+
+
+class ToolsCache:
+    """Compiled tools per distinct ``tools``/``functions`` list: an LRU keyed by their JSON,
+    bounded by entries and by the memory its compiled validators are estimated to take.
+
+    A list estimated larger than the whole bound is compiled for its request and not kept. A
+    request declaring more than ``max_tools`` functions is refused before anything is compiled.
+    """
+
+    def __init__(
+        self,
+        max_entries: int = 256,
+        *,
+        max_bytes: int = DEFAULT_TOOLS_CACHE_BYTES,
+        max_tools: int = DEFAULT_MAX_TOOLS,
+        forbid_extra_arguments: bool = False,
+    ) -> None:
+        if max_entries < 1 or max_bytes < 1 or max_tools < 1:
+            raise ValueError("max_entries, max_bytes and max_tools must be at least 1")
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.max_tools = max_tools
         # Also treat arguments the schema does not name as violations (see ``_closed``).
         self.forbid_extra_arguments = forbid_extra_arguments
-        self._entries: OrderedDict[bytes, CompiledTools] = OrderedDict()
+        self._entries: OrderedDict[bytes, tuple[CompiledTools, int]] = OrderedDict()
+        self.bytes = 0  # estimated memory of the kept entries (compiled_size)
+        self.evictions = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def compile(self, body: Mapping[str, Any]) -> CompiledTools | None:
         """The compiled tools of a request body; None when it declares no tools."""
-        if body.get("tools") is None and body.get("functions") is None:
+        tools, functions = body.get("tools"), body.get("functions")
+        if tools is None and functions is None:
             return None
+        declared_count = sum(len(v) for v in (tools, functions) if isinstance(v, list))
+        if declared_count > self.max_tools:
+            raise InvalidToolsError(
+                f"{declared_count} tools declared; at most {self.max_tools} are accepted",
+                param="tools" if isinstance(tools, list) and tools else "functions",
+            )
         key = self._key(body)
-        compiled = self._entries.get(key)
-        if compiled is not None:
+        entry = self._entries.get(key)
+        if entry is not None:
             self._entries.move_to_end(key)
-            return compiled
+            return entry[0]
         declared = _declared_tools(body)
         compiled = CompiledTools(declared or [], forbid_extra_arguments=self.forbid_extra_arguments)
-        self._entries[key] = compiled
-        if len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        size = compiled_size(key, len(compiled.names))
+        if size > self.max_bytes:
+            return compiled  # kept for this request only
+        self._entries[key] = (compiled, size)
+        self.bytes += size
+        while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self.bytes -= evicted
+            self.evictions += 1
         return compiled
 
     @staticmethod

@@ -99,7 +99,11 @@ def open_stores(
     from repairproxy.stores.redis_store import RedisChainIndex, RedisEpisodeStore, redis_client
 
     client = redis_client(spec, max_connections=max(settings.max_connections, 16))
-    health = StoreHealth(log=log, count_error=count_error or (lambda operation: None))
+    health = StoreHealth(
+        log=log,
+        count_error=count_error or (lambda operation: None),
+        timeout=settings.store_timeout,
+    )
     ttl = settings.episode_idle_ttl
     return Stores(
         GuardedEpisodeStore(RedisEpisodeStore(client, ttl), health),

@@ -10,11 +10,14 @@ finds nothing. ``StoreHealth`` counts every such
 call (``repairproxy_store_errors_total``), logs one line when the store goes away and one when it
 is back, and skips the store for a while after a failure (``retry_after`` seconds, doubling while
 it keeps failing, up to ``max_retry_after``), so a dead host costs one connect timeout per
-interval instead of one per request. It tries again by itself.
+interval instead of one per request. It tries again by itself. Each call is cut at ``timeout``
+(``--store-timeout``, 250 ms): a Redis that accepts and never answers costs a request that long,
+counted as an error of the operation like any other failure.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
@@ -59,12 +62,14 @@ class StoreHealth:
         *,
         retry_after: float = 1.0,
         max_retry_after: float = 8.0,
+        timeout: float = 0.25,
         count_error: Callable[[str], None] = lambda operation: None,
         log: Any = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.retry_after = retry_after
         self.max_retry_after = max_retry_after
+        self.timeout = timeout
         self._rest = retry_after
         self._count_error = count_error
         self._log = log
@@ -72,6 +77,7 @@ class StoreHealth:
         self._down_until = 0.0
         self.down = False
         self.errors = 0
+        self.timeouts = 0  # calls cut at ``timeout`` (also counted in ``errors``)
 
     def check(self) -> None:
         """Raise ``_Skipped`` while the store is resting after a failure."""
@@ -107,11 +113,15 @@ class StoreHealth:
         """``call()``'s result, or ``FAILED`` (counted and logged) when the store is away."""
         try:
             self.check()
-            result = await call()
+            # A hung store (accepts, never answers) must cost a request this long at most.
+            async with asyncio.timeout(self.timeout):
+                result = await call()
         except _Skipped:
             self.failed(operation, None)
             return FAILED
         except STORE_ERRORS as exc:
+            if isinstance(exc, TimeoutError):
+                self.timeouts += 1
             self.failed(operation, exc)
             return FAILED
         self.succeeded()

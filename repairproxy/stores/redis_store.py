@@ -119,8 +119,31 @@ def encode_state(state: EpisodeState) -> bytes:
     return orjson.dumps({name: getattr(state, name) for name in _FIELDS})
 
 
+def _field_check(annotation: Any) -> Callable[[Any], bool]:
+    """Whether a decoded field holds what ``EpisodeState`` declares: dicts of ints or of nulls
+    (ordered sets), ints; JSON's keys are strings already."""
+    declared = str(annotation).replace(" ", "")
+    if declared == "dict[str,None]":
+        return lambda value: isinstance(value, dict) and all(v is None for v in value.values())
+    if declared == "dict[str,int]":
+        return lambda value: isinstance(value, dict) and all(type(v) is int for v in value.values())
+    if declared == "int":
+        return lambda value: type(value) is int
+    return lambda value: True
+
+
+_FIELD_CHECKS = {f.name: _field_check(f.type) for f in dataclasses.fields(EpisodeState)}
+
+
 def decode_state(raw: bytes) -> EpisodeState:
+    """The stored state; ``ValueError`` when a field is not what this store writes (a wrong
+    type would otherwise fail later, inside the request, as a 500)."""
     data = orjson.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError("the episode state is not a JSON object")
+    for name, check in _FIELD_CHECKS.items():
+        if name in data and not check(data[name]):
+            raise ValueError(f"field {name!r} does not hold what this store writes")
     return EpisodeState(**{name: data[name] for name in _FIELDS if name in data})
 
 
