@@ -1,0 +1,283 @@
+"""How well promotion reads tool calls written as text: native formats and hostile answers.
+
+Two corpora under ``tests/data/textcalls/`` (see its README):
+
+* ``native/<family>.jsonl``: model outputs re-authored from vLLM's tool-parser tests, one file per
+  format family (hermes, pythonic, Gemma 4, harmony, DeepSeek, Kimi K2, GLM, MiniMax, ...), each
+  with the calls vLLM extracts and the prose that should stay. Per family this prints the cases
+  with a call, how many were promoted exactly (every name and argument object equal as JSON, in
+  order), with wrong arguments, missed, and with part of the wrapper left in ``content``; and
+  the false promotions among the negatives (cases where vLLM extracts no call).
+* ``hostile.jsonl``: answers that hold a call shape but are not a call (quotes, declines,
+  conditionals, examples, injections, reasoning), request constraints, and positive controls.
+  Per category this prints each outcome (promoted, ambiguous, not a call) against the expected.
+
+Everything goes through ``promote_answer`` below, the one adapter to the proxy's promotion code:
+when that API changes, only it changes. Buffered answers only for now; streamed to come.
+
+    python -m benchmarks.textcalls [--verbose] [--family NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from repairproxy.textcalls import message_text, promote_calls
+from repairproxy.validation import Channel, ToolsCache, text_calls_allowed
+
+__all__ = ["Promotion", "main", "promote_answer"]
+
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "textcalls"
+
+
+@dataclass(frozen=True, slots=True)
+class Promotion:
+    """What the proxy makes of one answer's text.
+
+    ``calls`` are the promoted calls as (name, decoded arguments); ``content`` what stays as
+    text; ``flagged`` that a call shape was seen but not promoted (counted as
+    ``tool_call_in_content`` and re-asked in ``reflexive``): the *ambiguous* outcome.
+    """
+
+    calls: tuple[tuple[str, Any], ...]
+    content: str | None
+    flagged: bool
+
+    @property
+    def outcome(self) -> str:
+        if self.calls:
+            return "promoted"
+        return "ambiguous" if self.flagged else "not_a_call"
+
+
+def promote_answer(
+    request: Mapping[str, Any], content: str, messages: Sequence[Mapping[str, Any]] = ()
+) -> Promotion:
+    """The proxy's buffered promotion of ``content`` for ``request`` (its tools and constraints).
+
+    Mirrors the pipeline's step: ``tool_choice: none`` leaves text as text; otherwise the
+    message is validated against the declared tools and every call written as text whose group
+    validates is promoted (``repairproxy.repair.promote``). ``messages`` (the conversation so
+    far) are passed for promotion rules that look at it; today's code does not.
+    """
+    del messages  # today's promotion does not read the conversation
+    if not text_calls_allowed(request):
+        return Promotion((), content, False)
+    tools = ToolsCache().compile(request)
+    if tools is None:
+        return Promotion((), content, False)
+    message = {"role": "assistant", "content": content}
+    verdict = tools.check_message(message)
+    in_text = [call for call in verdict.calls if call.text_call is not None]
+    groups: dict[tuple[int, int], list[Any]] = {}
+    for call in in_text:
+        assert call.text_call is not None
+        groups.setdefault((call.text_call.start, call.text_call.end), []).append(call)
+    chosen = [
+        call.text_call
+        for group in groups.values()
+        if all(call.inner is Channel.VALID for call in group)
+        for call in group
+    ]
+    if not chosen:
+        return Promotion((), content, bool(in_text))
+    promoted = promote_calls(message, chosen)
+    calls = tuple(
+        (entry["function"]["name"], _decoded(entry["function"]["arguments"]))
+        for entry in promoted.get("tool_calls") or ()
+    )
+    rest = message_text(promoted) if promoted.get("content") is not None else None
+    return Promotion(calls, rest, len(chosen) < len(in_text))
+
+
+def _decoded(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+    return arguments
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def _load(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _normalised(text: str | None) -> str:
+    return " ".join((text or "").split())
+
+
+# --- native formats ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class FamilyScore:
+    cases: int = 0
+    exact: int = 0
+    wrong_arguments: int = 0
+    missed: int = 0
+    wrapper_left: int = 0
+    content_ok: int = 0
+    negatives: int = 0
+    false_promotions: int = 0
+    stripped: int = 0  # cases whose special-token markers were dropped from the text
+    stripped_exact: int = 0
+
+
+def _native_request(case: Mapping[str, Any]) -> dict[str, Any]:
+    return {"tools": case["tools"], "tool_choice": "auto"}
+
+
+def _score_native(case: Mapping[str, Any], score: FamilyScore, failures: list[str]) -> None:
+    result = promote_answer(_native_request(case), case["text"])
+    expected = [(call["name"], call["arguments"]) for call in case["expected_calls"]]
+    if not expected:
+        score.negatives += 1
+        if result.calls:
+            score.false_promotions += 1
+            failures.append(f"{case['id']}: false promotion {result.calls}")
+        return
+    score.cases += 1
+    score.stripped += bool(case.get("marker_stripped"))
+    got_names = [name for name, _ in result.calls]
+    if [_canonical(call) for call in result.calls] == [_canonical(call) for call in expected]:
+        score.exact += 1
+        score.stripped_exact += bool(case.get("marker_stripped"))
+        if _normalised(result.content) == _normalised(case["expected_content"]):
+            score.content_ok += 1
+        else:
+            failures.append(
+                f"{case['id']}: content {result.content!r} != {case['expected_content']!r}"
+            )
+    elif got_names == [name for name, _ in expected]:
+        score.wrong_arguments += 1
+        failures.append(f"{case['id']}: arguments {result.calls} != {expected}")
+    else:
+        score.missed += 1
+        failures.append(f"{case['id']}: got {got_names or 'nothing'}, expected {expected}")
+    if result.calls:
+        expected_text = case["expected_content"] or ""
+        left = [
+            marker
+            for marker in case.get("wrapper_markers", ())
+            if marker in (result.content or "") and marker not in expected_text
+        ]
+        if left:
+            score.wrapper_left += 1
+            failures.append(f"{case['id']}: wrapper left {left} in {result.content!r}")
+
+
+def run_native(family: str | None, verbose: bool) -> None:
+    files = sorted((DATA / "native").glob("*.jsonl"))
+    rows: list[tuple[str, FamilyScore]] = []
+    failures: list[str] = []
+    for path in files:
+        if family is not None and path.stem != family:
+            continue
+        score = FamilyScore()
+        for case in _load(path):
+            _score_native(case, score, failures)
+        rows.append((path.stem, score))
+    total = FamilyScore()
+    header = (
+        f"{'family':<16} {'cases':>5} {'exact':>6} {'%':>5} {'wrong args':>10} {'missed':>6} "
+        f"{'wrapper':>7} {'content':>7} {'stripped':>8} {'negatives':>9} {'false +':>7}"
+    )
+    print("native formats (buffered; streamed to come)")
+    print(header)
+    for name, score in rows:
+        _print_family(name, score)
+        for field in FamilyScore.__slots__:
+            setattr(total, field, getattr(total, field) + getattr(score, field))
+    _print_family("ALL", total)
+    families_at_goal = sum(1 for _, s in rows if s.cases and s.exact / s.cases >= 0.9)
+    print(f"families with >= 90% exact: {families_at_goal}/{len(rows)}")
+    if verbose:
+        print("\n".join(failures))
+
+
+def _print_family(name: str, score: FamilyScore) -> None:
+    share = 100 * score.exact / score.cases if score.cases else 0.0
+    stripped = f"{score.stripped_exact}/{score.stripped}" if score.stripped else "-"
+    print(
+        f"{name:<16} {score.cases:>5} {score.exact:>6} {share:>5.0f} {score.wrong_arguments:>10} "
+        f"{score.missed:>6} {score.wrapper_left:>7} {score.content_ok:>7} {stripped:>8} "
+        f"{score.negatives:>9} {score.false_promotions:>7}"
+    )
+
+
+# --- hostile answers -----------------------------------------------------------------------------
+
+OUTCOMES = ("promoted", "ambiguous", "not_a_call")
+
+
+def run_hostile(verbose: bool) -> None:
+    cases = _load(DATA / "hostile.jsonl")
+    by_category: dict[str, Counter[tuple[str, str]]] = {}
+    failures: list[str] = []
+    wrong_calls = 0
+    for case in cases:
+        result = promote_answer(case["request"], case["content"], case.get("messages") or ())
+        got = result.outcome
+        by_category.setdefault(case["category"], Counter())[(case["expected"], got)] += 1
+        if got != case["expected"]:
+            failures.append(f"{case['id']}: expected {case['expected']}, got {got}")
+        elif got == "promoted":
+            expected = [(call["name"], call["arguments"]) for call in case["expected_calls"]]
+            if [_canonical(c) for c in result.calls] != [_canonical(c) for c in expected]:
+                wrong_calls += 1
+                failures.append(f"{case['id']}: promoted {result.calls}, expected {expected}")
+    print("\nhostile corpus (buffered; streamed to come): outcome got per expected outcome")
+    print(f"{'category':<28} {'cases':>5} {'expected':<26} {'got':<40} {'match':>5}")
+    totals: Counter[tuple[str, str]] = Counter()
+    for category, counts in sorted(by_category.items()):
+        totals.update(counts)
+        _print_category(category, counts)
+    _print_category("ALL", totals)
+    unsafe = sum(n for (expected, got), n in totals.items() if got == "promoted" != expected)
+    print(f"promoted when not expected (executed calls the model did not ask for): {unsafe}")
+    print(f"promoted as expected but with other calls/arguments: {wrong_calls}")
+    if verbose:
+        print("\n".join(failures))
+
+
+def _print_category(category: str, counts: Counter[tuple[str, str]]) -> None:
+    expected = Counter[str]()
+    got = Counter[str]()
+    for (want, have), n in counts.items():
+        expected[want] += n
+        got[have] += n
+    match = sum(n for (want, have), n in counts.items() if want == have)
+
+    def shown(counter: Counter[str]) -> str:
+        return " ".join(f"{o}={counter[o]}" for o in OUTCOMES if counter[o])
+
+    total = sum(counts.values())
+    print(f"{category:<28} {total:>5} {shown(expected):<26} {shown(got):<40} {match:>5}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--verbose", action="store_true", help="list every case that misses")
+    parser.add_argument("--family", help="only this native family (file stem)")
+    parser.add_argument("--corpus", choices=("native", "hostile", "all"), default="all")
+    args = parser.parse_args(argv)
+    if args.corpus in ("native", "all"):
+        run_native(args.family, args.verbose)
+    if args.corpus in ("hostile", "all"):
+        run_hostile(args.verbose)
+
+
+if __name__ == "__main__":
+    main()
