@@ -145,6 +145,13 @@ class ChatPipeline:
             value = body.get(name)
             if value is not None and not isinstance(value, list):
                 raise BadRequestError(f"'{name}' must be an array", param=name)
+        for index, message in enumerate(body.get("messages") or ()):
+            if not isinstance(message, dict):
+                raise BadRequestError(f"'messages[{index}]' must be an object", param="messages")
+            if not isinstance(message.get("role"), str):
+                raise BadRequestError(
+                    f"'messages[{index}].role' must be a string", param=f"messages[{index}].role"
+                )
         model = body.get("model")
         record.model = model if isinstance(model, str) else None
         record.stream = body.get("stream") is True

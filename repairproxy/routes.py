@@ -16,6 +16,7 @@ import re
 import time
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 
@@ -66,7 +67,22 @@ def _raw_target(scope: Scope) -> str:
     for part in (raw, scope.get("query_string") or b""):
         if _NOT_URL_SAFE.search(part):
             raise BadRequestError("the request path or query holds characters not allowed in a URL")
+    if _has_dot_segment(raw):
+        raise BadRequestError("the request path holds a '.' or '..' segment (plain or encoded)")
     return str(raw.decode("ascii"))
+
+
+def _has_dot_segment(raw: bytes) -> bool:
+    """Whether the path, decoded once or twice (``%2e``, ``%252e``, ``..%2f``), has a ``.`` or
+    ``..`` segment: forwarded with the upstream key, it could reach a route outside ``/v1``."""
+    if b"." not in raw and b"%" not in raw:
+        return False  # the common path: nothing to decode
+    path = raw.decode("ascii", "replace")
+    for _ in range(2):
+        path = unquote(path)
+        if any(part in (".", "..") for part in path.replace("\\", "/").split("/")):
+            return True
+    return False
 
 
 class Proxy:
