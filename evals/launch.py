@@ -46,9 +46,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def proxy_command(upstream: str, port: int, args: Sequence[str] = ()) -> list[str]:
-    """``python -m repairproxy serve`` in front of ``upstream`` on loopback ``port``."""
+    """``python -m repairproxy serve`` in front of ``upstream`` on loopback ``port``.
+
+    With ``--allow-client-budget``: the grid sends each cell's budget K in
+    ``X-Repairproxy-Budget``, and a proxy without the flag refuses any K above its ``--budget``
+    (a 400, never a silent clamp)."""
     command = [sys.executable, "-m", "repairproxy", "serve", "--upstream", upstream]
-    return [*command, "--host", "127.0.0.1", "--port", str(port), *args]
+    extra = [] if "--allow-client-budget" in args else ["--allow-client-budget"]
+    return [*command, "--host", "127.0.0.1", "--port", str(port), *extra, *args]
 
 
 def _die_with_parent() -> Callable[[], None] | None:

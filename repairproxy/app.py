@@ -23,7 +23,7 @@ from repairproxy.logging import configure_logging
 from repairproxy.pipeline import ChatPipeline
 from repairproxy.repair import DEFAULT_TEMPLATE, RepairMode, RepairPolicy, RepairTemplate
 from repairproxy.routes import Proxy
-from repairproxy.sessions import ErrorBudget
+from repairproxy.sessions import ErrorBudget, TenantKeys
 from repairproxy.settings import Settings
 from repairproxy.stores import Stores, open_stores
 from repairproxy.upstream import Transport, Upstream

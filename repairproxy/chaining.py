@@ -21,6 +21,11 @@ concurrent runs of one task with a deterministic model, before a random tool-cal
 apart) cannot be told apart from their content. The index then marks the digest ambiguous, and
 the session layer forks a copy of the episode for each request that continues it: the counts stay
 exact, only the episode id changes until the histories diverge.
+
+What chaining never joins: conversations of different tenants (client keys) or of different
+models. Every digest starts from a ``scope`` (the session layer passes a digest of the tenant and
+the request's model), so another client, or the same text sent to another model, starts its own
+episode. What it cannot tell apart within one tenant and model: see the paragraph above.
 """
 
 from __future__ import annotations
@@ -149,13 +154,16 @@ def _messages(messages: Iterable[Any]) -> list[Mapping[str, Any]]:
     ]
 
 
-def _stream(messages: Sequence[Mapping[str, Any]], with_call_ids: bool) -> tuple[Any, bytes | None]:
-    """The running hash over ``messages`` and its digest at the last assistant message."""
+def _stream(
+    messages: Sequence[Mapping[str, Any]], with_call_ids: bool, scope: bytes = b""
+) -> tuple[Any, bytes | None]:
+    """The running hash over ``messages`` (from ``scope``) and its digest at the last assistant
+    message."""
     last = -1
     for position, message in enumerate(messages):
         if message.get("role") == "assistant":
             last = position
-    stream = hashlib.blake2b(_SEED, digest_size=DIGEST_BYTES)
+    stream = hashlib.blake2b(_SEED + scope, digest_size=DIGEST_BYTES)
     resume: bytes | None = None
     for position, message in enumerate(messages):
         stream.update(canonical_message(message, with_call_ids=with_call_ids))
@@ -179,12 +187,13 @@ class ConversationKeys:
     _stream: Any = field(compare=False, repr=False)
     _messages: Sequence[Mapping[str, Any]] = field(compare=False, repr=False)
     _ids_matter: bool = field(compare=False, repr=False)
+    _scope: bytes = field(default=b"", compare=False, repr=False)
 
     def plain_resume(self) -> bytes | None:
         """``resume`` without assistant call ids; None when that is ``resume`` itself."""
         if not self._ids_matter:
             return None
-        return _stream(self._messages, with_call_ids=False)[1]
+        return _stream(self._messages, with_call_ids=False, scope=self._scope)[1]
 
     def answer_key(self, answer: Mapping[str, Any]) -> bytes:
         """The key an answer is remembered under: with its call ids, unless one is missing."""
@@ -192,18 +201,19 @@ class ConversationKeys:
             stream = self._stream.copy()
             stream.update(canonical_message(answer))
         else:
-            stream = _stream(self._messages, with_call_ids=False)[0]
+            stream = _stream(self._messages, with_call_ids=False, scope=self._scope)[0]
             stream.update(canonical_message(answer, with_call_ids=False))
         digest: bytes = stream.digest()
         return digest
 
 
-def conversation_keys(messages: Iterable[Any]) -> ConversationKeys:
-    """The keys of a request's history: one pass over its messages."""
+def conversation_keys(messages: Iterable[Any], *, scope: bytes = b"") -> ConversationKeys:
+    """The keys of a request's history: one pass over its messages, from ``scope`` (histories
+    under different scopes never share a key)."""
     kept = _messages(messages)
-    stream, resume = _stream(kept, with_call_ids=True)
+    stream, resume = _stream(kept, with_call_ids=True, scope=scope)
     ids_matter = any(m.get("role") == "assistant" and _has_calls(m) for m in kept)
-    return ConversationKeys(resume, stream.digest(), stream, kept, ids_matter)
+    return ConversationKeys(resume, stream.digest(), stream, kept, ids_matter, scope)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from repairproxy.errors import (
     BadRequestError,
     BudgetExhaustedError,
     InvalidJSONBodyError,
+    NotFoundError,
     RepairExhaustedError,
 )
 from repairproxy.events import CaughtCall, EpisodeRecord, Outcome, RepairResult, RepairResultKind
@@ -69,6 +70,13 @@ def instructs(mode: RepairMode) -> bool:
 
 
 _RESPONSE_KEY = b"response:"  # chain-index keys for Responses ids (never a history digest)
+_MAX_BUDGET_DIGITS = 9
+
+
+def _response_key(tenant: str, response_id: str) -> bytes:
+    """The chain-index key of a delivered Responses id, within its tenant."""
+    scope = f"{tenant}/" if tenant else ""
+    return _RESPONSE_KEY + (scope + response_id).encode("utf-8", "surrogatepass")
 
 
 @dataclass(slots=True)
@@ -174,7 +182,7 @@ class ChatPipeline:
         request.episode = ref
         request.episode_id = ref.id
         request.explicit_episode = ref.explicit
-        snapshot = await budget.observe_request(ref.id, request.body, request.budget)
+        snapshot = await budget.observe_request(ref, request.body, request.budget)
         request.snapshot = snapshot
         record.env_errors = list(snapshot.new_env_errors)
         # An unknown budget (shared store down) is not observed: no ladder rung, no histogram.
@@ -283,7 +291,7 @@ class ChatPipeline:
         if first.ok and not delivered_invalid:
             return  # nothing to charge or remember: the snapshot from admit() still holds
         snapshot = await self.budget.observe_answer(
-            request.episode.id, first, request.budget, delivered_invalid
+            request.episode, first, request.budget, delivered_invalid
         )
         if snapshot.unknown:
             record.episode = None
@@ -299,16 +307,27 @@ class ChatPipeline:
     async def episode_of_response(
         self, headers: Mapping[str, str], previous_response_id: Any
     ) -> EpisodeRef | None:
-        """The episode a Responses ``previous_response_id`` continues (no header sent), if known."""
-        if not isinstance(previous_response_id, str) or self.settings.episode_header in headers:
+        """The episode a Responses ``previous_response_id`` continues (no header sent), if known.
+
+        With client keys, an id this tenant was never given is unknown: a 404 before anything is
+        charged or forwarded, naming nothing of whoever received it."""
+        if not isinstance(previous_response_id, str):
             return None
-        link = await self.budget.chains.lookup(_RESPONSE_KEY + previous_response_id.encode())
-        return EpisodeRef(link.episode_id, False, False) if link is not None else None
+        tenant = self.budget.tenant_of(headers)
+        link = await self.budget.chains.lookup(_response_key(tenant, previous_response_id))
+        if link is None and self.settings.api_keys:
+            raise NotFoundError(
+                f"Previous response with id '{previous_response_id[:128]}' not found.",
+                param="previous_response_id",
+            )
+        if link is None or self.settings.episode_header in headers:
+            return None
+        return EpisodeRef(link.episode_id, False, False, tenant=tenant)
 
     async def remember_response(self, request: ChatRequest, response_id: Any) -> None:
         """Point a delivered Responses id at its episode, for the client's next turn."""
         if request.episode is not None and isinstance(response_id, str):
-            key = _RESPONSE_KEY + response_id.encode()
+            key = _response_key(request.episode.tenant, response_id)
             await self.budget.chains.link(key, request.episode.id)
 
     async def remember(self, request: ChatRequest, answer: ChatCompletion) -> None:
@@ -335,17 +354,28 @@ class ChatPipeline:
             f"X-Repairproxy-Repair must be one of {', '.join(_MODES)}", param=REPAIR_HEADER
         )
 
-    @staticmethod
-    def _budget(headers: Mapping[str, str]) -> int | None:
+    def _budget(self, headers: Mapping[str, str]) -> int | None:
+        """The client's budget: at most ``--budget`` unless ``--allow-client-budget``."""
         override = headers.get(BUDGET_HEADER)
         if override is None:
             return None
         value = override.strip()
-        if not value.isdigit():
+        # ASCII digits only ("²".isdigit() is true), and short enough to be a count.
+        if not (value.isascii() and value.isdigit() and len(value) <= _MAX_BUDGET_DIGITS):
             raise BadRequestError(
-                "X-Repairproxy-Budget must be a non-negative integer", param=BUDGET_HEADER
+                f"X-Repairproxy-Budget must be a non-negative integer of at most "
+                f"{_MAX_BUDGET_DIGITS} digits",
+                param=BUDGET_HEADER,
             )
-        return int(value)
+        budget = int(value)
+        if budget > self.settings.budget and not self.settings.allow_client_budget:
+            raise BadRequestError(
+                f"X-Repairproxy-Budget {budget} is above the proxy's --budget "
+                f"{self.settings.budget}: a client may only lower it (start the proxy with "
+                "--allow-client-budget to let clients raise it)",
+                param=BUDGET_HEADER,
+            )
+        return budget
 
 
 def _tool_choice_none(body: Mapping[str, Any]) -> bool:

@@ -21,11 +21,18 @@ answer thus costs max(its first version's charges, its delivered calls' environm
 
 Episode identity (``resolve_episode``): the episode header when sent, else conversation chaining
 (``chaining``). Everything kept per episode is bounded by the constants below, never by clients.
+
+Tenancy: with client keys, every episode belongs to the tenant of the key that sent it, an HMAC of
+the key under a per-deployment secret (``TenantKeys``), so two clients naming the same episode id,
+or sending the same conversation, never share a budget. The store key of an episode is
+``<tenant>/<id>`` (``EpisodeRef.key``); the key itself is never kept nor logged. Conversation links
+are scoped to the tenant and the model. Without client keys there is one tenant, ``""``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import secrets
 import time
 from collections import OrderedDict
@@ -58,6 +65,7 @@ __all__ = [
     "EpisodeStore",
     "ErrorBudget",
     "MemoryEpisodeStore",
+    "TenantKeys",
     "episode_id_for",
 ]
 
@@ -150,6 +158,35 @@ class EpisodeRef:
     new: bool
     conversation: ConversationKeys | None = None
     warn_missing_header: bool = False
+    tenant: str = ""  # TenantKeys.tenant_of the request; "" without client keys
+
+    @property
+    def key(self) -> str:
+        """Where the store keeps this episode: the id, under its tenant."""
+        return scoped(self.tenant, self.id)
+
+
+def scoped(tenant: str, name: str) -> str:
+    """A store key for ``name`` that no other tenant can reach."""
+    return f"{tenant}/{name}" if tenant else name
+
+
+class TenantKeys:
+    """Tenant ids from client keys: ``t-`` + HMAC-SHA256(secret, key), truncated.
+
+    The secret must be the same on every replica so one client is one tenant everywhere;
+    ``generated`` says it was made up for this process only.
+    """
+
+    def __init__(self, secret: str | None) -> None:
+        self.generated = not secret
+        self._secret = (secret or secrets.token_hex(32)).encode()
+
+    def tenant_of(self, headers: Mapping[str, str]) -> str:
+        given = headers.get("authorization", "")
+        token = given[7:].strip() if given[:7].lower() == "bearer " else ""
+        digest = hmac.new(self._secret, token.encode("utf-8", "surrogatepass"), hashlib.sha256)
+        return "t-" + digest.hexdigest()[:24]
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,6 +368,7 @@ class ErrorBudget:
         chains: ChainIndex | None = None,
         episode_header: str = "x-episode-id",
         new_episode_id: Callable[[], str] = _new_episode_id,
+        tenants: TenantKeys | None = None,
     ) -> None:
         if default_budget < 0:
             raise ValueError("default_budget must be >= 0")
@@ -347,6 +385,20 @@ class ErrorBudget:
         self.episode_header = episode_header.lower()
         self._new_episode_id = new_episode_id
         self._warned_missing_header = False
+        self.tenants = tenants  # None: one namespace (no client keys)
+
+    def tenant_of(self, headers: Mapping[str, str]) -> str:
+        return self.tenants.tenant_of(headers) if self.tenants is not None else ""
+
+    @staticmethod
+    def chain_scope(tenant: str, model: Any) -> bytes:
+        """The prefix of every conversation link: a chain joins one tenant's one model only."""
+        if not tenant and not isinstance(model, str):
+            return b""
+        name = model if isinstance(model, str) else ""
+        return hashlib.blake2b(
+            f"{tenant}\0{name}".encode("utf-8", "surrogatepass"), digest_size=8
+        ).digest()
 
     # -- identity ---------------------------------------------------------------------------------
 
@@ -354,13 +406,18 @@ class ErrorBudget:
         self, headers: Mapping[str, str], body: Mapping[str, Any]
     ) -> EpisodeRef:
         """The episode a request belongs to: its header, else the conversation it continues."""
+        tenant = self.tenant_of(headers)
         explicit = _header(headers, self.episode_header)
         if explicit is not None:
-            return EpisodeRef(explicit, True, await self.store.get(explicit) is None)
+            new = await self.store.get(scoped(tenant, explicit)) is None
+            return EpisodeRef(explicit, True, new, tenant=tenant)
         warn = not self._warned_missing_header
         self._warned_missing_header = True
         messages = body.get("messages")
-        keys = conversation_keys(messages if isinstance(messages, list) else ())
+        keys = conversation_keys(
+            messages if isinstance(messages, list) else (),
+            scope=self.chain_scope(tenant, body.get("model")),
+        )
         link = None
         if keys.resume is not None:
             link = await self.chains.lookup(keys.resume)
@@ -368,16 +425,16 @@ class ErrorBudget:
             if plain is not None:
                 link = await self.chains.lookup(plain)
         if link is None:
-            return EpisodeRef(self._new_episode_id(), False, True, keys, warn)
+            return EpisodeRef(self._new_episode_id(), False, True, keys, warn, tenant)
         if not link.ambiguous:
-            return EpisodeRef(link.episode_id, False, False, keys, warn)
+            return EpisodeRef(link.episode_id, False, False, keys, warn, tenant)
         # Identical histories from different episodes: continue a copy of the latest, so each
         # conversation keeps the count they share without adding to the other's.
         fork = self._new_episode_id()
-        source = await self.store.get(link.episode_id)
+        source = await self.store.get(scoped(tenant, link.episode_id))
         if source is not None:
-            await self.store.update(fork, lambda state: state.copy_from(source))
-        return EpisodeRef(fork, False, source is None, keys, warn)
+            await self.store.update(scoped(tenant, fork), lambda state: state.copy_from(source))
+        return EpisodeRef(fork, False, source is None, keys, warn, tenant)
 
     async def remember_answer(
         self, episode: EpisodeRef | str, body: Mapping[str, Any], answer_message: Any
@@ -397,7 +454,10 @@ class ErrorBudget:
             episode_id, keys = episode, None
         if keys is None:
             messages = body.get("messages")
-            keys = conversation_keys(messages if isinstance(messages, list) else ())
+            keys = conversation_keys(
+                messages if isinstance(messages, list) else (),
+                scope=self.chain_scope("", body.get("model")),
+            )
         await self.chains.link(keys.answer_key(answer_message), episode_id)
 
     # -- counting ---------------------------------------------------------------------------------
@@ -434,9 +494,10 @@ class ErrorBudget:
         return _Results(errors, others, counts)
 
     async def observe_request(
-        self, episode_id: str, body: Mapping[str, Any], budget: int | None = None
+        self, episode: EpisodeRef | str, body: Mapping[str, Any], budget: int | None = None
     ) -> BudgetSnapshot:
         """Count the error results in a request's history that were not counted before."""
+        episode_id, store_key = _names(episode)
         results = self._results(body)
 
         def apply(state: EpisodeState) -> BudgetSnapshot:
@@ -456,11 +517,11 @@ class ErrorBudget:
             state.result_counts = results.counts
             return self._snapshot(episode_id, state, budget, before, new_env_errors=tuple(new))
 
-        return await self.store.update(episode_id, apply)
+        return await self.store.update(store_key, apply)
 
     async def observe_answer(
         self,
-        episode_id: str,
+        episode: EpisodeRef | str,
         first_verdict: MessageVerdict | Iterable[Channel | str],
         budget: int | None = None,
         delivered_invalid: Sequence[CallVerdict] = (),
@@ -474,6 +535,7 @@ class ErrorBudget:
         many as this answer was charged. (Deprecated form: channels instead of a verdict, and
         ``delivered_call_ids``.)
         """
+        episode_id, store_key = _names(episode)
         if isinstance(first_verdict, MessageVerdict):
             channels = [str(call.channel) for call in first_verdict.calls]
             delivered = _delivered_positions(first_verdict, delivered_invalid)
@@ -494,10 +556,13 @@ class ErrorBudget:
                 state.expect(f"{call_key}#{state.result_counts.get(call_key, 0) + offset}")
             return self._snapshot(episode_id, state, budget, before, new_silent=silent)
 
-        return await self.store.update(episode_id, apply)
+        return await self.store.update(store_key, apply)
 
-    async def snapshot(self, episode_id: str, budget: int | None = None) -> BudgetSnapshot:
-        state = await self.store.get(episode_id)
+    async def snapshot(
+        self, episode: EpisodeRef | str, budget: int | None = None
+    ) -> BudgetSnapshot:
+        episode_id, store_key = _names(episode)
+        state = await self.store.get(store_key)
         state = state or EpisodeState()
         return self._snapshot(episode_id, state, budget, state.errors)
 
@@ -521,6 +586,13 @@ class ErrorBudget:
             new_env_errors,
             new_silent,
         )
+
+
+def _names(episode: EpisodeRef | str) -> tuple[str, str]:
+    """(the id the client sees, the store key) of an episode; a bare id is its own key."""
+    if isinstance(episode, EpisodeRef):
+        return episode.id, episode.key
+    return episode, episode
 
 
 def _delivered_positions(

@@ -41,7 +41,8 @@ ROOT = Path(__file__).resolve().parents[2]
 NGINX_CONF = ROOT / "docker" / "nginx.conf"
 # Every process: the shared store, and rejection once a named episode's budget is spent.
 REJECTED = BudgetExhaustedError.status_code
-COMMON = ("--on-budget-exhausted", "reject", "--repair", "off")
+# The tests name budgets per request (X-Repairproxy-Budget), some above the default --budget.
+COMMON = ("--on-budget-exhausted", "reject", "--repair", "off", "--allow-client-budget")
 
 pytestmark = pytest.mark.slow
 

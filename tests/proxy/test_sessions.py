@@ -366,7 +366,7 @@ async def test_twelve_turn_replay_matches_tau2_bench(proxy_counts_answers: bool)
             history.append({"role": "assistant", "content": "Anything else?"})
             history.append({"role": "user", "content": "yes"})
             continue
-        tool_calls = [
+        tool_calls: list[dict[str, Any]] = [
             {
                 "id": f"call_{next(ids)}",
                 "type": "function",
@@ -672,7 +672,8 @@ async def test_twelve_turn_replay_through_resolve_observe_remember(id_style: str
             history.append({"role": "user", "content": "yes"})
         for call_id, (name, raw) in zip(call_ids, calls, strict=True):
             history.append(_tau2_result(env, call_id, name, raw))
-    ref = await budget.resolve_episode({}, {"messages": history})
+    # The same model: chaining never joins requests to different models.
+    ref = await budget.resolve_episode({}, {"model": "m", "messages": history})
     snapshot = await budget.observe_request(ref.id, {"messages": history})
     assert episodes == {ref.id} and not ref.new
     assert env.num_errors == 9
