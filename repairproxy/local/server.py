@@ -54,6 +54,41 @@ def _error(
     return JSONResponse(body, status_code=status)
 
 
+def _objects(value: Any, field: str) -> str | None:
+    """Why ``value`` is not a list of objects whose ``function`` (where present) is an object."""
+    if not isinstance(value, list):
+        return f"{field} must be an array"
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            return f"{field}[{index}] must be an object"
+        function = item.get("function", item)
+        if not isinstance(function, dict):
+            return f"{field}[{index}].function must be an object"
+        name = function.get("name")
+        if name is not None and not isinstance(name, str):
+            return f"{field}[{index}].function.name must be a string"
+    return None
+
+
+def _shape_error(body: dict[str, Any]) -> tuple[str, str] | None:
+    """(message, param) for a field whose shape the prompt renderer cannot read, else None."""
+    for field in ("tools", "functions"):
+        if body.get(field) is not None and (why := _objects(body[field], field)):
+            return why, field
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        return "stream_options must be an object", "stream_options"
+    messages = body.get("messages")
+    for index, message in enumerate(messages if isinstance(messages, list) else ()):
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if calls is not None and (why := _objects(calls, f"messages[{index}].tool_calls")):
+            return why, "messages"
+        legacy = message.get("function_call") if isinstance(message, dict) else None
+        if legacy and not isinstance(legacy, dict):
+            return f"messages[{index}].function_call must be an object", "messages"
+    return None
+
+
 def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
@@ -180,10 +215,15 @@ def create_app(
             return _error(400, "the request body is not valid JSON", code="invalid_json")
         if not isinstance(body, dict):
             return _error(400, "the request body must be a JSON object")
+        if (shape := _shape_error(body)) is not None:
+            return _error(400, shape[0], param=shape[1])
         try:
             plan = plan_chat(body, schema_to_gbnf)
         except InvalidChatRequest as exc:
             return _error(400, str(exc), param=exc.param)
+        except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:
+            # A shape the checks above do not name still is the client's: a 400, never a 500.
+            return _error(400, f"malformed request: {type(exc).__name__}: {exc}"[:300])
         if plan.stream:
             return StreamingResponse(
                 _stream(plan, model, generate, answers), media_type="text/event-stream"

@@ -187,3 +187,38 @@ async def test_the_answer_log_keeps_the_raw_text_streamed_or_not(tmp_path: Any) 
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [line["text"] for line in lines] == [text, text]
     assert lines[0]["prompt_tokens"] == 11 and lines[0]["prefix_source"] == "none"
+
+
+_USER = {"role": "user", "content": "x"}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"messages": [_USER, {"role": "assistant", "tool_calls": "call"}]}, "messages"),
+        ({"messages": [_USER, {"role": "assistant", "tool_calls": [7]}]}, "messages"),
+        (
+            {"messages": [_USER, {"role": "assistant", "tool_calls": [{"function": "f"}]}]},
+            "messages",
+        ),
+        ({"messages": [_USER, {"role": "assistant", "function_call": "f"}]}, "messages"),
+        ({"tools": [{"type": "function", "function": "get_order_details"}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": 7}}]}, "tools"),
+        ({"tools": {"a": 1}}, "tools"),
+        ({"functions": ["get_order_details"]}, "functions"),
+        ({"functions": {"name": "f"}}, "functions"),
+        ({"stream": True, "stream_options": "include_usage"}, "stream_options"),
+        ({"stream_options": [1]}, "stream_options"),
+    ],
+)
+async def test_malformed_fields_are_400_naming_them(extra: dict[str, Any], param: str) -> None:
+    fake = Scripted(["x"])
+    app = create_app(fake, "test-model")
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://l") as http:
+        body = {"model": "m", "messages": [_USER], **extra}
+        response = await http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+    assert fake.calls == []  # nothing reached the engine
