@@ -94,7 +94,10 @@ class RepairProxyApp:
         metrics = self._metrics()
         self.metrics = metrics  # the server layer counts its refusals here (repairproxy.server)
         stores = self.stores = open_stores(
-            settings, log=logger, count_error=_store_error_counter(metrics, settings)
+            settings,
+            log=logger,
+            count_error=_store_error_counter(metrics, settings),
+            count_eviction=_eviction_counter(metrics, settings),
         )
         if metrics is not None:
             metrics.bind_active_episodes(stores.active_episodes)
@@ -233,6 +236,23 @@ def _store_error_counter(metrics: Any, settings: Settings) -> Callable[[str], No
     )
     children = {op: counter.labels(op) for op in ("update", "get", "link", "lookup")}
     return lambda operation: children[operation].inc()
+
+
+def _eviction_counter(metrics: Any, settings: Settings) -> Callable[[str], None] | None:
+    """``repairproxy_episode_evictions_total{reason}``: episodes the memory store let go."""
+    if metrics is None or settings.episode_store != "memory":
+        return None
+    from prometheus_client import Counter
+
+    counter = Counter(
+        "repairproxy_episode_evictions",
+        "Episodes the in-process store evicted (reason: memory, tenant_quota, count); one that "
+        "had spent anything leaves a tombstone of its counts.",
+        ("reason",),
+        registry=metrics.registry,
+    )
+    children = {reason: counter.labels(reason) for reason in ("memory", "tenant_quota", "count")}
+    return lambda reason: children[reason].inc()
 
 
 def create_app(

@@ -153,6 +153,21 @@ class Settings:
             "tool errors an episode may make, counted like tau2-bench (default 10)", parse=int
         ),
     )
+    allow_client_budget: bool = field(
+        default=False,
+        metadata=_opt(
+            "let X-Repairproxy-Budget raise an episode's budget above --budget (lowering it is "
+            "always allowed)",
+            switch=True,
+        ),
+    )
+    tenant_secret: str | None = field(
+        default=None,
+        metadata=_opt(
+            "secret the tenant of each --api-key is derived from (HMAC); set the same on every "
+            "replica (default: random per process)"
+        ),
+    )
     on_budget_exhausted: BudgetPolicy = field(
         default=BudgetPolicy.ANNOTATE,
         metadata=_opt(
@@ -173,6 +188,14 @@ class Settings:
     )
     max_episodes: int = field(
         default=100_000, metadata=_opt("episodes remembered (LRU, default 100000)", parse=int)
+    )
+    max_episode_memory: int = field(
+        default=256 * 1024 * 1024,
+        metadata=_opt(
+            "bytes the in-process episode store may hold (estimated; LRU; with several --api-key "
+            "each tenant gets an equal share; default 256 MiB)",
+            parse=int,
+        ),
     )
     episode_idle_ttl: float = field(
         default=3600.0, metadata=_opt("seconds an idle episode is kept (default 3600)", parse=float)
@@ -274,6 +297,11 @@ class Settings:
         object.__setattr__(self, "on_budget_exhausted", BudgetPolicy(self.on_budget_exhausted))
         object.__setattr__(self, "episode_header", self.episode_header.lower())
         object.__setattr__(self, "log_level", self.log_level.lower())
+        if any(not key.strip() for key in self.api_keys):
+            raise ValueError(
+                "--api-key is empty (an unset shell variable?): refusing to start an open proxy; "
+                "pass a real key, or no --api-key at all"
+            )
         if self.max_repairs < 0 or self.budget < 0:
             raise ValueError("--max-repairs and --budget must be >= 0")
         if self.upstream_timeout <= 0 or self.max_body_bytes <= 0:

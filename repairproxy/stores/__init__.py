@@ -80,16 +80,29 @@ class Stores:
 
 
 def open_stores(
-    settings: Settings, *, log: Any = None, count_error: Callable[[str], None] | None = None
+    settings: Settings,
+    *,
+    log: Any = None,
+    count_error: Callable[[str], None] | None = None,
+    count_eviction: Callable[[str], None] | None = None,
 ) -> Stores:
     """The stores ``settings.episode_store`` names; Redis ones wrapped in the guard.
 
     ``count_error(operation)`` is called for each store call that failed or was skipped
-    (``repairproxy_store_errors_total``); ``log`` receives the outage and recovery lines.
+    (``repairproxy_store_errors_total``); ``count_eviction(reason)`` for each episode the
+    memory store evicts (``repairproxy_episode_evictions_total``); ``log`` receives the outage
+    and recovery lines.
     """
     spec = settings.episode_store
     if spec == "memory":
-        memory = MemoryEpisodeStore(settings.max_episodes, settings.episode_idle_ttl)
+        keys = len(settings.api_keys)
+        memory = MemoryEpisodeStore(
+            settings.max_episodes,
+            settings.episode_idle_ttl,
+            max_bytes=settings.max_episode_memory,
+            tenant_quota=settings.max_episode_memory // keys if keys > 1 else None,
+            on_evict=count_eviction,
+        )
         return Stores(memory, count=memory.__len__)
     if not is_redis_url(spec):
         raise ValueError(

@@ -94,7 +94,8 @@ async def test_store_is_a_bounded_lru() -> None:
     await store.update("a", lambda state: None)  # touch: b is now least recently used
     await store.update("d", lambda state: None)
     assert len(store) == 3
-    assert await store.get("b") is None
+    evicted = await store.get("b")  # its tombstone: the count it had, never a fresh budget
+    assert evicted is not None and evicted.errors == 1 and not evicted.seen
     state = await store.get("a")
     assert state is not None and state.errors == 1
 
@@ -122,7 +123,9 @@ async def test_store_stays_bounded_under_many_episodes() -> None:
     for index in range(5000):
         await budget.observe_answer(f"ep-{index}", verdict(Channel.UNKNOWN_TOOL))
     assert len(store) == 1000
-    assert await store.get("ep-3999") is None
+    assert await store.get("ep-2999") is None  # beyond the tombstones kept (as many as episodes)
+    tomb = await store.get("ep-3999")
+    assert tomb is not None and tomb.errors == 1
     assert (await budget.snapshot("ep-4999")).errors == 1
 
 
@@ -699,3 +702,45 @@ async def test_episode_state_is_plain_data_a_shared_store_can_serialise() -> Non
     assert state is not None
     restored = EpisodeState(**json.loads(json.dumps(dataclasses.asdict(state))))
     assert restored == state and restored.errors == 2
+
+
+# --- memory bound, tenant quotas, tombstones -----------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_the_store_is_bounded_in_bytes_and_counts_its_evictions() -> None:
+    reasons: list[str] = []
+    store = MemoryEpisodeStore(max_bytes=20_000, on_evict=reasons.append)
+    for index in range(200):
+        await store.update(f"ep-{index}", lambda state: state.first_sight("k"))
+    assert store.bytes_used <= 20_000
+    assert 0 < len(store) < 200
+    assert store.evictions == 200 - len(store) == len(reasons)
+    assert set(reasons) == {"memory"}
+
+
+@pytest.mark.anyio
+async def test_one_tenants_churn_evicts_only_its_own_episodes() -> None:
+    store = MemoryEpisodeStore(max_bytes=60_000, tenant_quota=30_000)
+    await store.update("t-a/keep", lambda state: state.count("unknown_tool"))
+    for index in range(500):  # tenant b churns through many episodes
+        await store.update(f"t-b/ep-{index}", lambda state: None)
+    kept = await store.get("t-a/keep")
+    assert kept is not None and kept.errors == 1 and kept.seen == {}
+    assert "t-a/keep" in store._tenants["t-a"]  # still held, not a tombstone
+    assert store._tenant_bytes["t-b"] <= 30_000
+
+
+@pytest.mark.anyio
+async def test_an_evicted_spent_explicit_episode_stays_spent() -> None:
+    store = MemoryEpisodeStore(max_episodes=2)
+    budget = ErrorBudget(store, default_budget=1)
+    spent = await budget.observe_answer("spent", verdict(Channel.UNKNOWN_TOOL))
+    assert spent.exhausted
+    for name in ("other-1", "other-2", "other-3"):
+        await budget.observe_answer(name, verdict())
+    assert "spent" not in store._tenants.get("", {})
+    ref = await budget.resolve_episode({"x-episode-id": "spent"}, {"messages": []})
+    assert not ref.new
+    again = await budget.observe_request(ref, {"messages": []})
+    assert again.exhausted and again.errors == 1

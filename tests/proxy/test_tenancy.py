@@ -189,3 +189,28 @@ def test_an_empty_api_key_refuses_to_start() -> None:
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "--api-key is empty" in done.stderr
+
+
+def test_an_evicted_spent_episode_stays_spent_and_evictions_are_counted(
+    start_proxy: StartProxy, upstream: ScriptedUpstream
+) -> None:
+    proxy = _keyed(
+        start_proxy,
+        budget=1,
+        on_budget_exhausted="reject",
+        max_episode_memory=40_000,
+        metrics=True,
+    )
+    assert _chat(proxy, KEY_A, ERROR_HISTORY, **{"x-episode-id": "spent"}).status_code == 403
+    upstream.push(*(completion(content="ok") for _ in range(40)))
+    for index in range(40):  # A's own churn pushes "spent" out of its share (20,000 bytes)
+        assert _chat(proxy, KEY_A, MESSAGES, **{"x-episode-id": f"new-{index}"}).status_code == 200
+    again = _chat(proxy, KEY_A, MESSAGES, **{"x-episode-id": "spent"})
+    assert again.status_code == 403, again.text  # back from its tombstone, not with a full budget
+    exposition = httpx.get(proxy.root_url + "/metrics", timeout=30).text
+    evicted = [
+        line
+        for line in exposition.splitlines()
+        if line.startswith('repairproxy_episode_evictions_total{reason="tenant_quota"}')
+    ]
+    assert evicted and float(evicted[0].split()[-1]) > 0
