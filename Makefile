@@ -18,7 +18,7 @@ ifneq ($(wildcard ../shared/tau2-data/tau2),)
 export TAU2_DATA_DIR ?= $(abspath ../shared/tau2-data)
 endif
 
-.PHONY: setup model arms lint typecheck test demo study bench clean
+.PHONY: setup model models-all arms lint typecheck test demo study bench clean
 
 $(VENV)/.installed: pyproject.toml
 	@echo "== set-up 1/2: $(VENV) and the packages (llama-cpp-python compiles llama.cpp: 5-12 min on 2 cores)"
@@ -33,6 +33,11 @@ setup: $(VENV)/.installed
 model: setup
 	@echo "== set-up 2/2: the embedded model"
 	$(PY) -m repairproxy.local fetch
+
+# Every other shipped model too (today the 0.5B sibling, 490 MB, sha256-checked), for the risk
+# screen; never part of `make model`, `make test` or CI. Its tests: pytest -m models_all.
+models-all: model
+	$(PY) -m repairproxy.local fetch --arm qwen2.5-coder-0.5b-q4_k_m-from-awq
 
 # The further-quantized arm, only for studies and benchmarks that compare arms (quantize log:
 # ~/.cache/repairproxy/logs/).

