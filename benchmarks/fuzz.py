@@ -3,7 +3,10 @@
 The same generators and checks as ``tests/proxy/test_fuzz.py`` (tests/support/fuzzing.py), with
 fresh random cases each run: requests, tool schemas, model answers, SSE chunk boundaries, each
 sent beside a concurrent neighbour. Prints the outcome mix, crashes (0 expected), proxy-made 5xx
-for client input (0 expected) and answers delivered to the wrong client (0 expected).
+for client input (0 expected) and answers delivered to the wrong client (0 expected). Three
+tenants (client keys) reuse each other's episode ids: half the cases name one from a shared pool,
+and every case's neighbour is a sentinel tenant naming the same id; its episode must stay unspent
+(cross-tenant effects, 0 expected).
 """
 
 from __future__ import annotations
@@ -34,13 +37,25 @@ def main(argv: list[str] | None = None) -> None:
         except AssertionError as exc:
             failures.append(str(exc)[:200])
 
-    fuzzing._check = counting_check  # type: ignore[assignment]
+    isolated = fuzzing._check_isolated
+    crossed: list[str] = []
+    shared = collections.Counter[bool]()
+
+    def counting_isolated(tag: str, response: object) -> None:
+        try:
+            isolated(tag, response)  # type: ignore[arg-type]
+        except AssertionError as exc:
+            crossed.append(str(exc)[:200])
+
+    fuzzing._check = counting_check
+    fuzzing._check_isolated = counting_isolated
     started = time.perf_counter()
     with fuzzing.fuzz_rig() as rig:
 
         @settings(max_examples=args.cases, deadline=None, suppress_health_check=list(HealthCheck))
         @given(case=fuzzing.cases())
         def run(case: fuzzing.Case) -> None:
+            shared[case.episode is not None] += 1
             rig.run(case)
 
         run()
@@ -51,6 +66,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{count:>7}  {status}  {channels}")
     print(f"check failures (wrong client, proxy-made 5xx, no answer): {len(failures)}")
     for failure in failures[:10]:
+        print("  ", failure)
+    named = shared[True] / max(1, sum(shared.values()))
+    print(
+        f"tenants: {len(fuzzing.KEYS)} fuzzed + 1 sentinel; {named:.0%} of cases named a shared "
+        f"episode id ({len(fuzzing.EPISODE_POOL)} ids, every one also named by the sentinel)"
+    )
+    print(f"cross-tenant effects (sentinel episode spent or refused): {len(crossed)}")
+    for failure in crossed[:10]:
         print("  ", failure)
     print("the proxy answered /healthz after the run (else the rig would have raised)")
 

@@ -6,6 +6,12 @@ too), and the upstream answers with ids that end in the tag. A client that recei
 client's answer sees a foreign tag: that is the check that matters most. Each case also checks
 that the proxy made no 5xx of its own for client input, and that the process still answers.
 
+Tenants: the proxy runs with three client keys. Each case is sent with key A or B, and half of
+the cases name an episode id from a small pool every tenant uses (``EPISODE_POOL``); its
+concurrent neighbour is a third tenant, the sentinel, that names the same episode id and only
+ever sends plain requests. Its episode must stay untouched: 200, 0 errors, whatever A and B
+spent on their episodes of that name (``_check_isolated``).
+
 Used by ``tests/proxy/test_fuzz.py`` (a few hundred cases) and ``benchmarks/fuzz.py`` (10,000+).
 """
 
@@ -23,11 +29,16 @@ import httpx
 import orjson
 from hypothesis import strategies as st
 
-from repairproxy.settings import Settings
+from repairproxy.settings import BudgetPolicy, Settings
 from tests.support.proxy_server import RunningProxy, running_proxy
 from tests.support.servers import raw_server
 
-__all__ = ["Case", "FuzzRig", "cases", "fuzz_rig"]
+__all__ = ["EPISODE_POOL", "KEYS", "SENTINEL_KEY", "Case", "FuzzRig", "cases", "fuzz_rig"]
+
+# Client keys of the fuzzed tenants, and the sentinel's; episode ids every tenant reuses.
+KEYS = ("fuzz-key-a", "fuzz-key-b")
+SENTINEL_KEY = "fuzz-key-sentinel"
+EPISODE_POOL = tuple(f"shared-{n}" for n in range(4))
 
 _tags = itertools.count(1)
 _NAMES = ["get_order", "find_user", "cancel_order", "refund", "lookup", "x" * 70, "名前", ""]
@@ -128,6 +139,8 @@ class Case:
     message: dict[str, Any]
     chunk_sizes: list[int] = field(default_factory=list)
     mode: str = "reflexive"
+    key: str = KEYS[0]
+    episode: str | None = None  # X-Episode-ID, from EPISODE_POOL; None: chained
 
 
 @st.composite
@@ -162,6 +175,8 @@ def cases(draw: st.DrawFn) -> Case:
         message=draw(answers()),
         chunk_sizes=draw(st.lists(st.integers(1, 64), min_size=1, max_size=6)),
         mode=draw(st.sampled_from(["off", "prompt", "promote", "reflexive", "constrained"])),
+        key=draw(st.sampled_from(KEYS)),
+        episode=draw(st.sampled_from([None, *EPISODE_POOL])) if draw(st.booleans()) else None,
     )
 
 
@@ -222,6 +237,8 @@ class FuzzRig:
             200,
             None,
             {"role": "assistant", "content": "hello"},
+            key=SENTINEL_KEY,
+            episode=case.episode or EPISODE_POOL[0],
         )
         with self.lock:
             self.plans[tag], self.plans[neighbour] = case, plain
@@ -232,14 +249,16 @@ class FuzzRig:
                 content = orjson.dumps(plan.body)
             except TypeError:
                 content = b"{}"
+            headers = {
+                "x-fuzz-tag": which,
+                "x-repairproxy-repair": plan.mode,
+                "content-type": "application/json",
+                "authorization": f"Bearer {plan.key}",
+            }
+            if plan.episode is not None:
+                headers["x-episode-id"] = plan.episode
             results[which] = self.client.post(
-                self.proxy.base_url + "/chat/completions",
-                content=content,
-                headers={
-                    "x-fuzz-tag": which,
-                    "x-repairproxy-repair": plan.mode,
-                    "content-type": "application/json",
-                },
+                self.proxy.base_url + "/chat/completions", content=content, headers=headers
             )
 
         other = threading.Thread(target=send, args=(neighbour, plain))
@@ -250,6 +269,7 @@ class FuzzRig:
             other.join()
         for which, response in results.items():
             _check(which, response)
+        _check_isolated(neighbour, results[neighbour])
         with self.lock:
             del self.plans[tag], self.plans[neighbour]
 
@@ -262,6 +282,14 @@ def _check(tag: str, response: httpx.Response) -> None:
     if response.status_code >= 500:
         body = orjson.loads(response.content)
         assert body["error"]["message"], text[:300]  # the upstream's own 5xx or an OpenAI error
+
+
+def _check_isolated(tag: str, response: httpx.Response) -> None:
+    """The sentinel tenant's episode saw only its own plain requests: nothing spent."""
+    errors = response.headers.get("x-repairproxy-episode-errors")
+    assert response.status_code == 200 and errors == "0", (
+        f"cross-tenant effect on sentinel {tag}: {response.status_code}, errors {errors}"
+    )
 
 
 def _ids(text: str) -> list[str]:
@@ -340,7 +368,17 @@ def fuzz_rig() -> Iterator[FuzzRig]:
     with ExitStack() as stack:
         url = stack.enter_context(raw_server(_upstream_handler(plans, lock)))
         proxy = stack.enter_context(
-            running_proxy(Settings(upstream=url + "/v1", max_repairs=1, upstream_timeout=10))
+            running_proxy(
+                Settings(
+                    upstream=url + "/v1",
+                    max_repairs=1,
+                    upstream_timeout=10,
+                    api_keys=(*KEYS, SENTINEL_KEY),
+                    tenant_secret="fuzz",
+                    budget=2,
+                    on_budget_exhausted=BudgetPolicy.REJECT,
+                )
+            )
         )
         client = stack.enter_context(httpx.Client(timeout=30, trust_env=False))
         yield FuzzRig(proxy, plans, client, lock)
