@@ -146,6 +146,9 @@ class _Target:
     count: dict[int, int] = field(default_factory=dict)
 
     async def pool(self, size: int) -> list[_Connection]:
+        conns = self.pools.get(size, [])
+        if any(c.transport is None or c.transport.is_closing() for c in conns):
+            del self.pools[size]  # the server closed idle keep-alive connections: reconnect
         if size not in self.pools:
             loop = asyncio.get_running_loop()
             conns = []

@@ -120,11 +120,14 @@ class LimitedProtocol(HttpToolsProtocol):
         if not self._in_headers or self.parser is None:
             super().data_received(data)
             return
-        self._arm_header_timer()
         room = self._max_header_bytes - self._header_bytes
         if len(data) <= room:
             self._header_bytes += len(data)
             super().data_received(data)
+            # A timer only for headers still incomplete after this read (most requests arrive
+            # whole in one read: no timer to arm and cancel on the hot path).
+            if self._in_headers and self._header_timer is None:
+                self._arm_header_timer()
             return
         # Feed only what the cap allows; if the headers end within it, feed the rest as body.
         view = memoryview(data)
@@ -138,7 +141,8 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_headers = False
-        self._disarm_header_timer()
+        if self._header_timer is not None:
+            self._disarm_header_timer()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
