@@ -18,7 +18,7 @@ from repairproxy.repair import RepairMode, RepairPolicy, escalated_tool_choice
 from repairproxy.stores.guard import GuardedEpisodeStore, StoreHealth
 from repairproxy.stores.redis_store import RedisEpisodeStore, decode_state, redis_client
 from repairproxy.streaming import MAX_HELD_CONTENT_CHARS, SSEParser, ToolCallGate
-from repairproxy.validation import ToolsCache, compiled_size
+from repairproxy.validation import CompiledTools, ToolsCache, compiled_size
 
 
 def _chunk(delta: dict[str, Any]) -> bytes:
@@ -114,11 +114,7 @@ def test_constrained_names_the_intended_tool_in_one_pass_over_the_text(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     names = [f"tool_{i}" for i in range(5000)]
-    cache = ToolsCache(max_tools=5000)
-    compiled = cache.compile(
-        {"tools": [{"type": "function", "function": {"name": n}} for n in names]}
-    )
-    assert compiled is not None
+    compiled = CompiledTools([(name, {"type": "object"}) for name in names])
     text = ("prose " * 100) + "I will call tool_4321 now. module.tool_7 is not it."
     message = {"role": "assistant", "content": text + ' {"name": "tool_43210", "arguments": {}}'}
     verdict = compiled.check_message(message)
