@@ -44,9 +44,12 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from evals.domains import DOMAIN_OPTIONS, DOMAINS
+
+if TYPE_CHECKING:  # the risk screen's cells; imported lazily below (it imports this module)
+    from evals.screen.grid import ScreenCells
 
 __all__ = [
     "DEFAULT_USERS",
@@ -232,6 +235,8 @@ class Grid:
     llm_seed: int | None = None
     judge: UserSpec | None = None  # scores natural-language assertions; None leaves them unscored
     source: Path | None = field(default=None, compare=False)
+    # The risk screen's cells (``[screen]``, see evals.screen.grid), run beside the episode cells.
+    screen: ScreenCells | None = None
 
     def select(self, patterns: Sequence[str] | None) -> list[CellSpec]:
         """The cells named by ``--only`` (exact names or shell-style patterns), in grid order."""
@@ -257,6 +262,7 @@ _GRID_KEYS = {
     "users",
     "judge",
     "cell",
+    "screen",
 }
 _ARM_KEYS = {
     "model",
@@ -513,6 +519,11 @@ def parse_grid(data: Mapping[str, Any], *, base: Path = Path("."), name: str = "
         judge = _parse_user("judge", judge_table)
     tau2_data = _typed(data, "tau2_data", str, "grid")
     concurrency = _typed(data, "concurrency", int, "grid")
+    screen = None
+    if data.get("screen") is not None:  # the risk screen's own table (evals.screen.grid)
+        from evals.screen.grid import parse_screen
+
+        screen = parse_screen(data["screen"], arms, cells)
     return Grid(
         name=_typed(data, "name", str, "grid") or name,
         arms=arms,
@@ -523,6 +534,7 @@ def parse_grid(data: Mapping[str, Any], *, base: Path = Path("."), name: str = "
         concurrency=concurrency or 1,
         llm_seed=_typed(data, "llm_seed", int, "grid"),
         judge=judge,
+        screen=screen,
     )
 
 

@@ -434,6 +434,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (GridError, LaunchError, ValueError) as exc:  # ValueError: a results file of another run
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if grid.screen is not None:  # the [screen] cells: the risk screen of the grid's arms
+        from evals.screen import ScreenError
+        from evals.screen.grid import run_screen_cells
+
+        try:
+            run_screen_cells(grid, grid.screen, args.out, data_dir)
+        except (ScreenError, LaunchError, ValueError) as exc:
+            print(f"error: screen: {exc}", file=sys.stderr)
+            return 1
     if not args.no_analysis:
         _analyze(grid, plan_runs(grid, cells, args.out, data_dir), args.out)
     return 0

@@ -29,7 +29,7 @@ from evals.screen.points import DecisionPoint, replay_domain, select_points
 from evals.screen.report import render_markdown, render_plot
 from evals.screen.summary import PointLabel, summarize
 
-__all__ = ["main", "rebuild", "run_screen"]
+__all__ = ["main", "prepare", "rebuild", "run_screen"]
 
 POINTS_FILE = "points.json"
 RUN_FILE = "run.json"
@@ -109,19 +109,18 @@ def rebuild(out: Path) -> dict[str, Any]:
     return screen
 
 
-def run_screen(
+def prepare(
     *,
-    arms: Sequence[ArmSpec],
+    arms: Sequence[tuple[str, str]],
     reference: str,
     domains: Sequence[str],
     count: int,
     seed: int,
     out: Path,
     data_dir: Path,
-    options: AskOptions,
-) -> dict[str, Any]:
-    """Draw (or reload) the points, ask each arm what it has not answered, then ``rebuild``."""
-    names = [arm.name for arm in arms]
+) -> tuple[list[DecisionPoint], dict[str, list[dict[str, Any]]]]:
+    """Draw the points (checked against the folder's, if any) and record the arms (name, spec)."""
+    names = [name for name, _ in arms]
     if len(set(names)) != len(names):
         raise ScreenError("arm names must be unique")
     out.mkdir(parents=True, exist_ok=True)
@@ -143,15 +142,39 @@ def run_screen(
     run_path = out / RUN_FILE
     # A list, not a dict: the report keeps the order the arms were first given in.
     all_arms = [dict(arm) for arm in _load(run_path)["arms"]] if run_path.is_file() else []
-    for arm in arms:
-        known = next((entry for entry in all_arms if entry["name"] == arm.name), None)
+    for name, spec in arms:
+        known = next((entry for entry in all_arms if entry["name"] == name), None)
         if known is None:
-            all_arms.append({"name": arm.name, "spec": arm.spec})
+            all_arms.append({"name": name, "spec": spec})
         else:
-            known["spec"] = arm.spec  # a URL may change between runs; the points do not
+            known["spec"] = spec  # a URL may change between runs; the points do not
     if reference not in {entry["name"] for entry in all_arms}:
         raise ScreenError(f"--reference {reference!r} is not one of the arms")
     _dump(run_path, {"arms": all_arms, "reference": reference})
+    return points, tools
+
+
+def run_screen(
+    *,
+    arms: Sequence[ArmSpec],
+    reference: str,
+    domains: Sequence[str],
+    count: int,
+    seed: int,
+    out: Path,
+    data_dir: Path,
+    options: AskOptions,
+) -> dict[str, Any]:
+    """Draw (or reload) the points, ask each arm what it has not answered, then ``rebuild``."""
+    points, tools = prepare(
+        arms=[(arm.name, arm.spec) for arm in arms],
+        reference=reference,
+        domains=domains,
+        count=count,
+        seed=seed,
+        out=out,
+        data_dir=data_dir,
+    )
     with AnswerLog(out / ANSWERS_FILE) as log:
         for arm in arms:
             if all((arm.name, p.key) in log.done for p in points):

@@ -460,3 +460,37 @@ def test_flag_rule_flags_a_clear_amplification(tmp_path: Path) -> None:
     )
     assert screen["flagged"] == {"q": ["unknown_tool"]}
     assert screen["arms"]["q"]["channels"]["unknown_tool"]["count"] == 20
+
+
+# --- screen cells in a grid ---------------------------------------------------------------------
+
+
+def _grid(server: ScreenUpstream, screen: dict[str, Any]) -> dict[str, Any]:
+    arms = {
+        name: {"model": "scripted", "upstream": server.url(name), "proxy": server.url(name)}
+        for name in ("ref", "q")
+    }
+    arms["q"]["reference"] = "ref"
+    cell = {"domain": "retail", "arm": ["ref", "q"], "user": "scripted", "modes": ["off"]}
+    return {"name": "g", "arms": arms, "cell": [cell], "screen": screen}
+
+
+def test_grid_screen_cells_screen_the_grid_arms(
+    upstream: tuple[ScreenUpstream, dict[str, dict[str, str]]], tmp_path: Path, tau2_data_dir: Path
+) -> None:
+    from evals.grid import GridError, parse_grid
+    from evals.screen.grid import run_screen_cells
+
+    server, schedule = upstream
+    grid = parse_grid(_grid(server, {"points": POINTS, "seed": SEED}))
+    assert grid.screen is not None
+    assert (grid.screen.reference, grid.screen.domains) == ("ref", ("retail",))
+    screen = run_screen_cells(grid, grid.screen, tmp_path, tau2_data_dir)
+    for arm, by_key in schedule.items():
+        channels = screen["arms"][arm]["channels"]
+        assert channels["unknown_tool"]["count"] == _expected(by_key)["unknown_tool"]
+    assert (tmp_path / "screen" / "report.md").is_file()
+    with pytest.raises(GridError, match=r"screen\.arms"):
+        parse_grid(_grid(server, {"arms": ["nosuch"]}))
+    with pytest.raises(GridError, match="unknown keys"):
+        parse_grid(_grid(server, {"pointz": 3}))
