@@ -56,6 +56,11 @@ def _response_of(content: bytes, status: int) -> dict[str, Any]:
     return response
 
 
+def _id_key(value: Any) -> str | None:
+    """An upstream id as a lookup key: only strings (a list or object id must not be a 500)."""
+    return value if isinstance(value, str) else None
+
+
 def _sse(event: Mapping[str, Any]) -> bytes:
     return (
         b"event: " + str(event.get("type")).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
@@ -82,7 +87,7 @@ class ResponsesCall:
         self.body: dict[str, Any] = {}
         self.forward: dict[str, Any] = {}
         self.request: ChatRequest | None = None
-        self._answers: dict[Any, dict[str, Any]] = {}  # upstream responses by id
+        self._answers: dict[str | None, dict[str, Any]] = {}  # upstream responses by id
 
     # -- before the upstream ----------------------------------------------------------------------
 
@@ -126,14 +131,14 @@ class ResponsesCall:
         if not 200 <= reply.status_code < 300:
             raise UpstreamStatusError(reply)
         response = _response_of(reply.content, reply.status_code)
-        self._answers[response.get("id")] = response
+        self._answers[_id_key(response.get("id"))] = response
         return to_chat_completion(response)
 
     async def _judge(self, response: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """The answer to deliver (a Responses object) and whether it differs from ``response``."""
         assert self.request is not None
         ex, request = self.ex, self.request
-        self._answers[response.get("id")] = response
+        self._answers[_id_key(response.get("id"))] = response
         completion = cast(ChatCompletion, to_chat_completion(response))
         try:
             outcome = await self.pipeline.judge(request, completion, self._reask, ex.record)
@@ -145,7 +150,7 @@ class ResponsesCall:
         await self.pipeline.remember(request, outcome.answer)
         final = response
         if outcome.changed:
-            base = self._answers.get(outcome.answer.get("id"), response)
+            base = self._answers.get(_id_key(outcome.answer.get("id")), response)
             final = to_response(cast(dict[str, Any], outcome.answer), base)
         await self.pipeline.remember_response(request, final.get("id"))
         return final, outcome.changed

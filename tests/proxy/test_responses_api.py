@@ -3,10 +3,12 @@ against a scripted Responses upstream that stores responses (issue 14)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
 
+import httpx
 import openai
 import orjson
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from repairproxy.settings import Settings
 from tests.support.proxy_server import RunningProxy, running_proxy
 from tests.support.responses_upstream import ResponsesUpstream, function_call, message
+from tests.support.servers import raw_server
 
 TOOLS: list[Any] = [
     {
@@ -191,3 +194,31 @@ def test_bad_input_is_an_openai_error(start: Any) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         _client(proxy).responses.create(model="m", input=5)  # type: ignore[arg-type]
     assert caught.value.body["param"] == "input"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("bad_id", [["resp", 1], {"id": "resp"}, 7, None])
+def test_a_non_string_upstream_response_id_is_not_a_500(bad_id: Any) -> None:
+    """An upstream answering with a list, object, number or null id: the proxy still judges
+    (and repairs) the answer, never a server error."""
+    answers = iter(
+        [
+            [function_call("lookup_order", GOOD)],  # an invented name: the proxy re-asks
+            [function_call("get_order_details", GOOD)],
+        ]
+    )
+
+    async def handle(_r: asyncio.StreamReader, writer: asyncio.StreamWriter, _q: bytes) -> None:
+        body = orjson.dumps({"id": bad_id, "object": "response", "output": next(answers)})
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(body), body)
+        )
+
+    with raw_server(handle) as url, running_proxy(Settings(upstream=url + "/v1")) as proxy:
+        sent = httpx.post(
+            proxy.base_url + "/responses",
+            json={"model": "m", "input": "Where?", "tools": TOOLS},
+            timeout=30,
+        )
+        assert sent.status_code == 200, sent.text
+        assert sent.json()["output"][0]["name"] == "get_order_details"
