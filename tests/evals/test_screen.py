@@ -494,3 +494,38 @@ def test_grid_screen_cells_screen_the_grid_arms(
         parse_grid(_grid(server, {"arms": ["nosuch"]}))
     with pytest.raises(GridError, match="unknown keys"):
         parse_grid(_grid(server, {"pointz": 3}))
+
+
+def test_progress_on_a_pipe_is_plain_lines_with_an_estimate() -> None:
+    import io
+
+    from evals.screen.ask import Progress
+
+    stream = io.StringIO()
+    progress = Progress(4, 1, "screen q", stream=stream, every_s=0.0)
+    for _ in range(3):
+        progress.advance()
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3 and "\r" not in stream.getvalue()
+    assert lines[-1].startswith("screen q: 4/4 points, ") and lines[-1].endswith("ETA 0m00s")
+
+
+def test_arm_specs(tmp_path: Path) -> None:
+    from evals.screen import ScreenError, parse_arm
+    from evals.screen.ask import AskOptions, served
+
+    assert parse_arm("a=http://h:1/v1").kind == "url"
+    assert parse_arm(f"d={tmp_path}").kind == "dir"
+    assert parse_arm("e=q4_k_m").kind == "embedded"
+    with pytest.raises(ScreenError, match="NAME=URL"):
+        parse_arm("no-name")
+    (tmp_path / "a.gguf").write_bytes(b"x")
+    (tmp_path / "b.gguf").write_bytes(b"x")
+    with (
+        pytest.raises(ScreenError, match="2 GGUF files"),
+        served(parse_arm(f"d={tmp_path}"), AskOptions()),
+    ):
+        pass
+    with served(parse_arm("u=http://127.0.0.1:9/v1/"), AskOptions()) as url:
+        assert url == "http://127.0.0.1:9/v1"
