@@ -1,7 +1,8 @@
 """Episodes and conversation links in Redis, shared by every worker and replica.
 
 An episode is one string key, ``<prefix>ep:<id>`` = ``<version>:<token>:<EpisodeState as JSON>``.
-An update reads it with ``GETEX`` (which also pushes the idle TTL back), runs the Python ``mutate``
+An update reads it with its TTL (a script; the TTL is pushed back by the write, or by a
+``PEXPIRE`` once a tenth of it has passed, and never for a value it cannot read), runs ``mutate``
 on the decoded state, and writes the result with a compare-and-set script that checks the
 version: two processes that mutate one episode at once never lose an update, the loser retries on
 the state the winner wrote (bounded; the ladder rungs and the seen-result keys are decided inside
@@ -67,6 +68,14 @@ if version == ARGV[1] then
 end
 if token == ARGV[4] then return 1 end
 return 0
+"""
+
+# KEYS[1] the episode. Its value and remaining TTL in ms (nil: absent); the TTL is not touched,
+# so an unreadable value is not kept alive by the requests it fails.
+_READ = """
+local current = redis.call('GET', KEYS[1])
+if not current then return false end
+return {current, redis.call('PTTL', KEYS[1])}
 """
 
 # KEYS[1] the episode; ARGV: the empty state (version 0), TTL in ms. nil: absent until now.
@@ -182,6 +191,7 @@ class RedisEpisodeStore:
         self._ttl_ms = max(int(idle_ttl_seconds * 1000), 1)
         self._cas = client.register_script(_CAS)
         self._claim = client.register_script(_CLAIM)
+        self._read = client.register_script(_READ)
         self._empty = b"0::" + encode_state(EpisodeState())
         self.conflicts = 0  # compare-and-set attempts lost (for tests and benchmarks)
 
@@ -191,12 +201,18 @@ class RedisEpisodeStore:
     async def update(self, episode_id: str, mutate: Callable[[EpisodeState], T]) -> T:
         key = self.key(episode_id)
         for attempt in range(self.max_attempts):
-            version, body = _split(await self.client.getex(key, px=self._ttl_ms))
+            read = await self._read(keys=[key])
+            value, ttl_left = (read[0], int(read[1])) if read else (None, 0)
+            version, body = _split(value)
             number, state = _load(version, body) if body is not None else (0, EpisodeState())
             result = mutate(state)
             encoded = encode_state(state)
             if encoded == body:
-                return result  # nothing changed: the read was the transaction
+                # Nothing changed: the read was the transaction. The idle TTL is pushed back only
+                # once a tenth of it has passed (one more round trip, rarely).
+                if ttl_left < self._ttl_ms * 0.9:
+                    await self.client.pexpire(key, self._ttl_ms)
+                return result
             token = secrets.token_hex(6).encode()
             value = b"%d:%s:%s" % (number + 1, token, encoded)
             if await self._cas(keys=[key], args=[version, value, self._ttl_ms, token]):

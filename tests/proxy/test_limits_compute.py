@@ -19,6 +19,7 @@ from repairproxy.stores.guard import GuardedEpisodeStore, StoreHealth
 from repairproxy.stores.redis_store import RedisEpisodeStore, decode_state, redis_client
 from repairproxy.streaming import MAX_HELD_CONTENT_CHARS, SSEParser, ToolCallGate
 from repairproxy.validation import CompiledTools, ToolsCache, compiled_size
+from tests.support.processes import redis_server
 
 
 def _chunk(delta: dict[str, Any]) -> bytes:
@@ -181,3 +182,26 @@ def test_a_hung_redis_costs_one_bounded_call_and_is_counted(hung_port: int) -> N
     timeouts, counted = asyncio.run(main())
     assert timeouts == 1  # the second call is skipped while the store rests
     assert counted == 2
+
+
+def test_wrong_typed_state_in_a_real_redis_is_unknown_and_keeps_its_ttl() -> None:
+    async def main(url: str) -> tuple[bool, int, int, int]:
+        client = redis_client(url)
+        try:
+            store = RedisEpisodeStore(client, 3600)
+            key = store.key("poisoned")
+            await client.set(key, b'1:ab:{"by_channel": {"unknown_tool": "3"}}', px=500_000)
+            health = StoreHealth()
+            guarded = GuardedEpisodeStore(store, health)
+            snapshot = await guarded.update("poisoned", lambda state: state.errors)
+            before_ok = await client.pttl(key)
+            await store.update("fine", lambda state: state.count("unknown_tool"))
+            return snapshot == 0, health.errors, before_ok, await client.pttl(store.key("fine"))
+        finally:
+            await client.aclose()
+
+    with redis_server() as server:
+        blank, errors, poisoned_ttl, fine_ttl = asyncio.run(main(server.url))
+    assert blank and errors == 1  # a store error, the mutation ran on a blank state
+    assert poisoned_ttl <= 500_000  # not pushed back to the idle TTL (3,600,000 ms)
+    assert fine_ttl > 3_000_000
