@@ -36,7 +36,7 @@ from repairproxy.streaming import SSEParser, call_opening
 from repairproxy.upstream import HeaderList, Upstream, UpstreamReply, response_headers, timed
 from repairproxy.wire import ChatCompletion
 
-__all__ = ["RESPONSES_PATH", "ResponsesCall"]
+__all__ = ["RESPONSES_PATH", "ResponsesCall", "error_event"]
 
 RESPONSES_PATH = "/v1/responses"
 # Events that say nothing about the answer's content: released at once.
@@ -54,6 +54,21 @@ def _response_of(content: bytes, status: int) -> dict[str, Any]:
             f"the upstream answered {status} with a body that is not a Responses answer"
         )
     return response
+
+
+def error_event(error: Mapping[str, Any]) -> bytes:
+    """An error once a Responses stream has started, as OpenAI sends it: one ``error`` event
+    (``type``, ``code``, ``message``, ``param``), never a chat-shaped ``data:`` line and
+    ``[DONE]``. ``error``: the body of ``RepairProxyError.to_openai()``."""
+    inner = error.get("error")
+    detail: Mapping[str, Any] = inner if isinstance(inner, Mapping) else {}
+    event = {
+        "type": "error",
+        "code": detail.get("code") or detail.get("type"),
+        "message": detail.get("message"),
+        "param": detail.get("param"),
+    }
+    return _sse(event)
 
 
 def _id_key(value: Any) -> str | None:

@@ -43,6 +43,7 @@ from repairproxy.events import Outcome, PipelineObserver
 from repairproxy.exchange import Exchange
 from repairproxy.pipeline import ChatPipeline
 from repairproxy.responses_http import RESPONSES_PATH, ResponsesCall
+from repairproxy.responses_http import error_event as responses_error_event
 from repairproxy.settings import Settings
 from repairproxy.streaming import DONE_EVENT
 from repairproxy.upstream import HeaderList, Upstream, UpstreamReply, response_headers, timed
@@ -275,8 +276,12 @@ class Proxy:
         payload = orjson.dumps(error.to_openai())
         if responder.started:
             # Too late for a status code: tell a streaming client in-band, as OpenAI does.
+            if ex.path == RESPONSES_PATH:
+                frame = responses_error_event(error.to_openai())
+            else:
+                frame = b"data: " + payload + b"\n\n" + DONE_EVENT
             with contextlib.suppress(Exception):  # the client may be gone already
-                await responder.body(b"data: " + payload + b"\n\n" + DONE_EVENT, more=False)
+                await responder.body(frame, more=False)
             return
         headers: HeaderList = [_JSON]
         headers.extend(ex.proxy_headers())

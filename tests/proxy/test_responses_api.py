@@ -222,3 +222,30 @@ def test_a_non_string_upstream_response_id_is_not_a_500(bad_id: Any) -> None:
         )
         assert sent.status_code == 200, sent.text
         assert sent.json()["output"][0]["name"] == "get_order_details"
+
+
+def test_an_error_after_a_stream_started_is_a_responses_error_event(
+    start: Any, upstream: ResponsesUpstream
+) -> None:
+    """Prose already streamed, then repairs run out with ``--on-exhausted error``: the stream
+    ends with one Responses ``error`` event, not a chat-shaped ``data: {"error"}`` + ``[DONE]``."""
+    proxy = start(on_exhausted="error", max_repairs=1)
+    upstream.push(
+        [message("Let me look that up."), function_call("lookup_order", GOOD)],
+        [function_call("lookup_order", GOOD)],  # the re-ask invents the name again
+    )
+    with httpx.stream(
+        "POST",
+        proxy.base_url + "/responses",
+        json={"model": "m", "input": "Where?", "tools": TOOLS, "stream": True},
+        timeout=30,
+    ) as response:
+        assert response.status_code == 200
+        text = response.read().decode()
+    assert "[DONE]" not in text
+    frames = [frame for frame in text.split("\n\n") if frame.strip()]
+    assert frames[0].startswith("event: response.created")
+    last = frames[-1].split("\n")
+    assert last[0] == "event: error"
+    error = orjson.loads(last[1].removeprefix("data: "))
+    assert error["type"] == "error" and error["message"] and error["code"]
