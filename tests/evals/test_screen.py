@@ -529,3 +529,14 @@ def test_arm_specs(tmp_path: Path) -> None:
         pass
     with served(parse_arm("u=http://127.0.0.1:9/v1/"), AskOptions()) as url:
         assert url == "http://127.0.0.1:9/v1"
+
+
+def test_telecom_points_are_agent_calls_only(tau2_data_dir: Path, retail: DomainPoints) -> None:
+    telecom = replay_domain("telecom", tau2_data_dir)
+    agent_tools = {t["function"]["name"] for t in telecom.tools}
+    assert len(telecom.points) == 123
+    assert {p.gold_name for p in telecom.points} <= agent_tools
+    # The user's own device calls (toggle_airplane_mode, ...) are never decision points.
+    assert all(p.messages[-1]["role"] in {"user", "tool"} for p in telecom.points)
+    both = select_points([retail, telecom], 5, 0)
+    assert [p.domain for p in both] == ["retail"] * 3 + ["telecom"] * 2  # quotas 3 + 2
