@@ -28,6 +28,23 @@ __all__ = ["CHAT_PATH", "ChatCall"]
 CHAT_PATH = "/v1/chat/completions"
 
 
+def _choice_channels(request: ChatRequest, outcome: ChatOutcome) -> tuple[tuple[str, ...], ...]:
+    """Each choice's error channels when the answer has several (``n > 1``): choice 0 as judged,
+    the others checked as they are (only choice 0 is repaired)."""
+    choices = outcome.answer.get("choices") if isinstance(outcome.answer, dict) else None
+    if request.tools is None or not isinstance(choices, list) or len(choices) < 2:
+        return ()
+    found = [outcome.caught]
+    for choice in choices[1:]:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            found.append(())
+            continue
+        verdict = request.tools.check_message(message)
+        found.append(tuple(channel.value for channel in verdict.error_channels))
+    return tuple(found)
+
+
 def _completion_of(reply: UpstreamReply) -> ChatCompletion:
     """A 2xx answer that must be a chat completion; anything else is the upstream's fault."""
     try:
@@ -74,6 +91,7 @@ class ChatCall:
             ex.repairs = ex.record.repair_attempts
         ex.channels = outcome.caught
         ex.repair_failed = outcome.repair_failed
+        ex.choice_channels = _choice_channels(self.request, outcome)
         await self.pipeline.remember(self.request, outcome.answer)
         return outcome
 

@@ -51,6 +51,8 @@ class Exchange:
     snapshot: BudgetSnapshot | None = None
     request_body: bytes | None = None
     response_body: bytes | None = None
+    # With n > 1: each choice's error channels, in choice order (x-repairproxy-choice-tool-errors)
+    choice_channels: tuple[tuple[str, ...], ...] = ()
 
     def overhead_ms(self) -> float:
         return max((time.perf_counter() - self.started - self.timer.seconds) * 1000.0, 0.0)
@@ -84,6 +86,12 @@ class Exchange:
                     (b"x-repairproxy-repair-seconds", f"{record.repair_seconds:.3f}".encode())
                 )
             out.append((b"x-repairproxy-upstream-calls", str(self.timer.calls).encode()))
+            if len(self.choice_channels) > 1:  # n > 1: the headers above describe choice 0
+                per_choice = ";".join(
+                    f"{index}={','.join(channels)}"
+                    for index, channels in enumerate(self.choice_channels)
+                )
+                out.append((b"x-repairproxy-choice-tool-errors", per_choice.encode()))
         snapshot = self.snapshot
         if snapshot is not None:
             out.append(

@@ -73,3 +73,30 @@ def test_pass_through_still_forwards_ordinary_paths(
     answer = _raw_get(proxy, b"/v1/models/a.b..c")
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
     assert len(upstream.requests) == 1
+
+
+def test_every_choice_is_reported_when_n_is_above_one(
+    upstream: ScriptedUpstream, proxy: RunningProxy
+) -> None:
+    good = {"role": "assistant", "content": None, "tool_calls": [_call("get_order_details")]}
+    bad = {"role": "assistant", "content": None, "tool_calls": [_call("get_order_status")]}
+    choices = [
+        {"index": i, "message": m, "finish_reason": "tool_calls"}
+        for i, m in enumerate([good, bad, good])
+    ]
+    upstream.push(
+        Reply(body={"id": "c", "object": "chat.completion", "model": "m", "choices": choices})
+    )
+    body = {"model": "m", "n": 3, "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
+    response = _post(proxy, body)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-repairproxy-tool-errors"] == ""  # choice 0, as before
+    assert response.headers["x-repairproxy-choice-tool-errors"] == "0=;1=unknown_tool;2="
+
+
+def _call(name: str) -> dict[str, Any]:
+    return {
+        "id": f"call_{name}",
+        "type": "function",
+        "function": {"name": name, "arguments": '{"order_id": "#W1"}'},
+    }
