@@ -290,9 +290,13 @@ class ResponsesCall:
         await self._finish(responder, headers, tail)
 
     async def _finish(self, responder: Responder, headers: HeaderList, tail: list[bytes]) -> None:
+        """The held events; a stream whose headers already left gets the verdict as an SSE
+        comment (as chat streams do), just before its terminal event, so nothing follows that."""
         if not responder.started:
             await responder.start(200, [*headers, *self.ex.proxy_headers()])
             responder.first_byte_at = time.perf_counter()
+        else:
+            tail.insert(max(len(tail) - 1, 0), self.ex.trailer_comment())
         await responder.body(b"".join(tail), more=False)
 
 

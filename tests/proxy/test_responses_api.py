@@ -249,3 +249,29 @@ def test_an_error_after_a_stream_started_is_a_responses_error_event(
     assert last[0] == "event: error"
     error = orjson.loads(last[1].removeprefix("data: "))
     assert error["type"] == "error" and error["message"] and error["code"]
+
+
+def test_a_stream_whose_headers_left_early_carries_the_verdict_before_its_terminal_event(
+    start: Any, upstream: ResponsesUpstream
+) -> None:
+    """Prose streamed first (headers say errors 0), then a repaired call: the verdict follows
+    as one ``: x-repairproxy ...`` comment just before ``response.completed``, the last frame."""
+    proxy = start()
+    upstream.push(
+        [message("Let me look that up."), function_call("lookup_order", GOOD)],
+        [function_call("get_order_details", GOOD)],
+    )
+    with httpx.stream(
+        "POST",
+        proxy.base_url + "/responses",
+        json={"model": "m", "input": "Where?", "tools": TOOLS, "stream": True},
+        timeout=30,
+    ) as response:
+        assert response.headers["x-repairproxy-episode-errors"] == "0"  # before the verdict
+        text = response.read().decode()
+    frames = [frame for frame in text.split("\n\n") if frame.strip()]
+    assert frames[-1].startswith("event: response.completed")
+    comment = frames[-2]
+    assert comment.startswith(": x-repairproxy ")
+    assert "tool-errors=unknown_tool" in comment and "repairs=1" in comment
+    assert "episode-errors=1" in comment
