@@ -48,7 +48,11 @@ def render_markdown(screen: dict[str, Any]) -> str:
     for arm, summary in screen["arms"].items():
         cells = [_pct(summary["channels"][ch]["rate"]) for ch in CHANNELS]
         margin = summary["margin"]
-        thin = f"{_pct(margin['thin']['rate'])} of {margin['n']}"
+        thin = (
+            f"{_pct(margin['thin']['rate'])} of {margin['n']}"
+            if margin["n"]
+            else "n/a (no logprobs)"
+        )
         lines.append(
             f"| `{arm}` | {summary['n']} | "
             + " | ".join(cells)
@@ -80,6 +84,14 @@ def render_markdown(screen: dict[str, Any]) -> str:
                 + f" | {_plain(comparison['spearman_invented'])} | {novel_text}"
                 + f" | {', '.join(comparison['flagged']) or 'no'} |"
             )
+    lines += [
+        "",
+        "Arms: "
+        + "; ".join(f"`{arm['name']}` = {arm['spec']}" for arm in config.get("arms", []))
+        + ".",
+    ]
+    seconds = "; ".join(f"`{a}` {s['answer_seconds']:.0f} s" for a, s in screen["arms"].items())
+    lines.append(f"Time answering (sum over points): {seconds}.")
     lines += ["", f"Rule: {screen['rule']['flag']}."]
     flagged = screen["flagged"]
     lines.append(
