@@ -624,7 +624,9 @@ class ErrorBudget:
         def apply(state: EpisodeState) -> BudgetSnapshot:
             before = state.errors
             new: list[str] = []
-            for position, key, label in results.errors:
+            # Only the newest results ``seen`` can hold: older ones were counted when they were
+            # new, and walking them would evict (and recount, every resend) the ones after them.
+            for position, key, label in results.errors[-MAX_SEEN_RESULTS:]:
                 if not state.first_sight(key):
                     continue
                 if position in state.pending:

@@ -15,6 +15,7 @@ import pytest
 
 from repairproxy.errors import InvalidToolsError
 from repairproxy.repair import RepairMode, RepairPolicy, escalated_tool_choice
+from repairproxy.sessions import MAX_SEEN_RESULTS, ErrorBudget, MemoryEpisodeStore
 from repairproxy.stores.guard import GuardedEpisodeStore, StoreHealth
 from repairproxy.stores.redis_store import RedisEpisodeStore, decode_state, redis_client
 from repairproxy.streaming import MAX_HELD_CONTENT_CHARS, SSEParser, ToolCallGate
@@ -205,3 +206,38 @@ def test_wrong_typed_state_in_a_real_redis_is_unknown_and_keeps_its_ttl() -> Non
     assert blank and errors == 1  # a store error, the mutation ran on a blank state
     assert poisoned_ttl <= 500_000  # not pushed back to the idle TTL (3,600,000 ms)
     assert fine_ttl > 3_000_000
+
+
+def _failing_history(results: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Where is order #W1?"}]
+    for turn in range(results):
+        call_id = f"call_{turn:08d}"
+        function = {"name": "get_order_details", "arguments": '{"order_id":"1"}'}
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+            }
+        )
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": "Error: not found"})
+    return messages
+
+
+def test_a_history_with_more_failed_results_than_remembered_is_not_recounted() -> None:
+    async def main() -> list[int]:
+        budget = ErrorBudget(MemoryEpisodeStore(), default_budget=10_000)
+        history = _failing_history(MAX_SEEN_RESULTS + 500)
+        counted = []
+        for _ in range(3):  # the same history resent: nothing new to count
+            snapshot = await budget.observe_request("long", {"messages": history})
+            counted.append(snapshot.errors)
+        more = await budget.observe_request(
+            "long", {"messages": _failing_history(len(history) // 2 + 1)}
+        )
+        counted.append(more.errors)
+        return counted
+
+    first, second, third, grown = asyncio.run(main())
+    assert second == first and third == first
+    assert grown == first + 1  # one more failed result: one more error
