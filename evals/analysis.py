@@ -9,6 +9,7 @@ The proxy's view comes from the ``repairproxy`` field the engine records on each
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 from collections import Counter
@@ -22,7 +23,11 @@ from evals.stats import Interval, NotAvailable
 
 __all__ = [
     "BUDGETS",
+    "BUILT_IN_FAMILIES",
     "ENV_CHANNELS",
+    "MODES_FAMILY",
+    "OTHER_FAMILY",
+    "PRECISION_FAMILY",
     "PROXY_CHANNELS",
     "Arm",
     "ArmSummary",
@@ -30,10 +35,13 @@ __all__ = [
     "PairSummary",
     "Summary",
     "ToolCallRecord",
+    "amplification",
+    "assign_families",
     "build_summary",
     "classify_error",
     "default_pairs",
     "load_arm",
+    "pair_label",
     "read_episodes",
     "success_at",
     "summarize_arm",
@@ -254,8 +262,10 @@ class Arm:
 
 
 def default_label(path: Path, info: Mapping[str, Any]) -> str:
-    """``cell/mode`` from the two folders above the file; else the agent model; else the stem."""
-    parents = [p.name for p in path.resolve().parents[:2] if p.name]
+    """``cell/mode`` from the two folders above the file as its path was given (a symlinked
+    folder keeps the name it was given by, so two links to one run stay two labels); else the
+    agent model; else the stem."""
+    parents = [p.name for p in path.absolute().parents[:2] if p.name]
     if len(parents) == 2:
         return f"{parents[1]}/{parents[0]}"
     agent = info.get("agent_info") or {}
@@ -596,50 +606,92 @@ class PairSummary:
     reference: str
     compared: str
     paired: int
+    tasks: int  # tasks with at least one paired trial: the unit of the interval and TOST
     unpaired_reference: int
     unpaired_compared: int
+    duplicates_reference: int  # repeated (task, trial) episodes left out of the pairing
+    duplicates_compared: int
     table: stats.PairedTable
-    difference: Interval | NotAvailable  # compared − reference, 95% Newcombe
+    difference: Interval | NotAvailable  # compared − reference, 95%, task-clustered
     mcnemar_p: float | NotAvailable
     tost: stats.Tost | NotAvailable
     sweep_gap: dict[int, Interval | NotAvailable]
     spearman: float | NotAvailable
     spearman_names: int
     novel: tuple[int, int] | NotAvailable
-    # Filled in across all pairs of a report (Holm).
+    amplification: dict[str, stats.RateRatio | NotAvailable] = field(default_factory=dict)
+    # Filled in per Holm family of a report.
+    family: str = ""
     mcnemar_p_holm: float | NotAvailable = field(default=NotAvailable("not adjusted yet"))
-    tost_p_holm: float | NotAvailable = field(default=NotAvailable("not adjusted yet"))
 
 
-def _keyed(episodes: Sequence[Episode]) -> dict[tuple[str, int], Episode]:
-    """Key episodes by (task id, trial); without trials, by (task id, occurrence)."""
+def _keyed(episodes: Sequence[Episode]) -> tuple[dict[tuple[str, int], Episode], int]:
+    """Key episodes by (task id, trial); without trials, by (task id, occurrence). A repeated
+    key keeps its first episode; how many were left out is returned beside."""
     keyed: dict[tuple[str, int], Episode] = {}
     occurrences: Counter[str] = Counter()
+    duplicates = 0
     for episode in episodes:
         trial = episode.trial
         if trial is None:
             trial = occurrences[episode.task_id]
             occurrences[episode.task_id] += 1
+        if (episode.task_id, trial) in keyed:
+            duplicates += 1
+            continue
         keyed[(episode.task_id, trial)] = episode
-    return keyed
+    return keyed, duplicates
+
+
+DIFFERENCE_ALPHA = 0.025  # the difference column's two-sided 95% interval, same method as TOST
+
+
+def _difference(pairs: Sequence[tuple[str, bool, bool]]) -> Interval | NotAvailable:
+    """Compared − reference with the task-clustered 95% interval (TOST's method at 2.5%/side)."""
+    result = stats.tost(stats.TaskPairs.from_pairs(pairs), alpha=DIFFERENCE_ALPHA)
+    return result.interval if isinstance(result, stats.Tost) else result
+
+
+def amplification(
+    reference: Sequence[Episode], compared: Sequence[Episode]
+) -> dict[str, stats.RateRatio | NotAvailable]:
+    """Per channel, the compared arm's failed-call rate (per agent call) over the reference's,
+    with an interval clustered by episode; ``any`` is every failed agent call."""
+
+    def units(episodes: Sequence[Episode], channel: str) -> list[tuple[int, int]]:
+        return [
+            (
+                sum(
+                    1
+                    for c in e.agent_calls
+                    if c.error and (channel == "any" or c.channel == channel)
+                ),
+                len(e.agent_calls),
+            )
+            for e in episodes
+        ]
+
+    return {
+        channel: stats.rate_ratio(units(reference, channel), units(compared, channel))
+        for channel in (*ENV_CHANNELS, "any")
+    }
 
 
 def summarize_pair(
     reference: Arm, compared: Arm, ref_summary: ArmSummary, cmp_summary: ArmSummary
 ) -> PairSummary:
-    ref_keyed = _keyed(scored_episodes(reference))
-    cmp_keyed = _keyed(scored_episodes(compared))
+    ref_keyed, ref_duplicates = _keyed(scored_episodes(reference))
+    cmp_keyed, cmp_duplicates = _keyed(scored_episodes(compared))
     keys = sorted(set(ref_keyed) & set(cmp_keyed))
     table = stats.PairedTable.from_pairs(
         [(ref_keyed[k].success, cmp_keyed[k].success) for k in keys]
     )
+    by_task = [(k[0], ref_keyed[k].success, cmp_keyed[k].success) for k in keys]
     sweep_gap = {
         k: _beyond(k, reference.max_errors)
         or _beyond(k, compared.max_errors)
-        or stats.paired_difference(
-            stats.PairedTable.from_pairs(
-                [(success_at(ref_keyed[key], k), success_at(cmp_keyed[key], k)) for key in keys]
-            )
+        or _difference(
+            [(key[0], success_at(ref_keyed[key], k), success_at(cmp_keyed[key], k)) for key in keys]
         )
         for k in BUDGETS
     }
@@ -655,20 +707,26 @@ def summarize_pair(
             [ref_summary.names.get(n, 0) for n in union],
             [cmp_summary.names.get(n, 0) for n in union],
         )
+    ref_all, _ = _keyed(reference.episodes)
+    cmp_all, _ = _keyed(compared.episodes)
     return PairSummary(
         reference=reference.label,
         compared=compared.label,
         paired=len(keys),
+        tasks=len({k[0] for k in keys}),
         unpaired_reference=len(ref_keyed) - len(keys),
         unpaired_compared=len(cmp_keyed) - len(keys),
+        duplicates_reference=ref_duplicates,
+        duplicates_compared=cmp_duplicates,
         table=table,
-        difference=stats.paired_difference(table),
+        difference=_difference(by_task),
         mcnemar_p=stats.mcnemar_exact_p(table),
-        tost=stats.tost(table),
+        tost=stats.tost(stats.TaskPairs.from_pairs(by_task)),
         sweep_gap=sweep_gap,
         spearman=rho,
         spearman_names=len(union),
         novel=stats.novel_share(ref_summary.names, cmp_summary.names),
+        amplification=amplification(list(ref_all.values()), list(cmp_all.values())),
     )
 
 
@@ -688,28 +746,93 @@ def default_pairs(arms: Sequence[Arm]) -> list[tuple[str, str]]:
     return pairs
 
 
+PRECISION_FAMILY = "precision cells at mode off"
+MODES_FAMILY = "repair-mode comparisons"
+OTHER_FAMILY = "other comparisons"
+BUILT_IN_FAMILIES = {
+    PRECISION_FAMILY: "both arms at repair mode off, in different cells (e.g. precisions)",
+    MODES_FAMILY: "one cell, repair mode off against another mode",
+    OTHER_FAMILY: "every other pair",
+}
+
+
+def pair_label(reference: str, compared: str) -> str:
+    """How a family's patterns see a pair: ``REFERENCE vs COMPARED``."""
+    return f"{reference} vs {compared}"
+
+
+def _built_in_family(reference: ArmSummary, compared: ArmSummary) -> str:
+    if reference.mode == "off" and compared.mode == "off" and reference.cell != compared.cell:
+        return PRECISION_FAMILY
+    same_cell = reference.cell is not None and reference.cell == compared.cell
+    if same_cell and reference.mode != compared.mode:
+        return MODES_FAMILY
+    return OTHER_FAMILY
+
+
+def assign_families(
+    pairs: Sequence[tuple[ArmSummary, ArmSummary]],
+    families: Mapping[str, Sequence[str]] | None,
+) -> list[str]:
+    """The Holm family of each pair, fixed before any p-value is seen: with ``families`` (name
+    -> shell patterns over ``REFERENCE vs COMPARED``), the first family with a matching
+    pattern, else ``OTHER_FAMILY``; without, the built-in rule (``BUILT_IN_FAMILIES``)."""
+    out = []
+    for reference, compared in pairs:
+        if families is None:
+            out.append(_built_in_family(reference, compared))
+            continue
+        label = pair_label(reference.label, compared.label)
+        chosen = next(
+            (
+                name
+                for name, patterns in families.items()
+                if any(fnmatch.fnmatchcase(label, pattern) for pattern in patterns)
+            ),
+            OTHER_FAMILY,
+        )
+        out.append(chosen)
+    return out
+
+
 @dataclass(frozen=True)
 class Summary:
-    """Everything one report says: the arms, the pairs (Holm-adjusted together), the notes."""
+    """Everything one report says: the arms, the pairs (Holm-adjusted per family), the notes."""
 
     arms: dict[str, ArmSummary]
     pairs: list[PairSummary]
     notes: list[str]
+    families: dict[str, str] = field(default_factory=dict)  # name -> what it holds
 
 
-def build_summary(arms: Sequence[Arm], pairs: Sequence[tuple[str, str]]) -> Summary:
-    """Summarise every arm and every pair; Holm runs across all pairs of this one summary."""
+def build_summary(
+    arms: Sequence[Arm],
+    pairs: Sequence[tuple[str, str]],
+    families: Mapping[str, Sequence[str]] | None = None,
+) -> Summary:
+    """Summarise every arm and every pair; Holm adjusts McNemar's p within each family."""
     by_label = {arm.label: arm for arm in arms}
     summaries = {arm.label: summarize_arm(arm) for arm in arms}
     compared = [
         summarize_pair(by_label[r], by_label[c], summaries[r], summaries[c]) for r, c in pairs
     ]
-    mcnemar = stats.holm([p.mcnemar_p for p in compared])
-    tost_p = stats.holm([p.tost.p if isinstance(p.tost, stats.Tost) else p.tost for p in compared])
+    names = assign_families([(summaries[r], summaries[c]) for r, c in pairs], families)
+    adjusted: dict[int, float | NotAvailable] = {}
+    for family in dict.fromkeys(names):
+        members = [i for i, name in enumerate(names) if name == family]
+        for i, p in zip(members, stats.holm([compared[i].mcnemar_p for i in members]), strict=True):
+            adjusted[i] = p
     compared = [
-        replace(p, mcnemar_p_holm=m, tost_p_holm=t)
-        for p, m, t in zip(compared, mcnemar, tost_p, strict=True)
+        replace(p, family=names[i], mcnemar_p_holm=adjusted[i]) for i, p in enumerate(compared)
     ]
+    used = dict.fromkeys(names)
+    if families is None:
+        described = {name: BUILT_IN_FAMILIES[name] for name in used}
+    else:
+        described = {
+            name: ", ".join(families.get(name, ())) or "pairs no family's pattern matched"
+            for name in used
+        }
     notes = []
     for summary in summaries.values():
         if summary.nl_unjudged:
@@ -727,4 +850,11 @@ def build_summary(arms: Sequence[Arm], pairs: Sequence[tuple[str, str]]) -> Summ
                 f"{summary.label}: the run's budget was K={summary.max_errors}; success@K' "
                 f"past it is n/a (episodes were stopped at {summary.max_errors} errors)."
             )
-    return Summary(summaries, compared, notes)
+    for label in dict.fromkeys(label for pair in pairs for label in pair):
+        _, repeated = _keyed(scored_episodes(by_label[label]))
+        if repeated:
+            notes.append(
+                f"{label}: {repeated} repeated (task, trial) episode(s); pairing used the first "
+                "of each and left the rest out."
+            )
+    return Summary(summaries, compared, notes, described)

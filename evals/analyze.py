@@ -1,23 +1,25 @@
 """``python -m evals.analyze RESULTS.json... [--pair REF COMPARED ...] --out DIR``.
 
 Each results file is one arm, labelled ``NAME=PATH`` on the command line or, by default, by the
-two folders above it (``runs/NAME/<cell>/<mode>/results.json`` → ``<cell>/<mode>``). Without
-``--pair``, every grid cell's repair mode ``off`` is compared with each of its other modes.
-The grid runner calls ``analyze()`` in process.
+two folders above it as the path was given (``runs/NAME/<cell>/<mode>/results.json`` →
+``<cell>/<mode>``; a symlink is not followed). Without ``--pair``, every grid cell's repair mode
+``off`` is compared with each of its other modes; two files outside a grid layout are compared
+with each other (the first is the reference). ``--family NAME=PATTERN,...`` fixes the Holm
+families (patterns over ``REFERENCE vs COMPARED``). The grid runner calls ``analyze()`` in process.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from evals.analysis import Arm, Summary, build_summary, default_pairs, load_arm
 from evals.report import write_report
 
-__all__ = ["AnalysisError", "analyze", "main"]
+__all__ = ["AnalysisError", "analyze", "main", "parse_family"]
 
 
 class AnalysisError(Exception):
@@ -63,11 +65,32 @@ def _resolve(name: str, arms: Sequence[Arm]) -> str:
     for arm in arms:
         if name == arm.label:
             return arm.label
-    for arm in arms:  # a pair may name an arm by its path too
-        if Path(name).resolve() in (arm.path.resolve(), arm.path.parent.resolve()):
+    wanted = {Path(name).absolute(), Path(name).resolve()}
+    for arm in arms:  # a pair may name an arm by its path (or its folder) too
+        where = {arm.path.absolute(), arm.path.resolve()}
+        where |= {p.parent for p in where}
+        if wanted & where:
             return arm.label
     labels = ", ".join(arm.label for arm in arms)
     raise AnalysisError(f"--pair names {name!r}, which is none of the arms ({labels})")
+
+
+def _default_pairs(arms: Sequence[Arm]) -> list[tuple[str, str]]:
+    """Each grid cell's mode off against its other modes; two files outside a grid layout are
+    compared with each other, the first as the reference."""
+    pairs = default_pairs(arms)
+    if not pairs and len(arms) == 2:
+        return [(arms[0].label, arms[1].label)]
+    return pairs
+
+
+def parse_family(text: str) -> tuple[str, list[str]]:
+    """``NAME=PATTERN[,PATTERN...]`` of ``--family``."""
+    name, sep, patterns = text.partition("=")
+    chosen = [p.strip() for p in patterns.split(",") if p.strip()]
+    if not sep or not name.strip() or not chosen:
+        raise AnalysisError(f"--family {text!r}: expected NAME=PATTERN[,PATTERN...]")
+    return name.strip(), chosen
 
 
 def analyze(
@@ -75,14 +98,17 @@ def analyze(
     pairs: Sequence[tuple[str, str]] | None,
     out_dir: Path,
     title: str = "repairproxy analysis",
+    *,
+    families: Mapping[str, Sequence[str]] | None = None,
 ) -> Summary:
-    """Read the arms, compare the pairs (default: each cell's mode off vs its other modes), and
-    write summary.json, report.md, report.html and the PNG figures into ``out_dir``."""
+    """Read the arms, compare the pairs (default: see ``_default_pairs``), Holm-adjust within
+    ``families`` (default: the built-in ones), and write summary.json, report.md, report.html
+    and the PNG figures into ``out_dir``."""
     arms = _load(paths)
     if not arms:
         raise AnalysisError("no results files given")
     chosen = [(_resolve(r, arms), _resolve(c, arms)) for r, c in pairs] if pairs else []
-    summary = build_summary(arms, chosen or default_pairs(arms))
+    summary = build_summary(arms, chosen or _default_pairs(arms), families or None)
     write_report(summary, out_dir, title)
     return summary
 
@@ -97,11 +123,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar=("REFERENCE", "COMPARED"),
         help="compare two arms (labels or paths); repeatable",
     )
+    parser.add_argument(
+        "--family",
+        action="append",
+        metavar="NAME=PATTERN,...",
+        help="a Holm family: pairs whose 'REFERENCE vs COMPARED' matches a pattern; repeatable",
+    )
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     parser.add_argument("--title", default="repairproxy analysis")
     args = parser.parse_args(argv)
     try:
-        summary = analyze(args.results, [tuple(p) for p in args.pair or []], args.out, args.title)
+        families = dict(parse_family(f) for f in args.family or []) or None
+        summary = analyze(
+            args.results,
+            [tuple(p) for p in args.pair or []],
+            args.out,
+            args.title,
+            families=families,
+        )
     except AnalysisError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -26,7 +26,7 @@ from evals.analysis import (
     RepairCost,
     Summary,
 )
-from evals.stats import EQUIVALENCE_MARGIN, Interval, NotAvailable, Tost
+from evals.stats import EQUIVALENCE_MARGIN, Interval, NotAvailable, RateRatio, Tost
 
 __all__ = ["Figure", "Section", "summary_to_json", "write_report"]
 
@@ -45,20 +45,34 @@ def _value(value: Any) -> Any:
     return value
 
 
-def _tost(value: Tost | NotAvailable, holm_p: float | NotAvailable) -> Any:
+def _tost(value: Tost | NotAvailable) -> Any:
     if isinstance(value, NotAvailable):
         return _value(value)
     return {
+        "method": "task-clustered, null-imposed t (see the definitions)",
         "margin": value.margin,
+        "alpha_per_side": value.alpha,
         "difference": value.difference,
-        "standard_error": value.standard_error,
+        "interval_level": value.level,
+        "interval": _value(value.interval),
         "p_lower": value.p_lower,
         "p_upper": value.p_upper,
         "p": value.p,
-        "ci90": _value(value.ci90),
-        "equivalent": value.equivalent(),
-        "p_holm": _value(holm_p),
-        "equivalent_holm": isinstance(holm_p, float) and holm_p < 0.05,
+        "equivalent": value.equivalent,
+        "pairs": value.pairs,
+        "tasks": value.tasks,
+    }
+
+
+def _rate_ratio(value: RateRatio | NotAvailable) -> Any:
+    if isinstance(value, NotAvailable):
+        return _value(value)
+    return {
+        "ratio": _value(value.ratio),
+        "reference_rate": value.reference_rate,
+        "compared_rate": value.compared_rate,
+        "reference": {"events": value.reference_events, "calls": value.reference_exposure},
+        "compared": {"events": value.compared_events, "calls": value.compared_exposure},
     }
 
 
@@ -135,9 +149,15 @@ def _pair(pair: PairSummary) -> dict[str, Any]:
     return {
         "reference": pair.reference,
         "compared": pair.compared,
+        "family": pair.family,
         "paired_episodes": pair.paired,
+        "paired_tasks": pair.tasks,
         "unpaired_reference": pair.unpaired_reference,
         "unpaired_compared": pair.unpaired_compared,
+        "duplicates_left_out": {
+            "reference": pair.duplicates_reference,
+            "compared": pair.duplicates_compared,
+        },
         "table": {
             "both": table.both,
             "reference_only": table.reference_only,
@@ -147,7 +167,8 @@ def _pair(pair: PairSummary) -> dict[str, Any]:
         "difference": _value(pair.difference),
         "mcnemar_p": _value(pair.mcnemar_p),
         "mcnemar_p_holm": _value(pair.mcnemar_p_holm),
-        "tost": _tost(pair.tost, pair.tost_p_holm),
+        "tost": _tost(pair.tost),
+        "amplification": {k: _rate_ratio(v) for k, v in pair.amplification.items()},
         "sweep_gap": {str(k): _value(v) for k, v in pair.sweep_gap.items()},
         "spearman_names": _value(pair.spearman),
         "spearman_name_count": pair.spearman_names,
@@ -162,6 +183,7 @@ def summary_to_json(summary: Summary) -> dict[str, Any]:
         "budgets": list(BUDGETS),
         "arms": {label: _arm(arm) for label, arm in summary.arms.items()},
         "pairs": [_pair(p) for p in summary.pairs],
+        "holm_families": summary.families,
         "notes": summary.notes,
     }
 
@@ -354,26 +376,51 @@ def _arm_sections(summary: Summary) -> list[Section]:
     return [overview, termination, sweep, channels, proxy, cost, names]
 
 
+def _ratio(value: RateRatio | NotAvailable) -> str:
+    if isinstance(value, NotAvailable):
+        return _na(value)
+    r = value.ratio
+    return (
+        f"{r.estimate:.2f}× [{r.low:.2f}, {r.high:.2f}] "
+        f"({value.reference_events}/{value.reference_exposure} → "
+        f"{value.compared_events}/{value.compared_exposure})"
+    )
+
+
 def _pair_sections(summary: Summary) -> list[Section]:
     if not summary.pairs:
         return [Section("Pairs", ["No pairs were compared (give --pair REF COMPARED)."])]
+    families = Section(
+        "Holm families",
+        [
+            "Fixed before any p-value is seen (the grid file's [families] table, else the built-in "
+            "rule). McNemar's p is Holm-adjusted within each family only. Equivalence is not "
+            "adjusted: a claim that every pair of a family is equivalent is an intersection-union "
+            "test, which holds its level without correction."
+        ],
+        ["family", "holds", "pairs"],
+    )
+    for name, holds in summary.families.items():
+        count = sum(1 for p in summary.pairs if p.family == name)
+        families.rows.append([name, holds, str(count)])
     section = Section(
         "Pairs: compared − reference",
         [
-            f"Paired by task id and trial. Difference with Newcombe's 95% interval; exact McNemar "
-            f"p; TOST equivalence at ±{100 * EQUIVALENCE_MARGIN:.1f} points (alpha 0.05); Holm "
-            f"adjusts each family of p-values across the {len(summary.pairs)} pair(s) of this "
-            "report. Spearman: rank correlation of per-name hallucination counts over the union "
-            "of names (zero-filled, average ranks). Novel share: compared-arm hallucinated calls "
-            "whose name never occurs in the reference arm."
+            f"Paired by task id and trial; the task is the unit (see Definitions). Difference with "
+            f"its task-clustered 95% interval; exact McNemar p (Holm within the family); TOST at "
+            f"±{100 * EQUIVALENCE_MARGIN:.1f} points: equivalent exactly when the 90% interval "
+            "lies inside the margin. Spearman: rank correlation of per-name hallucination counts "
+            "over the union of names (zero-filled, average ranks). Novel share: compared-arm "
+            "hallucinated calls whose name never occurs in the reference arm."
         ],
         [
+            "family",
             "reference",
             "compared",
-            "pairs",
-            "difference (points)",
+            "pairs (tasks)",
+            "difference, 95% (points)",
             "McNemar p (Holm)",
-            "TOST p (Holm)",
+            "TOST 90% interval (points)",
             "equivalent",
             "Spearman",
             "novel names",
@@ -383,12 +430,19 @@ def _pair_sections(summary: Summary) -> list[Section]:
         "Sweep gap: success@K' difference (points)",
         header=["reference", "compared", *[f"K'={k}" for k in BUDGETS]],
     )
+    amplified = Section(
+        "Amplification: failed-call rate ratio, compared / reference",
+        [
+            "Per channel, failed agent calls per agent call in the compared arm over the same in "
+            "the reference arm; 95% interval on the log scale, each arm's rate clustered by "
+            "episode (the calls of one episode are not independent)."
+        ],
+        ["reference", "compared", *[c.replace("_", " ") for c in (*ENV_CHANNELS, "any")]],
+    )
     for p in summary.pairs:
         if isinstance(p.tost, Tost):
-            tost_text = f"{p_value(p.tost.p)} ({p_value(p.tost_p_holm)})"
-            equivalent = (
-                "yes" if isinstance(p.tost_p_holm, float) and p.tost_p_holm < 0.05 else "no"
-            )
+            tost_text = points(p.tost.interval)
+            equivalent = "yes" if p.tost.equivalent else "no"
         else:
             tost_text, equivalent = _na(p.tost), "n/a"
         if isinstance(p.novel, NotAvailable):
@@ -398,9 +452,10 @@ def _pair_sections(summary: Summary) -> list[Section]:
         rho = _na(p.spearman) if isinstance(p.spearman, NotAvailable) else f"{p.spearman:.3f}"
         section.rows.append(
             [
+                p.family,
                 p.reference,
                 p.compared,
-                str(p.paired),
+                f"{p.paired} ({p.tasks})",
                 points(p.difference),
                 f"{p_value(p.mcnemar_p)} ({p_value(p.mcnemar_p_holm)})",
                 tost_text,
@@ -410,7 +465,14 @@ def _pair_sections(summary: Summary) -> list[Section]:
             ]
         )
         gaps.rows.append([p.reference, p.compared, *[points(p.sweep_gap[k]) for k in BUDGETS]])
-    return [section, gaps]
+        amplified.rows.append(
+            [
+                p.reference,
+                p.compared,
+                *[_ratio(p.amplification[c]) for c in (*ENV_CHANNELS, "any")],
+            ]
+        )
+    return [families, section, amplified, gaps]
 
 
 def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:

@@ -6,8 +6,11 @@ or NaN, so that reports can say "n/a (why)" instead of printing a number that me
 
 Methods: Wilson score interval for a proportion; Newcombe's hybrid score interval for a paired
 difference of proportions (1998, method 10 as worked in Altman's *Statistics with Confidence*);
-exact McNemar test; TOST equivalence of paired proportions with a Wald z; Holm's step-down
-adjustment; Spearman's rho with average ranks for ties.
+exact McNemar test; TOST equivalence of paired success rates with the task as the unit (a
+null-imposed cluster-robust t, small-cluster df, one-sided skewness correction; its size at the
+margin is measured by ``benchmarks/tost_calibration.py``); Holm's step-down adjustment; Spearman's
+rho with average ranks for ties; the ratio of two rates with an episode-clustered interval.
+The numpy parts are vectorised so that the calibration benchmark runs the very code reports use.
 """
 
 from __future__ import annotations
@@ -15,29 +18,46 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+import numpy.typing as npt
 
 __all__ = [
+    "ALPHA",
     "EQUIVALENCE_MARGIN",
     "Z90",
     "Z95",
     "Interval",
     "NotAvailable",
     "PairedTable",
+    "RateRatio",
+    "TaskPairs",
     "Tost",
+    "TostArrays",
     "average_ranks",
     "holm",
     "mcnemar_exact_p",
     "normal_cdf",
     "novel_share",
+    "null_variance",
     "paired_difference",
+    "rate_ratio",
     "spearman",
+    "t_quantile",
     "tost",
+    "tost_arrays",
     "wilson",
 ]
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+ArrayLike = npt.ArrayLike
 
 Z95 = 1.959963984540054  # two-sided 95%
 Z90 = 1.6448536269514722  # two-sided 90%: the interval that matches TOST at alpha 0.05
 EQUIVALENCE_MARGIN = 0.075  # ±7.5 points, the paper's equivalence bound
+ALPHA = 0.05  # each one-sided test of TOST; the matching interval is the 90% one
 
 
 @dataclass(frozen=True)
@@ -70,7 +90,10 @@ def wilson(successes: int, n: int, z: float = Z95) -> Interval | NotAvailable:
     denominator = 1.0 + z * z / n
     centre = (p + z * z / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return Interval(p, max(0.0, centre - half), min(1.0, centre + half))
+    # At 0 (or n) successes the bound is exactly 0 (1); the formula leaves rounding dust.
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return Interval(p, low, high)
 
 
 @dataclass(frozen=True)
@@ -139,40 +162,266 @@ def mcnemar_exact_p(table: PairedTable) -> float | NotAvailable:
     return min(1.0, 2.0 * tail)
 
 
+# ---------------------------------------------------------------------------------------------
+# Equivalence, with the task as the unit
+
+
+@dataclass(frozen=True)
+class TaskPairs:
+    """Paired outcomes grouped by task: per task, the sum of (compared − reference) over its
+    paired trials and how many trials were paired. The trials of one task are not independent
+    (a task is easy or hard for both arms), so the task is the unit of the equivalence test."""
+
+    sums: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    @classmethod
+    def from_pairs(cls, pairs: Sequence[tuple[str, bool, bool]]) -> TaskPairs:
+        """From (task id, reference success, compared success) per paired trial."""
+        sums: dict[str, int] = {}
+        sizes: dict[str, int] = {}
+        for task, ref, cmp in pairs:
+            sums[task] = sums.get(task, 0) + int(cmp) - int(ref)
+            sizes[task] = sizes.get(task, 0) + 1
+        order = sorted(sums)
+        return cls(tuple(sums[t] for t in order), tuple(sizes[t] for t in order))
+
+    @property
+    def n(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def tasks(self) -> int:
+        return len(self.sizes)
+
+
+def t_quantile(upper_tail: float, df: ArrayLike) -> FloatArray:
+    """Student's t quantile with ``upper_tail`` above it, for each of ``df`` (>= 1; fractional
+    df are floored, which only makes the quantile larger). Hill (1970), algorithm 396: exact at
+    df 1 and 2, within 2e-5 relative from df 3 on (checked against scipy in the tests)."""
+    if not 0.0 < upper_tail < 0.5:
+        raise ValueError(f"upper tail {upper_tail} not in (0, 0.5)")
+    # df 1 and 2 take their closed forms below; the general branches may overflow there.
+    with np.errstate(all="ignore"):
+        n = np.maximum(np.floor(np.asarray(df, dtype=float)), 1.0)
+        two_sided = 2.0 * upper_tail
+        a = 1.0 / (n - 0.5)
+        b = 48.0 / (a * a)
+        c = ((20700.0 * a / b - 98.0) * a - 16.0) * a + 96.36
+        d = ((94.5 / (b + c) - 3.0) / b + 1.0) * np.sqrt(a * math.pi / 2.0) * n
+        y = (d * two_sided) ** (2.0 / n)
+        x = NormalDist().inv_cdf(upper_tail)  # the lower-tail normal quantile, negative
+        c_tail = c + np.where(n < 5, 0.3 * (n - 4.5) * (x + 0.6), 0.0)
+        c_tail = (((0.05 * d * x - 5.0) * x - 7.0) * x - 2.0) * x + b + c_tail
+        x2 = x * x
+        tail = (((((0.4 * x2 + 6.3) * x2 + 36.0) * x2 + 94.5) / c_tail - x2 - 3.0) / b + 1.0) * x
+        tail = np.expm1(a * tail * tail)
+        inner = 1.0 / (((n + 6.0) / (n * y) - 0.089 * d - 0.822) * (n + 2.0) * 3.0)
+        body = ((inner + 0.5 / (n + 4.0)) * y - 1.0) * (n + 1.0) / (n + 2.0) + 1.0 / y
+        q = np.sqrt(n * np.where(y > 0.05 + a, tail, body))
+    q = np.where(n == 2, math.sqrt(2.0 / (two_sided * (2.0 - two_sided)) - 2.0), q)
+    q = np.where(n == 1, 1.0 / math.tan(two_sided * math.pi / 2.0), q)
+    return np.asarray(q, dtype=float)
+
+
+@dataclass(frozen=True)
+class _Clusters:
+    """Per-replicate arrays of one or many tables of task sums (leading axes are replicates)."""
+
+    sums: FloatArray  # (..., G)
+    sizes: FloatArray  # (..., G)
+    pairs: FloatArray  # (...)
+    estimate: FloatArray  # (...)
+    skew: FloatArray  # (...) sample skewness of the per-task mean differences
+
+    @classmethod
+    def of(cls, sums: ArrayLike, sizes: ArrayLike) -> _Clusters:
+        s = np.asarray(sums, dtype=float)
+        n = np.broadcast_to(np.asarray(sizes, dtype=float), s.shape)
+        pairs = n.sum(-1)
+        means = s / n
+        centred = means - means.mean(-1, keepdims=True)
+        m2 = (centred**2).mean(-1)
+        m3 = (centred**3).mean(-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            skew = np.where(m2 > 1e-12, m3 / np.maximum(m2, 1e-12) ** 1.5, 0.0)
+        return cls(s, n, pairs, s.sum(-1) / pairs, skew)
+
+    def variance(self, delta: FloatArray) -> FloatArray:
+        """The variance the test uses against ``delta``: null-imposed cluster-robust (residuals
+        at the tested value, CR1 factor G/(G-1)), never below the least a difference of delta
+        can have over independent pairs (every discordant pair one way: |delta|(1 - |delta|))."""
+        groups = self.sums.shape[-1]
+        residual = self.sums - self.sizes * delta[..., None]
+        cluster = groups / (groups - 1) * (residual * residual).sum(-1) / self.pairs**2
+        floor = (np.abs(delta) - delta**2) / self.pairs
+        return np.asarray(np.maximum(cluster, floor), dtype=float)
+
+    def excess(self, delta: FloatArray, side: int, alpha: float) -> FloatArray:
+        """How far the one-sided statistic against ``delta`` passes its critical value (> 0:
+        ``delta`` is rejected). ``side`` -1 tests H0: difference <= delta, +1 H0: >= delta."""
+        groups = self.sums.shape[-1]
+        residual = self.sums - self.sizes * delta[..., None]
+        squares = residual * residual
+        total = squares.sum(-1)
+        variance = self.variance(delta)
+        distance = -side * (self.estimate - delta)
+        # Satterthwaite's effective df of the sum of the tasks' squared residuals (a few tasks
+        # carrying the variance leave few df), at most G - 1.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            statistic = np.where(
+                variance > 0, distance / np.sqrt(variance), np.sign(distance) * np.inf
+            )
+            fourth = (squares * squares).sum(-1)
+            df = np.where(fourth > 0, total * total / fourth - 1.0, groups - 1.0)
+        df = np.clip(df, 1.0, groups - 1.0)
+        q = t_quantile(alpha, df)
+        # One-sided Cornish-Fisher term of the studentised mean: skewed task means make one tail
+        # of t heavier; only the tightening direction is applied.
+        skew = np.maximum(0.0, side * self.skew)
+        q = q + skew * (2.0 * q * q + 1.0) / (6.0 * math.sqrt(groups))
+        return np.asarray(statistic - q, dtype=float)
+
+    def bound(self, side: int, margin: float, alpha: float, steps: int = 40) -> FloatArray:
+        """The (1 - 2 alpha) interval's end on ``side`` (-1 low, +1 high), found by bisection
+        and bracketed so that it lies inside the margin exactly when ``margin`` is rejected."""
+        shape = self.estimate.shape
+        at_margin = self.excess(np.full(shape, side * margin), side, alpha) > 0
+        at_edge = self.excess(np.full(shape, float(side)), side, alpha) > 0
+        rejected = np.where(at_margin, side * margin, float(side))
+        accepted = np.where(at_margin, self.estimate, side * margin)
+        for _ in range(steps):
+            middle = (rejected + accepted) / 2.0
+            out = self.excess(middle, side, alpha) > 0
+            rejected = np.where(out, middle, rejected)
+            accepted = np.where(out, accepted, middle)
+        end = np.where(at_margin | at_edge, accepted, float(side))
+        return np.asarray(np.clip(end, -1.0, 1.0), dtype=float)
+
+
+@dataclass(frozen=True)
+class TostArrays:
+    """Vectorised TOST results (one entry per replicate); see ``tost_arrays``."""
+
+    estimate: FloatArray
+    low: FloatArray
+    high: FloatArray
+    equivalent: BoolArray
+
+
+def tost_arrays(
+    sums: ArrayLike,
+    sizes: ArrayLike,
+    margin: float = EQUIVALENCE_MARGIN,
+    alpha: float = ALPHA,
+    *,
+    bounds: bool = True,
+) -> TostArrays:
+    """``tost`` over many tables at once: ``sums`` (..., G) per-task sums of differences, ``sizes``
+    broadcast to them. The benchmark's calibration and ``tost`` run this one code.
+
+    ``bounds=False`` skips the bisection and returns the interval's ends as NaN: the verdict is
+    the two tests at ±margin, which is what the interval's position says by construction
+    (``_Clusters.bound`` brackets each end on the side of the margin its test decides).
+    """
+    clusters = _Clusters.of(sums, sizes)
+    if clusters.sums.shape[-1] < 2:
+        raise ValueError("a cluster-robust test needs at least 2 tasks")
+    if not bounds:
+        shape = clusters.estimate.shape
+        lower = clusters.excess(np.full(shape, -margin), -1, alpha) > 0
+        upper = clusters.excess(np.full(shape, margin), +1, alpha) > 0
+        nan = np.full(shape, np.nan)
+        return TostArrays(clusters.estimate, nan, nan, np.asarray(lower & upper, dtype=bool))
+    low = clusters.bound(-1, margin, alpha)
+    high = clusters.bound(+1, margin, alpha)
+    equivalent = (low > -margin) & (high < margin)
+    return TostArrays(clusters.estimate, low, high, np.asarray(equivalent, dtype=bool))
+
+
 @dataclass(frozen=True)
 class Tost:
-    """Two one-sided tests of |compared − reference| < margin (Wald z on paired differences)."""
+    """Equivalence of two paired success rates within ±margin, the task as the unit.
+
+    ``interval`` is the (1 - 2 alpha) interval the test inverts (90% at the default alpha):
+    ``equivalent`` is true exactly when it lies inside (-margin, +margin). ``p_lower`` and
+    ``p_upper`` are the smallest alpha at which each one-sided test rejects (1.0 when the
+    estimate sits on the far side of that bound).
+    """
 
     margin: float
+    alpha: float
     difference: float
-    standard_error: float
+    interval: Interval
     p_lower: float  # H0: difference <= -margin
     p_upper: float  # H0: difference >= +margin
-    ci90: Interval
+    pairs: int
+    tasks: int
 
     @property
     def p(self) -> float:
         return max(self.p_lower, self.p_upper)
 
-    def equivalent(self, alpha: float = 0.05) -> bool:
-        return self.p < alpha
+    @property
+    def equivalent(self) -> bool:
+        return self.interval.low > -self.margin and self.interval.high < self.margin
+
+    @property
+    def level(self) -> float:
+        """The interval's confidence level, 1 - 2 alpha."""
+        return 1.0 - 2.0 * self.alpha
 
 
-def tost(table: PairedTable, margin: float = EQUIVALENCE_MARGIN) -> Tost | NotAvailable:
-    """TOST equivalence of two paired success rates at ±``margin`` (fractions, 0.075 = 7.5 pts)."""
-    n = table.n
-    if n == 0:
+def _p_value(clusters: _Clusters, delta: float, side: int) -> float:
+    """The smallest alpha at which the one-sided test against ``delta`` rejects."""
+    at = np.array([delta])
+
+    def rejects(alpha: float) -> bool:
+        return bool(clusters.excess(at, side, alpha)[0] > 0)
+
+    if not rejects(0.4999):
+        return 1.0
+    low, high = 1e-12, 0.4999
+    if rejects(low):
+        return low
+    for _ in range(30):  # geometric: the ratio high / low ends below 1 + 3e-8
+        middle = math.sqrt(low * high)
+        if rejects(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def null_variance(pairs: TaskPairs, delta: float) -> float:
+    """The variance of the estimated difference that the test uses against ``delta``."""
+    clusters = _Clusters.of(np.array([pairs.sums]), np.array([pairs.sizes]))
+    return float(clusters.variance(np.array([delta]))[0])
+
+
+def tost(
+    pairs: TaskPairs, margin: float = EQUIVALENCE_MARGIN, alpha: float = ALPHA
+) -> Tost | NotAvailable:
+    """TOST of |compared − reference| < ``margin`` (fractions: 0.075 = 7.5 points) on paired
+    trials grouped by task: a null-imposed cluster-robust t with a small-cluster df (see
+    ``_Clusters.excess``); ``benchmarks/tost_calibration.py`` measures its size at the margin."""
+    if pairs.n == 0:
         return NotAvailable("no paired episodes")
-    b, c = table.reference_only, table.compared_only
-    se = math.sqrt(max(0.0, (b + c) - (c - b) ** 2 / n)) / n
-    if se == 0.0:
-        why = "no discordant pairs" if b + c == 0 else "every discordant pair goes one way"
-        return NotAvailable(f"{why}: the paired difference has no estimated variance")
-    diff = table.difference
-    p_lower = 1.0 - normal_cdf((diff + margin) / se)
-    p_upper = normal_cdf((diff - margin) / se)
-    ci90 = Interval(diff, diff - Z90 * se, diff + Z90 * se)
-    return Tost(margin, diff, se, p_lower, p_upper, ci90)
+    if pairs.tasks < 2:
+        return NotAvailable(f"{pairs.tasks} task: a task-level test needs at least 2 tasks")
+    result = tost_arrays(np.array([pairs.sums]), np.array([pairs.sizes]), margin, alpha)
+    clusters = _Clusters.of(np.array([pairs.sums]), np.array([pairs.sizes]))
+    difference = float(result.estimate[0])
+    return Tost(
+        margin=margin,
+        alpha=alpha,
+        difference=difference,
+        interval=Interval(difference, float(result.low[0]), float(result.high[0])),
+        p_lower=_p_value(clusters, -margin, -1),
+        p_upper=_p_value(clusters, margin, +1),
+        pairs=pairs.n,
+        tasks=pairs.tasks,
+    )
 
 
 def holm(p_values: Sequence[float | NotAvailable]) -> list[float | NotAvailable]:
@@ -232,3 +481,59 @@ def novel_share(
         return NotAvailable("the compared arm invented no tool names")
     novel = sum(count for name, count in compared.items() if reference.get(name, 0) == 0)
     return novel, total
+
+
+@dataclass(frozen=True)
+class RateRatio:
+    """Compared arm's rate over the reference arm's (events per unit of exposure, e.g. failed
+    calls per agent call), with its interval."""
+
+    ratio: Interval
+    reference_rate: float
+    compared_rate: float
+    reference_events: int
+    reference_exposure: int
+    compared_events: int
+    compared_exposure: int
+
+
+def _log_ratio_variance(units: Sequence[tuple[int, int]]) -> tuple[float, float, int, int]:
+    """(rate, variance of log rate, events, exposure) of a ratio estimator over clusters."""
+    events = sum(e for e, _ in units)
+    exposure = sum(x for _, x in units)
+    rate = events / exposure
+    groups = len(units)
+    spread = sum((e - rate * x) ** 2 for e, x in units)
+    variance = groups / (groups - 1) * spread / exposure**2
+    return rate, variance / rate**2, events, exposure
+
+
+def rate_ratio(
+    reference: Sequence[tuple[int, int]], compared: Sequence[tuple[int, int]], z: float = Z95
+) -> RateRatio | NotAvailable:
+    """Ratio of two rates, each given as (events, exposure) per episode. Each arm's rate is a
+    ratio estimator with an episode-clustered (CR1) variance; the arms are independent runs;
+    the interval is the delta method on the log scale."""
+    for name, units in (("reference", reference), ("compared", compared)):
+        used = [u for u in units if u[1] > 0]
+        if len(used) < 2:
+            return NotAvailable(f"the {name} arm has {len(used)} episode(s) with exposure")
+        if sum(e for e, _ in used) == 0:
+            return NotAvailable(f"the {name} arm has no events")
+    ref_rate, ref_var, ref_events, ref_exposure = _log_ratio_variance(
+        [u for u in reference if u[1] > 0]
+    )
+    cmp_rate, cmp_var, cmp_events, cmp_exposure = _log_ratio_variance(
+        [u for u in compared if u[1] > 0]
+    )
+    ratio = cmp_rate / ref_rate
+    half = z * math.sqrt(ref_var + cmp_var)
+    return RateRatio(
+        ratio=Interval(ratio, ratio * math.exp(-half), ratio * math.exp(half)),
+        reference_rate=ref_rate,
+        compared_rate=cmp_rate,
+        reference_events=ref_events,
+        reference_exposure=ref_exposure,
+        compared_events=cmp_events,
+        compared_exposure=cmp_exposure,
+    )

@@ -151,3 +151,85 @@ def test_unknown_pair_label_is_a_clear_error(
     assert code == 2
     assert "none of the arms" in capsys.readouterr().err
     assert main([str(tmp_path / "missing.json"), "--out", str(tmp_path)]) == 2
+
+
+def _arm_file(root: Path, cell: str, mode: str, outcomes: list[float]) -> Path:
+    simulations = [episode(f"t{i % 5}", i // 5, [], reward=r) for i, r in enumerate(outcomes)]
+    return write(root / cell / mode / "results.json", results(simulations))
+
+
+def test_holm_families_are_built_in_by_kind_and_named_in_the_report(tmp_path: Path) -> None:
+    q4_off = _arm_file(tmp_path, "q4", "off", [1.0] * 10)
+    q8_off = _arm_file(tmp_path, "q8", "off", [0.0] * 4 + [1.0] * 6)
+    q4_reflexive = _arm_file(tmp_path, "q4", "reflexive", [0.0] * 3 + [1.0] * 7)
+    pairs = [("q4/off", "q8/off"), ("q4/off", "q4/reflexive")]
+    summary = analyze([q4_off, q8_off, q4_reflexive], pairs, tmp_path / "out")
+    by_pair = {(p.reference, p.compared): p for p in summary.pairs}
+    assert by_pair[pairs[0]].family == "precision cells at mode off"
+    assert by_pair[pairs[1]].family == "repair-mode comparisons"
+    for pair in summary.pairs:  # alone in its family: Holm leaves its p as it is
+        assert pair.mcnemar_p_holm == pair.mcnemar_p
+    data = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
+    assert set(data["holm_families"]) == {"precision cells at mode off", "repair-mode comparisons"}
+    markdown = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    assert "## Holm families" in markdown and "| precision cells at mode off |" in markdown
+
+
+def test_holm_families_from_patterns_pool_what_they_match(tmp_path: Path) -> None:
+    q4_off = _arm_file(tmp_path, "q4", "off", [1.0] * 10)
+    q8_off = _arm_file(tmp_path, "q8", "off", [0.0] * 4 + [1.0] * 6)
+    q4_reflexive = _arm_file(tmp_path, "q4", "reflexive", [0.0] * 3 + [1.0] * 7)
+    pairs = [("q4/off", "q8/off"), ("q4/off", "q4/reflexive")]
+    families = {"all of it": ["* vs *"]}
+    summary = analyze([q4_off, q8_off, q4_reflexive], pairs, tmp_path / "out", families=families)
+    assert [p.family for p in summary.pairs] == ["all of it", "all of it"]
+    # 4 and 3 discordant pairs one way: exact McNemar 1/8 and 1/4; Holm: 2/8 and 2/8.
+    assert [p.mcnemar_p for p in summary.pairs] == pytest.approx([0.125, 0.25])
+    assert [p.mcnemar_p_holm for p in summary.pairs] == pytest.approx([0.25, 0.25])
+
+
+def test_amplification_is_in_summary_json(tmp_path: Path) -> None:
+    off, reflexive = build(tmp_path)
+    analyze([off, reflexive], None, tmp_path / "out")
+    data = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
+    (pair,) = data["pairs"]
+    assert set(pair["amplification"]) == {
+        "hallucinated_name",
+        "argument",
+        "entity_not_found",
+        "other",
+        "any",
+    }
+    markdown = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    assert "## Amplification" in markdown
+
+
+def test_duplicate_episodes_are_left_out_of_pairing_and_said(tmp_path: Path) -> None:
+    twice = [episode("t0", 0, []), episode("t0", 0, [], reward=0.0), episode("t1", 0, [])]
+    first = write(tmp_path / "c" / "off" / "results.json", results(twice))
+    second = _arm_file(tmp_path, "c", "reflexive", [1.0, 1.0])
+    summary = analyze([first, second], None, tmp_path / "out")
+    (pair,) = summary.pairs
+    assert pair.paired == 2 and pair.duplicates_reference == 1
+    assert any("1 repeated (task, trial) episode" in note for note in summary.notes)
+
+
+def test_two_files_outside_a_grid_layout_are_compared_by_default(tmp_path: Path) -> None:
+    first = write(tmp_path / "a.json", results([episode("t", 0, []), episode("u", 0, [])]))
+    data = results([episode("t", 0, []), episode("u", 0, [])], agent_model="other-model")
+    second = write(tmp_path / "b.json", data)
+    summary = analyze([f"a={first}", f"b={second}"], None, tmp_path / "out")
+    assert [(p.reference, p.compared) for p in summary.pairs] == [("a", "b")]
+
+
+def test_labels_come_from_the_path_as_given_not_the_symlink_target(tmp_path: Path) -> None:
+    real = write(
+        tmp_path / "runs" / "cell" / "off" / "results.json", results([episode("t", 0, [])])
+    )
+    (tmp_path / "q4").mkdir()
+    (tmp_path / "q8").mkdir()
+    (tmp_path / "q4" / "off").symlink_to(real.parent, target_is_directory=True)
+    (tmp_path / "q8" / "off").symlink_to(real.parent, target_is_directory=True)
+    paths = [tmp_path / "q4" / "off" / "results.json", tmp_path / "q8" / "off" / "results.json"]
+    summary = analyze(paths, [], tmp_path / "out")
+    assert list(summary.arms) == ["q4/off", "q8/off"]

@@ -1,23 +1,38 @@
-"""evals.stats against hand-computed values and one published reference table."""
+"""evals.stats against hand-computed values, one published reference table, and reference
+implementations (scipy, statsmodels: test dependencies only)."""
 
 from __future__ import annotations
 
-import math
-
+import numpy as np
 import pytest
+import scipy.stats
+import statsmodels.api as sm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from statsmodels.stats.contingency_tables import mcnemar
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.proportion import proportion_confint
 
+from benchmarks import tost_calibration
 from evals.stats import (
+    EQUIVALENCE_MARGIN,
     Interval,
     NotAvailable,
     PairedTable,
+    RateRatio,
+    TaskPairs,
     Tost,
     average_ranks,
     holm,
     mcnemar_exact_p,
     novel_share,
+    null_variance,
     paired_difference,
+    rate_ratio,
     spearman,
+    t_quantile,
     tost,
+    tost_arrays,
     wilson,
 )
 
@@ -63,34 +78,6 @@ def test_mcnemar_exact_is_the_binomial_tail_of_the_discordant_pairs() -> None:
     assert mcnemar_exact_p(PairedTable(10, 0, 0, 3)) == 1.0
 
 
-def test_tost_by_hand() -> None:
-    # b = 5, c = 3, n = 100: d = -0.02, se = sqrt(8 - 4/100)/100 = 0.028213.
-    # p_lower = 1 - Φ(0.055/0.028213 = 1.94943) = 0.025621; p_upper = Φ(-3.36721) = 0.000380.
-    result = tost(PairedTable(40, 5, 3, 52))
-    assert isinstance(result, Tost)
-    assert result.difference == pytest.approx(-0.02)
-    assert result.standard_error == pytest.approx(math.sqrt(7.96) / 100)
-    assert result.p_lower == pytest.approx(0.025621, abs=1e-5)
-    assert result.p_upper == pytest.approx(0.000380, abs=1e-5)
-    assert result.p == result.p_lower
-    assert result.equivalent()
-    assert result.ci90.low > -0.075 and result.ci90.high < 0.075
-
-
-def test_tost_is_not_equivalent_when_the_interval_crosses_the_margin() -> None:
-    # b = 10, c = 2, n = 40: d = -0.2, far outside ±0.075.
-    result = tost(PairedTable(20, 10, 2, 8))
-    assert isinstance(result, Tost)
-    assert not result.equivalent()
-    assert result.p_lower > 0.5
-
-
-def test_tost_without_variance_says_why() -> None:
-    result = tost(PairedTable(7, 0, 0, 3))
-    assert isinstance(result, NotAvailable)
-    assert "no discordant pairs" in result.reason
-
-
 def test_holm_by_hand() -> None:
     # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> monotone 0.06.
     assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
@@ -127,3 +114,222 @@ def test_novel_share_by_hand() -> None:
     compared = {"lookup_order": 2, "get_refund": 5, "check_order": 1, "find_user": 0}
     assert novel_share(reference, compared) == (6, 8)
     assert isinstance(novel_share(reference, {}), NotAvailable)
+
+
+# --- reference implementations -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("successes", "n"), [(0, 10), (1, 10), (8, 10), (10, 10), (57, 456)])
+def test_wilson_matches_statsmodels(successes: int, n: int) -> None:
+    result = wilson(successes, n)
+    assert isinstance(result, Interval)
+    low, high = proportion_confint(successes, n, alpha=0.05, method="wilson")
+    assert (result.low, result.high) == pytest.approx((low, high), abs=1e-12)
+
+
+def test_wilson_bounds_are_exact_at_the_edges() -> None:
+    none, every = wilson(0, 7), wilson(7, 7)
+    assert isinstance(none, Interval) and isinstance(every, Interval)
+    assert none.low == 0.0  # not 5.6e-17
+    assert every.high == 1.0
+
+
+@pytest.mark.parametrize("table", [(10, 1, 6, 3), (59, 16, 6, 80), (5, 0, 9, 2), (3, 4, 4, 3)])
+def test_mcnemar_matches_statsmodels_exact(table: tuple[int, int, int, int]) -> None:
+    both, ref_only, cmp_only, neither = table
+    reference = mcnemar([[both, ref_only], [cmp_only, neither]], exact=True).pvalue
+    assert mcnemar_exact_p(PairedTable(*table)) == pytest.approx(reference, abs=1e-12)
+
+
+def test_holm_matches_statsmodels() -> None:
+    p = [0.01, 0.04, 0.03, 0.005, 0.2, 0.0001, 0.049]
+    assert holm(p) == pytest.approx(list(multipletests(p, method="holm")[1]))
+
+
+def test_spearman_matches_scipy_with_ties() -> None:
+    x = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    y = [2, 7, 1, 8, 2, 8, 1, 8, 2, 8]
+    assert spearman(x, y) == pytest.approx(scipy.stats.spearmanr(x, y).statistic)
+
+
+def test_t_quantile_matches_scipy() -> None:
+    df = np.array([1, 2, 3, 4, 5, 7, 9, 13, 24, 50, 113, 1000])
+    for tail in (0.05, 0.025, 0.001):
+        expected = scipy.stats.t.ppf(1 - tail, df)
+        assert t_quantile(tail, df) == pytest.approx(expected, rel=2e-5)
+    assert t_quantile(0.05, [9.7]) == pytest.approx(scipy.stats.t.ppf(0.95, 9))  # floored
+
+
+def _task_data(seed: int, tasks: int, trials: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    sizes = np.full(tasks, trials)
+    probabilities = rng.dirichlet([2.0, 0.4, 0.3, 2.0], size=tasks)
+    counts = np.array([rng.multinomial(trials, p) for p in probabilities])
+    return (counts[:, 2] - counts[:, 1]).astype(int), sizes
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tost_variance_is_statsmodels_cluster_robust_at_the_estimate(seed: int) -> None:
+    sums, sizes = _task_data(seed, tasks=12 + seed, trials=4)
+    pairs = TaskPairs(tuple(int(v) for v in sums), tuple(int(v) for v in sizes))
+    # One row per paired trial: the task's trials carry its differences in any order.
+    rows, groups = [], []
+    for task, (total, size) in enumerate(zip(sums, sizes, strict=True)):
+        signs = [1] * max(total, 0) + [-1] * max(-total, 0)
+        rows += signs + [0] * (size - len(signs))
+        groups += [task] * size
+    fit = sm.OLS(np.array(rows, dtype=float), np.ones((len(rows), 1))).fit(
+        cov_type="cluster", cov_kwds={"groups": np.array(groups)}
+    )
+    estimate = float(fit.params[0])
+    assert estimate == pytest.approx(sum(sums) / sum(sizes))
+    # statsmodels' CR1 factor G/(G-1) * (N-1)/(N-K) is G/(G-1) with one regressor.
+    if null_variance(pairs, estimate) > (abs(estimate) - estimate**2) / pairs.n:
+        assert null_variance(pairs, estimate) == pytest.approx(float(fit.bse[0]) ** 2)
+
+
+def _reference_verdict(sums: np.ndarray, sizes: np.ndarray, margin: float) -> bool:
+    """The test written out again with scipy's t and skewness, for one table."""
+    groups, pairs = len(sums), sizes.sum()
+    estimate = sums.sum() / pairs
+    skew = float(scipy.stats.skew(sums / sizes, bias=True)) if np.ptp(sums / sizes) else 0.0
+    verdicts = []
+    for side in (-1, 1):
+        delta = side * margin
+        residual = sums - sizes * delta
+        variance = max(
+            groups / (groups - 1) * (residual**2).sum() / pairs**2,
+            (abs(delta) - delta**2) / pairs,
+        )
+        statistic = -side * (estimate - delta) / np.sqrt(variance)
+        df = np.clip((residual**2).sum() ** 2 / (residual**4).sum() - 1, 1, groups - 1)
+        q = scipy.stats.t.ppf(0.95, np.floor(df))
+        q += max(0.0, side * skew) * (2 * q * q + 1) / (6 * np.sqrt(groups))
+        verdicts.append(statistic > q)
+    return all(verdicts)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_tost_verdict_matches_a_scipy_reimplementation(seed: int) -> None:
+    sums, sizes = _task_data(100 + seed, tasks=25, trials=4)
+    result = tost(TaskPairs(tuple(int(v) for v in sums), tuple(int(v) for v in sizes)))
+    assert isinstance(result, Tost)
+    assert result.equivalent == _reference_verdict(sums, sizes, EQUIVALENCE_MARGIN)
+
+
+# --- TOST: one decision, bounded interval, properties ---------------------------------------
+
+
+def test_tost_verdict_and_interval_are_one_decision() -> None:
+    rng = np.random.default_rng(7)
+    for tasks in (10, 25, 114):
+        sums = rng.integers(-1, 2, size=(300, tasks)) * rng.integers(0, 2, size=(300, tasks))
+        full = tost_arrays(sums, 4)
+        fast = tost_arrays(sums, 4, bounds=False)
+        assert (full.equivalent == fast.equivalent).all()
+        inside = (full.low > -EQUIVALENCE_MARGIN) & (full.high < EQUIVALENCE_MARGIN)
+        assert (inside == full.equivalent).all()
+        assert ((full.low <= full.estimate) & (full.estimate <= full.high)).all()
+        assert ((full.low >= -1.0) & (full.high <= 1.0)).all()
+
+
+def test_tost_interval_is_clamped_to_minus_one_one() -> None:
+    result = tost(TaskPairs((-1, -1, 1), (1, 1, 1)))
+    assert isinstance(result, Tost)
+    assert result.interval.low == -1.0 and result.interval.high <= 1.0
+    assert not result.equivalent
+
+
+def test_tost_by_hand_far_outside_the_margin() -> None:
+    # 10 tasks x 4 trials, the compared arm loses 2 trials of every task: -50 points.
+    result = tost(TaskPairs((-2,) * 10, (4,) * 10))
+    assert isinstance(result, Tost)
+    assert result.difference == pytest.approx(-0.5)
+    assert not result.equivalent
+    assert result.p_lower == 1.0 and result.p_upper < 0.05  # null-imposed: t <= sqrt(G - 1)
+    assert result.interval.high < -EQUIVALENCE_MARGIN
+
+
+def test_tost_needs_two_tasks() -> None:
+    assert isinstance(tost(TaskPairs((0,), (100,))), NotAvailable)
+    assert tost(TaskPairs((), ())) == NotAvailable("no paired episodes")
+
+
+def test_task_pairs_group_trials_by_task() -> None:
+    pairs = TaskPairs.from_pairs(
+        [("b", True, False), ("a", False, True), ("a", True, True), ("b", False, False)]
+    )
+    assert (pairs.sums, pairs.sizes, pairs.n, pairs.tasks) == ((1, -1), (2, 2), 4, 2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(10, 60), st.integers(1, 10))
+def test_identical_arms_with_at_least_100_pairs_are_equivalent(tasks: int, trials: int) -> None:
+    if tasks * trials < 100:
+        trials = -(-100 // tasks)
+    result = tost(TaskPairs((0,) * tasks, (trials,) * tasks))
+    assert isinstance(result, Tost)
+    assert result.equivalent
+    assert result.interval.low > -EQUIVALENCE_MARGIN and result.interval.high < EQUIVALENCE_MARGIN
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 9), st.booleans(), st.booleans()), min_size=10, max_size=10)
+)
+def test_ten_pairs_are_never_equivalent(pairs: list[tuple[int, bool, bool]]) -> None:
+    result = tost(TaskPairs.from_pairs([(str(t), r, c) for t, r, c in pairs]))
+    assert isinstance(result, NotAvailable) or not result.equivalent
+
+
+def test_calibration_small_seeded_run_holds_the_level() -> None:
+    """A small version of ``python -m benchmarks.tost_calibration``: the cells where the
+    replaced test was worst (few discordant pairs, strong within-task correlation)."""
+    rng = np.random.default_rng(tost_calibration.SEED)
+    for tasks in (10, 25, 114):
+        for side in (-1, 1):
+            cell = tost_calibration.Cell(tasks, 0.6, "low", "high", side)
+            row = tost_calibration.run_cell(cell, 1500, rng)
+            assert row.size <= 0.07, (cell, row.size)  # 5% nominal, 1500 replicates
+            assert row.wald_size > 0.1, (cell, row.wald_size)  # the replaced test did not
+
+
+# --- rate ratios ------------------------------------------------------------------------------
+
+
+def _episodes(rng: np.random.Generator, count: int, rate: float) -> list[tuple[int, int]]:
+    calls = rng.integers(3, 16, size=count)
+    per_episode = rng.beta(2.0, 2.0 * (1 - rate) / rate, size=count)  # episodes differ
+    return [(int(rng.binomial(n, p)), int(n)) for n, p in zip(calls, per_episode, strict=True)]
+
+
+def test_rate_ratio_matches_statsmodels_poisson_with_episode_clusters() -> None:
+    rng = np.random.default_rng(11)
+    reference, compared = _episodes(rng, 150, 0.1), _episodes(rng, 160, 0.2)
+    result = rate_ratio(reference, compared)
+    assert isinstance(result, RateRatio)
+    units = reference + compared
+    events = np.array([e for e, _ in units], dtype=float)
+    exposure = np.array([x for _, x in units], dtype=float)
+    arm = np.array([0.0] * len(reference) + [1.0] * len(compared))
+    fit = sm.GLM(
+        events, sm.add_constant(arm), family=sm.families.Poisson(), offset=np.log(exposure)
+    ).fit(cov_type="cluster", cov_kwds={"groups": np.arange(len(units))})
+    assert result.ratio.estimate == pytest.approx(float(np.exp(fit.params[1])))
+    low, high = np.exp(fit.conf_int()[1])
+    # The same sandwich; the small-sample factors differ slightly (per arm vs pooled).
+    assert result.ratio.low == pytest.approx(low, rel=0.01)
+    assert result.ratio.high == pytest.approx(high, rel=0.01)
+
+
+def test_a_two_and_a_half_fold_channel_reads_about_two_and_a_half() -> None:
+    rng = np.random.default_rng(3)
+    result = rate_ratio(_episodes(rng, 300, 0.08), _episodes(rng, 300, 0.2))
+    assert isinstance(result, RateRatio)
+    assert result.ratio.estimate == pytest.approx(2.5, rel=0.1)
+    assert result.ratio.low < 2.5 < result.ratio.high
+
+
+def test_rate_ratio_says_why_when_undefined() -> None:
+    assert "no events" in str(rate_ratio([(0, 5), (0, 4)], [(1, 5), (2, 3)]))
+    assert "1 episode" in str(rate_ratio([(1, 5)], [(1, 5), (2, 3)]))
