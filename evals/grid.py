@@ -31,7 +31,12 @@ embedded: ``embedded_arm``, ``threads``, ``n_ctx``. ``[users.NAME]``: ``kind = "
 ``model``, ``base_url``, ``temperature``, ``api_key_env`` ("scripted" and "gold" always exist).
 ``[[cell]]``: ``domain``, ``arm``, ``user``, ``max_errors`` (each a value or a list; ``arm``
 defaults to every arm), ``modes``, ``tasks``, ``split``, ``trials``, ``max_steps``, ``seed``,
-``domain_options``. An unknown key is an error naming the allowed ones, never a silent no-op.
+``domain_options``. ``[families]``: the analysis's Holm families, fixed before any p-value is seen,
+``NAME = ["PATTERN", ...]`` over ``REFERENCE vs COMPARED`` labels (``<cell>/<mode>``); a pair goes
+to the first family that matches (absent: the built-in families, precision cells at mode off and
+repair-mode comparisons). An unknown key is an error naming the allowed ones, never a silent no-op.
+A run resumes only when its agent model, user, judge, seeds, repair template and domain options
+are those it started with (``resume_conflicts``).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ if TYPE_CHECKING:  # the risk screen's cells; imported lazily below (it imports 
 __all__ = [
     "DEFAULT_USERS",
     "REPAIR_MODES",
+    "RESUME_IDENTITY",
     "ArmSpec",
     "CellSpec",
     "EmbeddedLaunch",
@@ -65,6 +71,7 @@ __all__ = [
     "cell_name",
     "load_grid",
     "parse_grid",
+    "resume_conflicts",
 ]
 
 REPAIR_MODES = ("off", "prompt", "promote", "reflexive", "constrained")
@@ -237,6 +244,9 @@ class Grid:
     source: Path | None = field(default=None, compare=False)
     # The risk screen's cells (``[screen]``, see evals.screen.grid), run beside the episode cells.
     screen: ScreenCells | None = None
+    # Holm families of the analysis (``[families]``: name -> patterns over "REF vs COMPARED");
+    # empty: the analysis's built-in families.
+    families: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def select(self, patterns: Sequence[str] | None) -> list[CellSpec]:
         """The cells named by ``--only`` (exact names or shell-style patterns), in grid order."""
@@ -263,6 +273,7 @@ _GRID_KEYS = {
     "judge",
     "cell",
     "screen",
+    "families",
 }
 _ARM_KEYS = {
     "model",
@@ -524,6 +535,16 @@ def parse_grid(data: Mapping[str, Any], *, base: Path = Path("."), name: str = "
         from evals.screen.grid import parse_screen
 
         screen = parse_screen(data["screen"], arms, cells)
+    families_table = data.get("families") or {}
+    if not isinstance(families_table, dict):
+        raise GridError("families: expected a table of NAME = [PATTERN, ...]")
+    families = {
+        str(family): _strings(patterns, f"families.{family}")
+        for family, patterns in families_table.items()
+    }
+    for family, patterns in families.items():
+        if not patterns:
+            raise GridError(f"families.{family}: give at least one pattern")
     return Grid(
         name=_typed(data, "name", str, "grid") or name,
         arms=arms,
@@ -535,7 +556,40 @@ def parse_grid(data: Mapping[str, Any], *, base: Path = Path("."), name: str = "
         llm_seed=_typed(data, "llm_seed", int, "grid"),
         judge=judge,
         screen=screen,
+        families=families,
     )
+
+
+# What must not change between the start of a run and its resume: (what to call it, the path of
+# the value in a ``provenance.json`` record).
+RESUME_IDENTITY: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("agent model", ("arm", "model")),
+    ("user", ("user",)),
+    ("judge", ("judge",)),
+    ("run seed", ("seeds", "run_seed")),
+    ("LLM seed", ("seeds", "llm_seed")),
+    ("repair template", ("repair_template", "sha256")),
+    ("repair template file", ("repair_template", "file")),
+    ("domain options", ("cell", "domain_options")),
+)
+
+
+def _at(record: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = record
+    for key in path:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return list(value) if isinstance(value, tuple) else value
+
+
+def resume_conflicts(previous: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """What differs, among ``RESUME_IDENTITY``, between the provenance a run was started with
+    and the one it would resume with; each entry names the difference, old -> new."""
+    out = []
+    for what, path in RESUME_IDENTITY:
+        before, now = _at(previous, path), _at(current, path)
+        if before != now:
+            out.append(f"{what}: {before!r} -> {now!r}")
+    return out
 
 
 def load_grid(path: Path) -> Grid:

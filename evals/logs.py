@@ -43,6 +43,7 @@ __all__ = [
     "flatten_multi_tool",
     "load_results",
     "now",
+    "resume_differences",
     "save_results",
 ]
 
@@ -274,6 +275,31 @@ class Results(BaseModel):
     info: Info
     tasks: list[dict[str, Any]]
     simulations: list[SimulationRun]
+
+
+def _identity(info: Info) -> dict[str, Any]:
+    """What a resumed run must share with the run that wrote the file, named for messages."""
+    judge = info.judge_info or {}
+    return {
+        "domain": info.environment_info.domain_name,
+        "trials": info.num_trials,
+        "max errors (K)": info.max_errors,
+        "max steps": info.max_steps,
+        "seed": info.seed,
+        "agent": info.agent_info.implementation,
+        "agent model": info.agent_info.llm,
+        "user": info.user_info.implementation,
+        "user model": info.user_info.llm,
+        "judge model": judge.get("llm"),
+        "domain options": sorted(k for k, on in (info.domain_options or {}).items() if on),
+    }
+
+
+def resume_differences(previous: Info, current: Info) -> list[str]:
+    """What differs between the run that wrote a results file and one that would resume into
+    it, each as ``what: old -> new``; empty when resuming is safe."""
+    before, now = _identity(previous), _identity(current)
+    return [f"{key}: {before[key]!r} -> {now[key]!r}" for key in before if before[key] != now[key]]
 
 
 def load_results(path: Path) -> Results:

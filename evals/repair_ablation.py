@@ -36,6 +36,7 @@ from evals.grid import (
     GridError,
     cell_name,
     load_grid,
+    resume_conflicts,
 )
 from evals.launch import ArmEndpoint, LaunchError, proxy_command
 from evals.logs import SimulationRun, load_results, save_results
@@ -113,6 +114,40 @@ def _saved_episodes(path: Path, task_ids: Sequence[str], trials: int) -> int:
     return len(saved)
 
 
+def _check_resume(
+    grid: Grid,
+    cell: CellSpec,
+    mode: str,
+    out_dir: Path,
+    task_ids: Sequence[str],
+    done: int,
+    data_dir: Path,
+) -> None:
+    """Refuse to add episodes to a run started with another model, user, judge, seed, repair
+    template or domain options (its provenance.json says what it started with)."""
+    path = out_dir / PROVENANCE_FILE
+    if not path.is_file():
+        return
+    previous = json.loads(path.read_text(encoding="utf-8"))
+    current = cell_provenance(
+        grid,
+        cell,
+        mode,
+        task_ids=task_ids,
+        episodes_saved=done,
+        proxy={},
+        data_dir=data_dir,
+        concurrency=grid.concurrency,
+    )
+    conflicts = resume_conflicts(previous, current)
+    if conflicts:
+        raise GridError(
+            f"{out_dir} holds {done} episode(s) of a run that differs from this grid ("
+            + "; ".join(conflicts)
+            + "): resuming would mix two runs in one results file; use another --out"
+        )
+
+
 def plan_runs(grid: Grid, cells: Sequence[CellSpec], out: Path, data_dir: Path) -> list[PlannedRun]:
     """Every (cell, mode) to run, in grid order, with what is already on disk."""
     domains: dict[str, Domain] = {}
@@ -124,6 +159,8 @@ def plan_runs(grid: Grid, cells: Sequence[CellSpec], out: Path, data_dir: Path) 
         for mode in cell.modes:
             out_dir = out / cell.name / mode
             done = _saved_episodes(out_dir / RESULTS_FILE, task_ids, cell.trials)
+            if done:
+                _check_resume(grid, cell, mode, out_dir, task_ids, done, data_dir)
             planned.append(PlannedRun(cell, mode, out_dir, task_ids, done))
     return planned
 
@@ -375,7 +412,13 @@ def _analyze(grid: Grid, planned: Sequence[PlannedRun], out: Path) -> None:
         print("analysis skipped: no results yet")
         return
     try:
-        analyze(paths, pairs, out / "analysis", f"repair ablation: {grid.name}")
+        analyze(
+            paths,
+            pairs,
+            out / "analysis",
+            f"repair ablation: {grid.name}",
+            families=grid.families or None,
+        )
     except Exception as exc:  # the episodes are saved; a failing report must not hide that
         print(f"analysis failed ({type(exc).__name__}: {exc}); rerun: python -m evals.analyze")
         return

@@ -35,6 +35,7 @@ from evals.logs import (
     SimulationRun,
     UserInfo,
     load_results,
+    resume_differences,
 )
 from evals.orchestrator import (
     DEFAULT_MAX_ERRORS,
@@ -214,27 +215,12 @@ def _info(config: RunConfig, domain: Domain, participants: _Participants) -> Inf
 
 
 def _check_resumable(previous: Info, current: Info) -> None:
-    mine = (
-        previous.environment_info.domain_name,
-        previous.num_trials,
-        previous.max_errors,
-        previous.max_steps,
-        previous.seed,
-        sorted(k for k, on in (previous.domain_options or {}).items() if on),
-    )
-    theirs = (
-        current.environment_info.domain_name,
-        current.num_trials,
-        current.max_errors,
-        current.max_steps,
-        current.seed,
-        sorted(k for k, on in (current.domain_options or {}).items() if on),
-    )
-    if mine != theirs:
+    differences = resume_differences(previous, current)
+    if differences:
         raise ValueError(
-            f"results file was written by a different run "
-            f"(domain, trials, K, steps, seed, domain options): "
-            f"{mine} != {theirs}; use another --save-to"
+            "results file was written by a different run ("
+            + "; ".join(differences)
+            + "): resuming would mix two runs in one file; use another --save-to"
         )
 
 

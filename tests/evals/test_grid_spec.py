@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import tomllib
 from pathlib import Path
@@ -16,7 +17,10 @@ from evals.grid import (
     VllmLaunch,
     load_grid,
     parse_grid,
+    resume_conflicts,
 )
+from evals.logs import AgentInfo, EnvironmentInfo, Info, UserInfo, resume_differences
+from evals.provenance import PROVENANCE_FILE, cell_provenance
 from evals.repair_ablation import plan_runs
 from tests.evals.conftest import REPO_ROOT
 
@@ -195,3 +199,92 @@ def test_the_cpu_grid(tau2_data_dir: Path) -> None:
     assert all(c.user == "scripted" and c.domain == "retail" for c in grid.cells)
     planned = plan_runs(grid, grid.select(None), Path("/x"), tau2_data_dir)
     assert sum(p.episodes for p in planned) == 8
+
+
+# --- Holm families and resume checks --------------------------------------------------------
+
+CELL = """
+[[cell]]
+domain = "retail"
+arm = "a"
+modes = ["off"]
+tasks = 1
+trials = 1
+"""
+
+
+def test_families_are_read_from_the_grid_file() -> None:
+    grid = _grid(BASE + CELL + '[families]\nprecision = ["*/off vs */off"]\nrest = "* vs *"\n')
+    assert grid.families == {"precision": ("*/off vs */off",), "rest": ("* vs *",)}
+    assert _grid(BASE + CELL).families == {}
+    with pytest.raises(GridError, match=r"families\.none"):
+        _grid(BASE + CELL + "[families]\nnone = []\n")
+
+
+def _provenance(**changes: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "arm": {"model": "m"},
+        "user": {"name": "scripted", "simulator": "scripted"},
+        "judge": None,
+        "seeds": {"run_seed": 300, "llm_seed": None},
+        "repair_template": {"file": "repair_v1.txt", "sha256": "ab"},
+        "cell": {"domain_options": ()},
+        "written_at": "then",
+    }
+    for key, value in changes.items():
+        record[key] = value
+    return record
+
+
+def test_resume_conflicts_name_what_changed() -> None:
+    assert resume_conflicts(_provenance(), _provenance(written_at="now")) == []
+    changed = _provenance(arm={"model": "other"}, repair_template={"file": "repair_v1.txt"})
+    assert resume_conflicts(_provenance(), changed) == [
+        "agent model: 'm' -> 'other'",
+        "repair template: 'ab' -> None",
+    ]
+
+
+def test_resume_differences_of_results_info_name_the_model() -> None:
+    def info(model: str, user: str = "scripted_user") -> Info:
+        return Info(
+            num_trials=1,
+            max_steps=10,
+            max_errors=10,
+            user_info=UserInfo(implementation=user),
+            agent_info=AgentInfo(implementation="llm_agent", llm=model),
+            environment_info=EnvironmentInfo(domain_name="retail", policy=""),
+            seed=300,
+        )
+
+    assert resume_differences(info("m"), info("m")) == []
+    assert resume_differences(info("m"), info("n", "gold_user")) == [
+        "agent model: 'm' -> 'n'",
+        "user: 'scripted_user' -> 'gold_user'",
+    ]
+
+
+def test_plan_refuses_to_resume_a_run_started_with_another_model(
+    tmp_path: Path, tau2_data_dir: Path
+) -> None:
+    grid = _grid(BASE + CELL)
+    (planned,) = plan_runs(grid, grid.select(None), tmp_path, tau2_data_dir)
+    planned.out_dir.mkdir(parents=True)
+    saved = {"simulations": [{"task_id": planned.task_ids[0], "trial": 0}]}
+    planned.results_path.write_text(json.dumps(saved), encoding="utf-8")
+    started = cell_provenance(
+        grid,
+        planned.cell,
+        "off",
+        task_ids=planned.task_ids,
+        episodes_saved=0,
+        proxy={},
+        data_dir=tau2_data_dir,
+        concurrency=1,
+    )
+    (planned.out_dir / PROVENANCE_FILE).write_text(json.dumps(started), encoding="utf-8")
+    (again,) = plan_runs(grid, grid.select(None), tmp_path, tau2_data_dir)
+    assert again.done == 1  # the same grid resumes
+    changed = _grid(BASE.replace('model = "m"', 'model = "m2"', 1) + CELL)
+    with pytest.raises(GridError, match=r"agent model: 'm' -> 'm2'"):
+        plan_runs(changed, changed.select(None), tmp_path, tau2_data_dir)
