@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from benchmarks.sessions import _history
-from repairproxy.sessions import ErrorBudget, MemoryEpisodeStore
+from repairproxy.episodes.budget import ErrorBudget, MemoryEpisodeStore
 
 __all__ = ["main"]
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import orjson
 
+from repairproxy.asgi.gate import SSEParser, ToolCallGate
 from repairproxy.repair import RepairMode, RepairPolicy, escalated_tool_choice
-from repairproxy.streaming import SSEParser, ToolCallGate
-from repairproxy.upstream import UpstreamTimer, timed
+from repairproxy.upstream.client import UpstreamTimer, timed
 from repairproxy.validation import CompiledTools, ToolsCache
 
 __all__ = ["main"]

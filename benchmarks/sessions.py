@@ -16,7 +16,7 @@ import time
 import tracemalloc
 from typing import Any
 
-from repairproxy.sessions import ErrorBudget, MemoryEpisodeStore
+from repairproxy.episodes.budget import ErrorBudget, MemoryEpisodeStore
 from repairproxy.validation import Channel
 
 __all__ = ["main"]

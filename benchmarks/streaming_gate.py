@@ -17,7 +17,7 @@ import time
 
 import orjson
 
-from repairproxy.streaming import SSEParser, ToolCallGate
+from repairproxy.asgi.gate import SSEParser, ToolCallGate
 
 __all__ = ["main"]
 

@@ -339,7 +339,7 @@ async def _pool_vs_clients(port: int, requests: int, rounds: int) -> None:
     import aiohttp
     import httpx
 
-    from repairproxy.http1 import ConnectionPool
+    from repairproxy.upstream.http1 import ConnectionPool
 
     url = f"http://127.0.0.1:{port}"
     body = orjson.dumps(REQUEST_BODY)
@@ -364,7 +364,7 @@ async def _pool_vs_clients(port: int, requests: int, rounds: int) -> None:
         )
         response.read()
 
-    runs = {"repairproxy.http1": via_pool, "aiohttp": via_aiohttp, "httpx": via_httpx}
+    runs = {"repairproxy.upstream.http1": via_pool, "aiohttp": via_aiohttp, "httpx": via_httpx}
     wall = dict.fromkeys(runs, 0.0)
     cpu = dict.fromkeys(runs, 0.0)
     for run in runs.values():  # warm-up
@@ -383,7 +383,7 @@ async def _pool_vs_clients(port: int, requests: int, rounds: int) -> None:
     await client.aclose()
     await pool.aclose()
     total = requests * rounds
-    ours = cpu["repairproxy.http1"] / total
+    ours = cpu["repairproxy.upstream.http1"] / total
     print(f"\nupstream client, one sequential round trip ({total} each, interleaved):")
     print(f"{'client':<20}{'wall us':>10}{'client CPU us':>15}{'CPU vs ours':>13}")
     for name in runs:

@@ -17,16 +17,16 @@ from collections.abc import Callable
 from types import FrameType
 from typing import IO, Any
 
-from repairproxy.asgi import Message, Receive, Send
-from repairproxy.events import NullObserver, PipelineObserver
-from repairproxy.logging import configure_logging
+from repairproxy.asgi.responder import Message, Receive, Send
+from repairproxy.asgi.routes import Proxy
+from repairproxy.episodes.budget import ErrorBudget, TenantKeys
+from repairproxy.episodes.store import Stores, open_stores
+from repairproxy.observe.logging import configure_logging
+from repairproxy.observe.record import NullObserver, PipelineObserver
 from repairproxy.pipeline import ChatPipeline
 from repairproxy.repair import DEFAULT_TEMPLATE, RepairMode, RepairPolicy, RepairTemplate
-from repairproxy.routes import Proxy
-from repairproxy.sessions import ErrorBudget, TenantKeys
 from repairproxy.settings import Settings
-from repairproxy.stores import Stores, open_stores
-from repairproxy.upstream import Transport, Upstream
+from repairproxy.upstream.client import Transport, Upstream
 from repairproxy.validation import ToolsCache
 
 __all__ = ["RepairProxyApp", "create_app"]
@@ -138,11 +138,12 @@ class RepairProxyApp:
         return proxy
 
     def _metrics(self) -> Any:
-        """The Prometheus metrics (``repairproxy.metrics``), built once per app, or None; summed
-        over every worker process when ``--workers`` runs several (``repairproxy.workers``)."""
+        """The Prometheus metrics (``repairproxy.observe.metrics``), built once per app, or None;
+        summed over every worker process when ``--workers`` runs several
+        (``repairproxy.workers``)."""
         if not self.settings.metrics:
             return None
-        from repairproxy.metrics import Metrics
+        from repairproxy.observe.metrics import Metrics
         from repairproxy.workers import MultiProcessMetrics, multiprocess_mode
 
         kind = MultiProcessMetrics if multiprocess_mode() else Metrics

@@ -141,7 +141,7 @@ def _serve_workers(settings: Settings, options: dict[str, Any]) -> None:
 
 
 def _check_store(settings: Settings) -> None:
-    from repairproxy.stores import is_redis_url
+    from repairproxy.episodes.store import is_redis_url
 
     if settings.episode_store != "memory" and not is_redis_url(settings.episode_store):
         raise ValueError(

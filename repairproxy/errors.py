@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from repairproxy.events import Outcome
+from repairproxy.observe.record import Outcome
 
 
 class RepairProxyError(Exception):

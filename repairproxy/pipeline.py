@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import orjson
 
+from repairproxy.episodes.budget import BudgetSnapshot, EpisodeRef, ErrorBudget
 from repairproxy.errors import (
     BadRequestError,
     BudgetExhaustedError,
@@ -25,9 +26,15 @@ from repairproxy.errors import (
     NotFoundError,
     RepairExhaustedError,
 )
-from repairproxy.events import CaughtCall, EpisodeRecord, Outcome, RepairResult, RepairResultKind
-from repairproxy.events import RequestRecord as Record
 from repairproxy.margin import strip_probe, tool_name_margins, with_probe
+from repairproxy.observe.record import (
+    CaughtCall,
+    EpisodeRecord,
+    Outcome,
+    RepairResult,
+    RepairResultKind,
+)
+from repairproxy.observe.record import RequestRecord as Record
 from repairproxy.repair import (
     RepairMode,
     RepairPolicy,
@@ -35,10 +42,9 @@ from repairproxy.repair import (
     repair_completion,
     with_repair_instruction,
 )
-from repairproxy.sessions import BudgetSnapshot, EpisodeRef, ErrorBudget
 from repairproxy.settings import BudgetPolicy, Settings
 from repairproxy.validation import CallVerdict, Channel, CompiledTools, MessageVerdict, ToolsCache
-from repairproxy.wire import ChatCompletion, ChatRequestBody, first_message
+from repairproxy.wire.openai import ChatCompletion, ChatRequestBody, first_message
 
 __all__ = ["ChatOutcome", "ChatPipeline", "ChatRequest", "Send", "instructs", "json_object"]
 

@@ -29,7 +29,7 @@ from repairproxy.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
-from repairproxy.events import CaughtCall
+from repairproxy.observe.record import CaughtCall
 from repairproxy.reask import (
     DEFAULT_TEMPLATE,
     RepairTemplate,
@@ -40,7 +40,7 @@ from repairproxy.reask import (
     with_repair_instruction,
 )
 from repairproxy.textcalls import fresh_call_id, message_text, promote_calls
-from repairproxy.upstream import UpstreamStatusError
+from repairproxy.upstream.client import UpstreamStatusError
 from repairproxy.validation import (
     CallVerdict,
     Channel,

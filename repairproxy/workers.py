@@ -21,7 +21,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from repairproxy.metrics import Metrics
+from repairproxy.observe.metrics import Metrics
 from repairproxy.settings import Settings
 
 __all__ = [

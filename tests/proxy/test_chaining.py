@@ -11,13 +11,13 @@ import httpx
 import openai
 import pytest
 
-from repairproxy.chaining import (
+from repairproxy.episodes.budget import BudgetSnapshot, EpisodeRef, ErrorBudget, MemoryEpisodeStore
+from repairproxy.episodes.chaining import (
     ChainLink,
     MemoryChainIndex,
     canonical_message,
     conversation_keys,
 )
-from repairproxy.sessions import BudgetSnapshot, EpisodeRef, ErrorBudget, MemoryEpisodeStore
 from repairproxy.validation import CallVerdict, Channel, CompiledTools
 from tests.proxy import conftest
 from tests.support.scripted_upstream import Reply, ScriptedUpstream, completion, tool_call

@@ -22,8 +22,8 @@ import httpx
 import orjson
 import pytest
 
-from repairproxy.http1 import ConnectionPool
 from repairproxy.settings import Settings
+from repairproxy.upstream.http1 import ConnectionPool
 from tests.proxy.conftest import ORDER_TOOL
 from tests.support.proxy_server import RunningProxy, running_proxy
 from tests.support.servers import (

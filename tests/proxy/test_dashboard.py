@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from repairproxy.dashboard import quantile, render_dashboard, summarize
-from repairproxy.events import CaughtCall, RequestRecord
-from repairproxy.metrics import Metrics
+from repairproxy.observe.dashboard import quantile, render_dashboard, summarize
+from repairproxy.observe.metrics import Metrics
+from repairproxy.observe.record import CaughtCall, RequestRecord
 from repairproxy.settings import Settings
 from tests.support.chromium import chromium_binary, dump_dom, screenshot, serving
 from tests.support.metrics_workload import Truth, scripted_workload

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from repairproxy.http1 import ConnectionPool, InvalidTargetError, Origin, PoolTimeoutError
+from repairproxy.upstream.http1 import ConnectionPool, InvalidTargetError, Origin, PoolTimeoutError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 

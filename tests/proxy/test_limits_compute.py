@@ -13,12 +13,12 @@ from typing import Any
 import orjson
 import pytest
 
+from repairproxy.asgi.gate import MAX_HELD_CONTENT_CHARS, SSEParser, ToolCallGate
+from repairproxy.episodes.budget import MAX_SEEN_RESULTS, ErrorBudget, MemoryEpisodeStore
+from repairproxy.episodes.guard import GuardedEpisodeStore, StoreHealth
+from repairproxy.episodes.redis_store import RedisEpisodeStore, decode_state, redis_client
 from repairproxy.errors import InvalidToolsError
 from repairproxy.repair import RepairMode, RepairPolicy, escalated_tool_choice
-from repairproxy.sessions import MAX_SEEN_RESULTS, ErrorBudget, MemoryEpisodeStore
-from repairproxy.stores.guard import GuardedEpisodeStore, StoreHealth
-from repairproxy.stores.redis_store import RedisEpisodeStore, decode_state, redis_client
-from repairproxy.streaming import MAX_HELD_CONTENT_CHARS, SSEParser, ToolCallGate
 from repairproxy.validation import CompiledTools, ToolsCache, compiled_size
 from tests.support.processes import redis_server
 

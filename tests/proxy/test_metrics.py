@@ -9,8 +9,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from repairproxy.events import API, CaughtCall, EpisodeRecord, Outcome, RequestRecord
-from repairproxy.metrics import OTHER, UNKNOWN_MODEL, Metrics
+from repairproxy.observe.metrics import OTHER, UNKNOWN_MODEL, Metrics
+from repairproxy.observe.record import API, CaughtCall, EpisodeRecord, Outcome, RequestRecord
 from repairproxy.settings import Settings
 from tests.support.metrics_workload import Truth, scripted_workload
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from repairproxy.metrics import Metrics
+from repairproxy.observe.metrics import Metrics
 from repairproxy.repair import RepairMode
 from repairproxy.settings import Settings
 from tests.support.metrics_workload import Truth, scripted_workload, warmup_record

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageToolCall
 
-from repairproxy.events import CaughtCall
+from repairproxy.observe.record import CaughtCall
 from repairproxy.repair import OnExhausted, RepairMode, RepairPolicy, repair_completion
 from repairproxy.validation import Channel, CompiledTools, ToolsCache
 from tests.proxy.conftest import MESSAGES, StartProxy

@@ -11,15 +11,15 @@ import anyio
 import pytest
 from redis.asyncio import Redis
 
-from repairproxy.sessions import (
+from repairproxy.episodes.budget import (
     MAX_SEEN_RESULTS,
     MAX_TRACKED_CALL_IDS,
     EpisodeState,
     ErrorBudget,
     MemoryEpisodeStore,
 )
-from repairproxy.stores.guard import GuardedChainIndex, GuardedEpisodeStore, StoreHealth
-from repairproxy.stores.redis_store import (
+from repairproxy.episodes.guard import GuardedChainIndex, GuardedEpisodeStore, StoreHealth
+from repairproxy.episodes.redis_store import (
     RedisChainIndex,
     RedisEpisodeStore,
     StoreConflictError,

@@ -574,7 +574,7 @@ async def test_constrained_forces_a_declared_name_with_bad_arguments(tools: Comp
 
 
 def _status_error(status: int) -> Exception:
-    from repairproxy.upstream import UpstreamReply, UpstreamStatusError
+    from repairproxy.upstream.client import UpstreamReply, UpstreamStatusError
 
     return UpstreamStatusError(UpstreamReply(status, [], b'{"error": {"message": "too long"}}'))
 

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
-from repairproxy.sessions import (
+from repairproxy.episodes.budget import (
     BudgetSnapshot,
     EpisodeState,
     ErrorBudget,

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from repairproxy.streaming import (
+from repairproxy.asgi.gate import (
     DONE_EVENT,
     SSEParser,
     StreamAssembler,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from repairproxy.tool_errors import (
+from repairproxy.episodes.tool_errors import (
     DEFAULT_TOOL_ERROR_PATTERN,
     KNOWN_FORMATS,
     MAX_SCANNED_CHARS,

@@ -17,7 +17,7 @@ from repairproxy.errors import (
     UpstreamUnavailableError,
 )
 from repairproxy.settings import Settings
-from repairproxy.upstream import (
+from repairproxy.upstream.client import (
     Upstream,
     UpstreamTimer,
     UpstreamURL,

@@ -85,8 +85,8 @@ def serving(render: Callable[[], bytes], path: str = "/dashboard") -> Iterator[s
 
 
 def _readme_screenshot(path: Path) -> None:
-    from repairproxy.dashboard import render_dashboard
-    from repairproxy.metrics import Metrics
+    from repairproxy.observe.dashboard import render_dashboard
+    from repairproxy.observe.metrics import Metrics
     from repairproxy.settings import Settings
     from tests.support.metrics_workload import scripted_workload
 

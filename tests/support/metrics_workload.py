@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from repairproxy.events import (
+from repairproxy.observe.record import (
     CaughtCall,
     EpisodeRecord,
     Outcome,

@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from repairproxy.upstream import HeaderList, TransportResponse
+from repairproxy.upstream.client import HeaderList, TransportResponse
 from tests.support.scripted_upstream import RecordedRequest, Reply, error_reply, sse_events
 
 __all__ = ["MockResponse", "MockTransport"]

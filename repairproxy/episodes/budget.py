@@ -42,8 +42,13 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
-from repairproxy.chaining import ChainIndex, ConversationKeys, MemoryChainIndex, conversation_keys
-from repairproxy.tool_errors import (
+from repairproxy.episodes.chaining import (
+    ChainIndex,
+    ConversationKeys,
+    MemoryChainIndex,
+    conversation_keys,
+)
+from repairproxy.episodes.tool_errors import (
     DEFAULT_ENV_ERROR_TABLE,
     DEFAULT_TOOL_ERROR_PATTERN,
     ENV_OTHER_ERROR,

@@ -25,9 +25,9 @@ from typing import Any, TypeVar, cast
 
 from redis.exceptions import RedisError
 
-from repairproxy.chaining import ChainIndex, ChainLink
-from repairproxy.sessions import BudgetSnapshot, EpisodeState, EpisodeStore
-from repairproxy.stores.redis_store import StoreConflictError, StoreDataError
+from repairproxy.episodes.budget import BudgetSnapshot, EpisodeState, EpisodeStore
+from repairproxy.episodes.chaining import ChainIndex, ChainLink
+from repairproxy.episodes.redis_store import StoreConflictError, StoreDataError
 
 __all__ = ["STORE_ERRORS", "GuardedChainIndex", "GuardedEpisodeStore", "StoreHealth"]
 

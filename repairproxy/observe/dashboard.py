@@ -12,7 +12,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from repairproxy.metrics import Metrics
+from repairproxy.observe.metrics import Metrics
 
 __all__ = ["ModelSummary", "Summary", "render_dashboard", "summarize"]
 

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from repairproxy.errors import PayloadTooLargeError
-from repairproxy.upstream import HeaderList
+from repairproxy.upstream.client import HeaderList
 
 __all__ = [
     "ClientDisconnectedError",

@@ -41,7 +41,7 @@ from repairproxy.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
-from repairproxy.http1 import ConnectionPool, InvalidTargetError, basic_auth
+from repairproxy.upstream.http1 import ConnectionPool, InvalidTargetError, basic_auth
 
 __all__ = [
     "HeaderList",

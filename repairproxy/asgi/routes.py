@@ -20,7 +20,10 @@ from urllib.parse import unquote
 
 import orjson
 
-from repairproxy.asgi import (
+from repairproxy.asgi.chat import CHAT_PATH, ChatCall
+from repairproxy.asgi.exchange import Exchange
+from repairproxy.asgi.gate import DONE_EVENT
+from repairproxy.asgi.responder import (
     ClientDisconnectedError,
     Receive,
     Responder,
@@ -30,7 +33,8 @@ from repairproxy.asgi import (
     header_map,
     read_body,
 )
-from repairproxy.chat_http import CHAT_PATH, ChatCall
+from repairproxy.asgi.responses import RESPONSES_PATH, ResponsesCall
+from repairproxy.asgi.responses import error_event as responses_error_event
 from repairproxy.errors import (
     AuthenticationError,
     BadRequestError,
@@ -39,14 +43,10 @@ from repairproxy.errors import (
     UpstreamError,
     UpstreamStatusError,
 )
-from repairproxy.events import Outcome, PipelineObserver
-from repairproxy.exchange import Exchange
+from repairproxy.observe.record import Outcome, PipelineObserver
 from repairproxy.pipeline import ChatPipeline
-from repairproxy.responses_http import RESPONSES_PATH, ResponsesCall
-from repairproxy.responses_http import error_event as responses_error_event
 from repairproxy.settings import Settings
-from repairproxy.streaming import DONE_EVENT
-from repairproxy.upstream import HeaderList, Upstream, UpstreamReply, response_headers, timed
+from repairproxy.upstream.client import HeaderList, Upstream, UpstreamReply, response_headers, timed
 
 __all__ = ["Proxy"]
 
@@ -104,7 +104,7 @@ class Proxy:
         self.upstream = upstream
         self.pipeline = pipeline
         self.observer = observer
-        self.metrics = metrics  # repairproxy.metrics.Metrics when /metrics is served here
+        self.metrics = metrics  # repairproxy.observe.metrics.Metrics when /metrics is served here
         self.dashboard = dashboard  # the same Metrics, whose numbers /dashboard shows
         self.log = logger
         self.draining = False  # set on SIGTERM (app.py): /readyz answers 503 from then on
@@ -241,7 +241,7 @@ class Proxy:
 
     async def _dashboard(self, scope: Scope, responder: Responder) -> None:
         self._authenticate(header_map(scope), self._api_keys)
-        from repairproxy.dashboard import render_dashboard
+        from repairproxy.observe.dashboard import render_dashboard
 
         page = render_dashboard(self.dashboard)
         await responder.whole(200, [(b"content-type", b"text/html; charset=utf-8")], page)

@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from repairproxy.events import RequestRecord
-from repairproxy.sessions import BudgetSnapshot
-from repairproxy.streaming import comment_event
-from repairproxy.upstream import HeaderList, UpstreamTimer
+from repairproxy.asgi.gate import comment_event
+from repairproxy.episodes.budget import BudgetSnapshot
+from repairproxy.observe.record import RequestRecord
+from repairproxy.upstream.client import HeaderList, UpstreamTimer
 
 __all__ = ["Exchange"]
 

@@ -18,8 +18,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
-from repairproxy.events import API, EpisodeRecord, Outcome, RepairResultKind, RequestRecord
-from repairproxy.sessions import DEFAULT_ENV_ERROR_TABLE, ENV_OTHER_ERROR
+from repairproxy.episodes.budget import DEFAULT_ENV_ERROR_TABLE, ENV_OTHER_ERROR
+from repairproxy.observe.record import API, EpisodeRecord, Outcome, RepairResultKind, RequestRecord
 from repairproxy.settings import Settings
 from repairproxy.validation import Channel
 

@@ -15,26 +15,26 @@ from typing import Any, cast
 
 import orjson
 
-from repairproxy.asgi import Responder, Scope
+from repairproxy.asgi.exchange import Exchange
+from repairproxy.asgi.gate import SSEParser, call_opening
+from repairproxy.asgi.responder import Responder, Scope
 from repairproxy.errors import (
     BadRequestError,
     UpstreamBadAnswerError,
     UpstreamStatusError,
     UpstreamUnavailableError,
 )
-from repairproxy.events import API, Outcome
-from repairproxy.exchange import Exchange
+from repairproxy.observe.record import API, Outcome
 from repairproxy.pipeline import ChatPipeline, ChatRequest, instructs, json_object
-from repairproxy.responses_api import (
+from repairproxy.upstream.client import HeaderList, Upstream, UpstreamReply, response_headers, timed
+from repairproxy.wire.openai import ChatCompletion
+from repairproxy.wire.responses import (
     response_events,
     responses_request,
     to_chat_body,
     to_chat_completion,
     to_response,
 )
-from repairproxy.streaming import SSEParser, call_opening
-from repairproxy.upstream import HeaderList, Upstream, UpstreamReply, response_headers, timed
-from repairproxy.wire import ChatCompletion
 
 __all__ = ["RESPONSES_PATH", "ResponsesCall", "error_event"]
 

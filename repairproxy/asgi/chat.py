@@ -13,15 +13,15 @@ from typing import Any, cast
 
 import orjson
 
-from repairproxy.asgi import Responder, Scope
+from repairproxy.asgi.exchange import Exchange
+from repairproxy.asgi.gate import DONE_EVENT, SSEParser, ToolCallGate, completion_to_chunks
+from repairproxy.asgi.responder import Responder, Scope
 from repairproxy.errors import UpstreamBadAnswerError
-from repairproxy.events import Outcome
-from repairproxy.exchange import Exchange
+from repairproxy.observe.record import Outcome
 from repairproxy.pipeline import ChatOutcome, ChatPipeline, ChatRequest
-from repairproxy.streaming import DONE_EVENT, SSEParser, ToolCallGate, completion_to_chunks
-from repairproxy.upstream import HeaderList, Upstream, UpstreamReply, response_headers, timed
+from repairproxy.upstream.client import HeaderList, Upstream, UpstreamReply, response_headers, timed
 from repairproxy.validation import text_calls_allowed
-from repairproxy.wire import ChatCompletion
+from repairproxy.wire.openai import ChatCompletion
 
 __all__ = ["CHAT_PATH", "ChatCall"]
 

@@ -12,8 +12,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from repairproxy.chaining import ChainIndex
-from repairproxy.sessions import EpisodeStore, MemoryEpisodeStore
+from repairproxy.episodes.budget import EpisodeStore, MemoryEpisodeStore
+from repairproxy.episodes.chaining import ChainIndex
 from repairproxy.settings import Settings
 
 __all__ = ["REDIS_SCHEMES", "Stores", "is_redis_url", "open_stores"]
@@ -108,8 +108,8 @@ def open_stores(
         raise ValueError(
             f"--episode-store must be memory or a redis://, rediss:// or unix:// URL, not {spec!r}"
         )
-    from repairproxy.stores.guard import GuardedChainIndex, GuardedEpisodeStore, StoreHealth
-    from repairproxy.stores.redis_store import RedisChainIndex, RedisEpisodeStore, redis_client
+    from repairproxy.episodes.guard import GuardedChainIndex, GuardedEpisodeStore, StoreHealth
+    from repairproxy.episodes.redis_store import RedisChainIndex, RedisEpisodeStore, redis_client
 
     client = redis_client(spec, max_connections=max(settings.max_connections, 16))
     health = StoreHealth(

@@ -33,8 +33,8 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
-from repairproxy.chaining import ChainLink
-from repairproxy.sessions import EpisodeState
+from repairproxy.episodes.budget import EpisodeState
+from repairproxy.episodes.chaining import ChainLink
 
 __all__ = [
     "DEFAULT_PREFIX",

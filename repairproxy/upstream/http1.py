@@ -386,7 +386,7 @@ class ConnectionPool:
     """Keep-alive connections to one origin, at most ``max_connections`` open at a time.
 
     ``proxy``: an ``http://[user:pass@]host:port`` forward proxy to go through (none by default;
-    ``repairproxy.upstream`` decides from the environment).
+    ``repairproxy.upstream.client`` decides from the environment).
     """
 
     def __init__(
