@@ -25,7 +25,9 @@ __all__ = [
     "BUDGETS",
     "BUILT_IN_FAMILIES",
     "ENV_CHANNELS",
+    "EVENTUAL_RECOVERY",
     "MODES_FAMILY",
+    "NEXT_CALL_RECOVERY",
     "OTHER_FAMILY",
     "PRECISION_FAMILY",
     "PROXY_CHANNELS",
@@ -33,6 +35,7 @@ __all__ = [
     "ArmSummary",
     "Episode",
     "PairSummary",
+    "Recovery",
     "Summary",
     "ToolCallRecord",
     "amplification",
@@ -43,14 +46,16 @@ __all__ = [
     "load_arm",
     "pair_label",
     "read_episodes",
+    "recoveries",
     "success_at",
     "summarize_arm",
     "summarize_pair",
+    "user_side_tools",
 ]
 
 BUDGETS = tuple(range(1, 11))  # K' = 1..10
 SUCCESS_TOLERANCE = 1e-6  # τ²-bench's is_successful
-ENV_CHANNELS = ("hallucinated_name", "argument", "entity_not_found", "other")
+ENV_CHANNELS = ("hallucinated_name", "user_side_tool", "argument", "entity_not_found", "other")
 PROXY_CHANNELS = (
     "unknown_tool",
     "invalid_json",
@@ -65,17 +70,23 @@ _TOOL_NOT_FOUND = re.compile(r"^Error: Tool '(?P<name>.*)' not found", re.DOTALL
 # text, and pydantic validation texts.
 _ARGUMENT = re.compile(
     r"required positional argument|unexpected keyword argument|positional argument"
-    r"|Invalid arguments|validation error|expected a JSON object|must be (a|an) ",
+    r"|Invalid arguments|validation error|expected a JSON object|must be (a|an) "
+    r"|Unknown ID format",
     re.IGNORECASE,
 )
 _ENTITY = re.compile(r"not found|does not exist|no such|unknown (user|order|item|product)", re.I)
 
 
-def classify_error(content: str | None) -> tuple[str, str | None]:
-    """(channel, invented tool name or None) for the text of one failed tool call."""
+def classify_error(
+    content: str | None, user_tools: frozenset[str] = frozenset()
+) -> tuple[str, str | None]:
+    """(channel, invented tool name or None) for the text of one failed agent tool call. A name
+    the user's side declares (``user_tools``) is not invented: the agent called the wrong side."""
     text = content or ""
     match = _TOOL_NOT_FOUND.match(text)
     if match:
+        if match.group("name") in user_tools:
+            return "user_side_tool", None
         return "hallucinated_name", match.group("name")
     if _ARGUMENT.search(text):
         return "argument", None
@@ -154,7 +165,11 @@ def _nl_unjudged(reward_info: Mapping[str, Any] | None, task: Mapping[str, Any] 
     return not reward_info.get("nl_assertions")
 
 
-def _episode(simulation: Mapping[str, Any], tasks: Mapping[str, Mapping[str, Any]]) -> Episode:
+def _episode(
+    simulation: Mapping[str, Any],
+    tasks: Mapping[str, Mapping[str, Any]],
+    user_tools: frozenset[str] = frozenset(),
+) -> Episode:
     messages = list(_flatten(simulation.get("messages") or []))
     pending: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
@@ -199,7 +214,7 @@ def _episode(simulation: Mapping[str, Any], tasks: Mapping[str, Mapping[str, Any
             message_index=r["message_index"],
             error=r["error"],
             content=r["content"],
-            channel=classify_error(r["content"])[0] if r["error"] else None,
+            channel=classify_error(r["content"], user_tools)[0] if r["error"] else None,
         )
         for r in records
     )
@@ -228,7 +243,34 @@ def read_episodes(data: Mapping[str, Any], folder: Path | None = None) -> list[E
         for path in sorted((folder / "simulations").glob("*.json")):
             simulations.append(json.loads(path.read_text(encoding="utf-8")))
     tasks = {str(t.get("id")): t for t in data.get("tasks") or [] if isinstance(t, Mapping)}
-    return [_episode(s, tasks) for s in simulations]
+    user_tools = user_side_tools(data, simulations)
+    return [_episode(s, tasks, user_tools) for s in simulations]
+
+
+def _declared_user_tools(domain: str | None) -> frozenset[str]:
+    """The tools a domain gives the user's side (τ²-bench telecom's phone), by domain name."""
+    if domain != "telecom":
+        return frozenset()
+    from evals.domains.telecom.user_tools import TelecomUserTools
+
+    return frozenset(str(t["function"]["name"]) for t in TelecomUserTools.openai_tools())
+
+
+def user_side_tools(
+    data: Mapping[str, Any], simulations: Sequence[Mapping[str, Any]] = ()
+) -> frozenset[str]:
+    """Names of the user's side: those its domain declares, and those the user called."""
+    info = data.get("info") or {}
+    environment = info.get("environment_info") if isinstance(info, Mapping) else None
+    domain = environment.get("domain_name") if isinstance(environment, Mapping) else None
+    called = {
+        str(call.get("name", ""))
+        for simulation in simulations
+        for message in _flatten(simulation.get("messages") or [])
+        if message.get("role") == "user"
+        for call in message.get("tool_calls") or []
+    }
+    return _declared_user_tools(str(domain) if domain else None) | frozenset(called - {""})
 
 
 @dataclass(frozen=True)
@@ -251,6 +293,14 @@ class Arm:
         agent = self.info.get("agent_info") or {}
         llm = agent.get("llm") if isinstance(agent, Mapping) else None
         return str(llm) if llm else None
+
+    @property
+    def user_tools(self) -> frozenset[str]:
+        """Names of the user's side (see ``user_side_tools``)."""
+        environment = self.info.get("environment_info") or {}
+        domain = environment.get("domain_name") if isinstance(environment, Mapping) else None
+        called = {c.name for e in self.episodes for c in e.calls if c.requestor == "user"}
+        return _declared_user_tools(str(domain) if domain else None) | frozenset(called - {""})
 
     @property
     def cell_and_mode(self) -> tuple[str, str] | None:
@@ -391,7 +441,7 @@ class ArmSummary:
     names_env: dict[str, int]
     names_proxy: dict[str, int]
     names: dict[str, int]  # per answer the larger of the two views, so no call counts twice
-    recovery: float | NotAvailable
+    recovery: float | NotAvailable  # NEXT_CALL_RECOVERY's share (kept for older readers)
     recovery_counts: tuple[int, int, int]  # recovered, with a next call, failed agent calls
     proxy: ProxyView
     repair_cost: RepairCost
@@ -399,28 +449,72 @@ class ArmSummary:
     cell: str | None
     mode: str | None
     run_info: dict[str, Any] = field(default_factory=dict)
+    recovery_readings: tuple[Recovery, ...] = ()
+
+
+NEXT_CALL_RECOVERY = "the next agent call succeeds"
+EVENTUAL_RECOVERY = "a successful agent call follows before the episode ends"
+
+
+def _recovery_units(episode: Episode) -> tuple[int, int, int, int]:
+    """(next call succeeded, followed by a call with a result, a success followed, failed) over
+    the failed agent calls of one episode; calls of the same answer do not follow each other."""
+    recovered = followed = eventually = failed = 0
+    agent = episode.agent_calls
+    for position, call in enumerate(agent):
+        if not call.error:
+            continue
+        failed += 1
+        later = [c for c in agent[position + 1 :] if c.message_index > call.message_index]
+        eventually += any(c.error is False for c in later)
+        following = later[0] if later else None
+        if following is None or following.error is None:
+            continue
+        followed += 1
+        recovered += not following.error
+    return recovered, followed, eventually, failed
 
 
 def _recovery(episodes: Sequence[Episode]) -> tuple[int, int, int]:
-    recovered = followed = failed = 0
-    for episode in episodes:
-        agent = episode.agent_calls
-        for position, call in enumerate(agent):
-            if not call.error:
-                continue
-            failed += 1
-            following = next(
-                (c for c in agent[position + 1 :] if c.message_index > call.message_index), None
-            )
-            if following is None or following.error is None:
-                continue
-            followed += 1
-            recovered += not following.error
-    return recovered, followed, failed
+    units = [_recovery_units(e) for e in episodes]
+    return sum(u[0] for u in units), sum(u[1] for u in units), sum(u[3] for u in units)
 
 
-def _answer_names(episode: Episode) -> Counter[str]:
-    """Hallucinated names, per answer the larger of the env's and the proxy's count."""
+@dataclass(frozen=True)
+class Recovery:
+    """One reading of "the agent recovered from a failed call", with its interval."""
+
+    reading: str
+    recovered: int
+    of: int  # the failed agent calls this reading counts over
+    share: Interval | NotAvailable  # Wilson at the episode-clustered effective size
+
+
+def recoveries(episodes: Sequence[Episode]) -> tuple[Recovery, Recovery]:
+    """Both readings, named: ``NEXT_CALL_RECOVERY`` (over failed calls followed by another agent
+    call with a result) and ``EVENTUAL_RECOVERY`` (over every failed agent call)."""
+    units = [_recovery_units(e) for e in episodes]
+    next_units = [(u[0], u[1]) for u in units]
+    eventual_units = [(u[2], u[3]) for u in units]
+    return (
+        Recovery(
+            NEXT_CALL_RECOVERY,
+            sum(u[0] for u in next_units),
+            sum(u[1] for u in next_units),
+            stats.clustered_proportion(next_units, "no failed agent call was followed by another"),
+        ),
+        Recovery(
+            EVENTUAL_RECOVERY,
+            sum(u[0] for u in eventual_units),
+            sum(u[1] for u in eventual_units),
+            stats.clustered_proportion(eventual_units, "no failed agent call"),
+        ),
+    )
+
+
+def _answer_names(episode: Episode, user_tools: frozenset[str] = frozenset()) -> Counter[str]:
+    """Hallucinated names, per answer the larger of the env's and the proxy's count (a name of
+    the user's side is not invented, whichever view saw it)."""
     total: Counter[str] = Counter()
     env_by_message: dict[int, Counter[str]] = {}
     for call in episode.agent_calls:
@@ -430,7 +524,7 @@ def _answer_names(episode: Episode) -> Counter[str]:
     seen: set[int] = set()
     for index, proxy in episode.answer_proxy:
         env = env_by_message.get(index, Counter())
-        caught = Counter(_names(proxy.get("unknown_tools"))) if proxy else Counter()
+        caught = Counter(_invented(proxy, user_tools))
         for name in set(env) | set(caught):
             total[name] += max(env[name], caught[name])
         seen.add(index)
@@ -438,6 +532,13 @@ def _answer_names(episode: Episode) -> Counter[str]:
         if index not in seen:
             total.update(env)
     return total
+
+
+def _invented(proxy: Mapping[str, Any] | None, user_tools: frozenset[str]) -> list[str]:
+    """The undeclared names the proxy caught in one answer, less the user's side's names."""
+    if not proxy:
+        return []
+    return [n for n in _names(proxy.get("unknown_tools")) if n not in user_tools]
 
 
 def _proxy_view(episodes: Sequence[Episode]) -> ProxyView:
@@ -535,6 +636,7 @@ def scored_episodes(arm: Arm) -> list[Episode]:
 
 def summarize_arm(arm: Arm) -> ArmSummary:
     episodes = list(arm.episodes)
+    user_tools = arm.user_tools
     scored = scored_episodes(arm)
     successes = sum(e.success for e in scored)
     agent_calls = [c for e in episodes for c in e.agent_calls]
@@ -550,8 +652,8 @@ def summarize_arm(arm: Arm) -> ArmSummary:
             if call.channel == "hallucinated_name":
                 names_env[classify_error(call.content)[1] or call.name] += 1
         for proxy in episode.proxy_answers:
-            names_proxy.update(_names(proxy.get("unknown_tools")))
-        names.update(_answer_names(episode))
+            names_proxy.update(_invented(proxy, user_tools))
+        names.update(_answer_names(episode, user_tools))
     raw = sum(names.values())
     recovered, followed, failed = _recovery(episodes)
     why_len = "no episodes"
@@ -594,6 +696,7 @@ def summarize_arm(arm: Arm) -> ArmSummary:
         cell=cell_mode[0] if cell_mode else None,
         mode=cell_mode[1] if cell_mode else None,
         run_info=_run_info(arm.info),
+        recovery_readings=recoveries(episodes),
     )
 
 

@@ -19,10 +19,13 @@ from evals import plots
 from evals.analysis import (
     BUDGETS,
     ENV_CHANNELS,
+    EVENTUAL_RECOVERY,
+    NEXT_CALL_RECOVERY,
     PROXY_CHANNELS,
     ArmSummary,
     PairSummary,
     ProxyView,
+    Recovery,
     RepairCost,
     Summary,
 )
@@ -31,6 +34,7 @@ from evals.stats import EQUIVALENCE_MARGIN, Interval, NotAvailable, RateRatio, T
 __all__ = ["Figure", "Section", "summary_to_json", "write_report"]
 
 SCHEMA = "repairproxy.analysis/1"
+RECOVERY_READINGS = (NEXT_CALL_RECOVERY, EVENTUAL_RECOVERY)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,6 +132,15 @@ def _arm(arm: ArmSummary) -> dict[str, Any]:
         "hallucinated_names_proxy": arm.names_proxy,
         "recovery_rate": _value(arm.recovery),
         "recovery": {"recovered": recovered, "followed": followed, "failed_agent_calls": failed},
+        "recovery_readings": [
+            {
+                "reading": r.reading,
+                "recovered": r.recovered,
+                "of_failed_agent_calls": r.of,
+                "share": _value(r.share),
+            }
+            for r in arm.recovery_readings
+        ],
         "proxy": _proxy(arm.proxy),
         "repair_cost": _cost(arm.repair_cost),
         "run_info": arm.run_info,
@@ -303,11 +316,10 @@ def _arm_sections(summary: Summary) -> list[Section]:
             "any",
             "raw hallucinated",
             "user failed calls",
-            "recovery",
+            *[f"recovery: {r}" for r in RECOVERY_READINGS],
         ],
     )
     for a in arms:
-        followed = a.recovery_counts[1]
         channels.rows.append(
             [
                 a.label,
@@ -316,9 +328,7 @@ def _arm_sections(summary: Summary) -> list[Section]:
                 f"{a.channel_counts['any']} ({pct(a.channel_rates['any'])})",
                 f"{a.raw_hallucinated_calls} ({pct(a.raw_hallucination_rate)})",
                 str(a.user_failed_calls),
-                pct(a.recovery)
-                if isinstance(a.recovery, NotAvailable)
-                else f"{pct(a.recovery)} of {followed}",
+                *[_recovery(r) for r in a.recovery_readings],
             ]
         )
     proxy = Section(
@@ -385,6 +395,12 @@ def _ratio(value: RateRatio | NotAvailable) -> str:
         f"({value.reference_events}/{value.reference_exposure} → "
         f"{value.compared_events}/{value.compared_exposure})"
     )
+
+
+def _recovery(reading: Recovery) -> str:
+    if isinstance(reading.share, NotAvailable):
+        return _na(reading.share)
+    return f"{interval(reading.share)} of {reading.of}"
 
 
 def _pair_sections(summary: Summary) -> list[Section]:

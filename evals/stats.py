@@ -36,6 +36,7 @@ __all__ = [
     "Tost",
     "TostArrays",
     "average_ranks",
+    "clustered_proportion",
     "holm",
     "mcnemar_exact_p",
     "normal_cdf",
@@ -80,6 +81,16 @@ def normal_cdf(x: float) -> float:
     return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
 
 
+def _wilson_at(p: float, n: float, z: float) -> tuple[float, float]:
+    denominator = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    # At p = 0 (or 1) the bound is exactly 0 (1); the formula leaves rounding dust.
+    low = 0.0 if p == 0 else max(0.0, centre - half)
+    high = 1.0 if p == 1 else min(1.0, centre + half)
+    return low, high
+
+
 def wilson(successes: int, n: int, z: float = Z95) -> Interval | NotAvailable:
     """Wilson score interval for ``successes`` out of ``n``."""
     if n <= 0:
@@ -87,13 +98,28 @@ def wilson(successes: int, n: int, z: float = Z95) -> Interval | NotAvailable:
     if not 0 <= successes <= n:
         raise ValueError(f"successes {successes} not in [0, {n}]")
     p = successes / n
-    denominator = 1.0 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    # At 0 (or n) successes the bound is exactly 0 (1); the formula leaves rounding dust.
-    low = 0.0 if successes == 0 else max(0.0, centre - half)
-    high = 1.0 if successes == n else min(1.0, centre + half)
-    return Interval(p, low, high)
+    return Interval(p, *_wilson_at(p, n, z))
+
+
+def clustered_proportion(
+    units: Sequence[tuple[int, int]], reason_if_empty: str, z: float = Z95
+) -> Interval | NotAvailable:
+    """A share pooled over clusters, given as (successes, trials) per cluster (an episode's
+    failed calls, say), with Wilson's interval at the effective size n p(1-p)/CR1 variance
+    (never above the plain count: clustering is not allowed to make the interval narrower)."""
+    successes = sum(s for s, _ in units)
+    total = sum(n for _, n in units)
+    if total == 0:
+        return NotAvailable(reason_if_empty)
+    p = successes / total
+    used = [(s, n) for s, n in units if n > 0]
+    effective = float(total)
+    if len(used) >= 2 and 0 < p < 1:
+        groups = len(used)
+        variance = groups / (groups - 1) * sum((s - p * n) ** 2 for s, n in used) / total**2
+        if variance > 0:
+            effective = min(effective, p * (1 - p) / variance)
+    return Interval(p, *_wilson_at(p, effective, z))
 
 
 @dataclass(frozen=True)

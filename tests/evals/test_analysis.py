@@ -35,6 +35,7 @@ from tests.evals.fixtures_tau2.scenario import MISSING_REASON, build
         ("Error: Order not found", "entity_not_found", None),
         ("Error: Item 123 not found or available", "entity_not_found", None),
         ("Error: Non-pending order cannot be cancelled", "other", None),
+        ("Error: Unknown ID format or type: 555", "argument", None),  # telecom's id parser
         (None, "other", None),
     ],
 )
@@ -141,6 +142,7 @@ def test_scenario_arms_by_hand(tmp_path: Path) -> None:
     assert a.agent_tool_calls == 12
     assert a.channel_counts == {
         "hallucinated_name": 4,
+        "user_side_tool": 0,
         "argument": 1,
         "entity_not_found": 1,
         "other": 0,
@@ -150,6 +152,18 @@ def test_scenario_arms_by_hand(tmp_path: Path) -> None:
     assert a.names == {"lookup_order": 3, "search_orders": 1}
     assert a.raw_hallucinated_calls == 4
     assert a.recovery_counts == (2, 5, 6) and a.recovery == pytest.approx(0.4)
+    # Both readings, named. Next call: 1/1 + 0/1 + 1/3 (episodes 2, 3, 4). A success follows
+    # before the end: 1 of 1, 0 of 2 (nothing succeeds after message 2), 3 of 3.
+    next_call, eventual = a.recovery_readings
+    assert (next_call.reading, next_call.recovered, next_call.of) == (
+        "the next agent call succeeds",
+        2,
+        5,
+    )
+    assert (eventual.recovered, eventual.of) == (4, 6)
+    assert eventual.reading == "a successful agent call follows before the episode ends"
+    assert isinstance(eventual.share, Interval)
+    assert eventual.share.low < 4 / 6 < eventual.share.high
     assert a.proxy.caught_calls["unknown_tool"] == 3
     assert a.proxy.caught_calls["schema_violation"] == 1
     assert (a.proxy.caught_answers, a.proxy.fixed_answers) == (4, 0)
@@ -255,3 +269,19 @@ def test_success_at_10_equals_the_runs_success(cases: list[tuple[list[Any], floa
     assert arm.sweep[10] == arm.success
     assert isinstance(arm.success, Interval)
     assert arm.success.estimate == pytest.approx(sum(own) / len(own))
+
+
+def test_agent_calls_to_the_users_side_tools_are_not_invented_names(tmp_path: Path) -> None:
+    # Telecom gives the user a phone (toggle_airplane_mode, ...): an agent that calls one of
+    # those tools called the wrong side, it did not invent a name.
+    calls = (
+        Call("toggle_airplane_mode", not_found("toggle_airplane_mode")),
+        Call("nope", not_found("nope")),
+    )
+    data = results([episode("t", 0, [Turn(calls)])], domain="telecom")
+    arm = load_arm(write(tmp_path / "c" / "off" / "results.json", data))
+    summary = summarize_arm(arm)
+    assert summary.channel_counts["user_side_tool"] == 1
+    assert summary.channel_counts["hallucinated_name"] == 1
+    assert summary.names == {"nope": 1}
+    assert classify_error(not_found("check_status_bar"), arm.user_tools) == ("user_side_tool", None)

@@ -195,6 +195,7 @@ def test_amplification_is_in_summary_json(tmp_path: Path) -> None:
     (pair,) = data["pairs"]
     assert set(pair["amplification"]) == {
         "hallucinated_name",
+        "user_side_tool",
         "argument",
         "entity_not_found",
         "other",
