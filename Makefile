@@ -51,6 +51,11 @@ lint: setup
 typecheck: setup
 	$(PY) -m mypy
 
+# The quick loop: lint, types and the tests that need no model and no Debian service; downloads
+# nothing beyond the packages.
+check: lint typecheck
+	$(PY) -m pytest -m "not model and not service and not models_all"
+
 test: model lint typecheck
 	$(PY) -m pytest
 

@@ -25,7 +25,8 @@ from typing import Any
 import orjson
 
 from repairproxy.asgi.gate import SSEParser, ToolCallGate
-from repairproxy.repair import RepairMode, RepairPolicy, escalated_tool_choice
+from repairproxy.repair import RepairPolicy, escalated_tool_choice
+from repairproxy.types import RepairMode
 from repairproxy.upstream.client import UpstreamTimer, timed
 from repairproxy.validation import CompiledTools, ToolsCache
 

@@ -15,19 +15,22 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from repairproxy.asgi.responder import Message, Receive, Send
 from repairproxy.asgi.routes import Proxy
 from repairproxy.episodes.budget import ErrorBudget, TenantKeys
 from repairproxy.episodes.store import Stores, open_stores
 from repairproxy.observe.logging import configure_logging
 from repairproxy.observe.record import NullObserver, PipelineObserver
 from repairproxy.pipeline import ChatPipeline
-from repairproxy.repair import DEFAULT_TEMPLATE, RepairMode, RepairPolicy, RepairTemplate
+from repairproxy.repair import DEFAULT_TEMPLATE, RepairPolicy, RepairTemplate
 from repairproxy.settings import Settings
+from repairproxy.types import Message, Receive, RepairMode, Send
 from repairproxy.upstream.client import Transport, Upstream
 from repairproxy.validation import ToolsCache
+
+if TYPE_CHECKING:
+    from repairproxy.observe.metrics import Metrics
 
 __all__ = ["RepairProxyApp", "create_app"]
 
@@ -132,19 +135,19 @@ class RepairProxyApp:
             # With --metrics-port, /metrics lives on that port only.
             metrics if settings.metrics_port is None else None,
             # Several workers: the page sums them all, as /metrics does.
-            dashboard=getattr(metrics, "aggregated", lambda: metrics)(),
+            dashboard=metrics.dashboard_view() if metrics is not None else None,
         )
         proxy.draining = self.draining
         return proxy
 
-    def _metrics(self) -> Any:
+    def _metrics(self) -> Metrics | None:
         """The Prometheus metrics (``repairproxy.observe.metrics``), built once per app, or None;
         summed over every worker process when ``--workers`` runs several
         (``repairproxy.workers``)."""
         if not self.settings.metrics:
             return None
         from repairproxy.observe.metrics import Metrics
-        from repairproxy.workers import MultiProcessMetrics, multiprocess_mode
+        from repairproxy.observe.multiprocess import MultiProcessMetrics, multiprocess_mode
 
         kind = MultiProcessMetrics if multiprocess_mode() else Metrics
         metrics = kind(self.settings)

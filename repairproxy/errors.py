@@ -25,8 +25,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from repairproxy.observe.record import Outcome
+from repairproxy.types import Outcome
 
+__all__ = [
+    "AuthenticationError",
+    "BadRequestError",
+    "BudgetExhaustedError",
+    "InvalidJSONBodyError",
+    "InvalidToolsError",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "RepairExhaustedError",
+    "RepairProxyError",
+    "UpstreamBadAnswerError",
+    "UpstreamError",
+    "UpstreamStatusError",
+    "UpstreamTimeoutError",
+    "UpstreamUnavailableError",
+]
 
 class RepairProxyError(Exception):
     status_code: int = 500

@@ -27,22 +27,16 @@ from repairproxy.errors import (
     RepairExhaustedError,
 )
 from repairproxy.margin import strip_probe, tool_name_margins, with_probe
-from repairproxy.observe.record import (
-    CaughtCall,
-    EpisodeRecord,
-    Outcome,
-    RepairResult,
-    RepairResultKind,
-)
+from repairproxy.observe.record import CaughtCall, EpisodeRecord, RepairResult, RepairResultKind
 from repairproxy.observe.record import RequestRecord as Record
 from repairproxy.repair import (
-    RepairMode,
     RepairPolicy,
     caught_calls,
     repair_completion,
     with_repair_instruction,
 )
-from repairproxy.settings import BudgetPolicy, Settings
+from repairproxy.settings import Settings
+from repairproxy.types import BudgetPolicy, Outcome, RepairMode
 from repairproxy.validation import CallVerdict, Channel, CompiledTools, MessageVerdict, ToolsCache
 from repairproxy.wire.openai import ChatCompletion, ChatRequestBody, first_message
 

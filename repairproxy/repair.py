@@ -16,7 +16,6 @@ held so far: it is delivered under the ``on_exhausted`` policy with ``repair_fai
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import orjson
 
 from repairproxy.errors import (
     RepairExhaustedError,
+    UpstreamStatusError,
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
@@ -40,7 +40,7 @@ from repairproxy.reask import (
     with_repair_instruction,
 )
 from repairproxy.textcalls import fresh_call_id, message_text, promote_calls
-from repairproxy.upstream.client import UpstreamStatusError
+from repairproxy.types import OnExhausted, RepairMode
 from repairproxy.validation import (
     CallVerdict,
     Channel,
@@ -51,8 +51,6 @@ from repairproxy.validation import (
 
 __all__ = [
     "DEFAULT_TEMPLATE",
-    "OnExhausted",
-    "RepairMode",
     "RepairOutcome",
     "RepairPolicy",
     "RepairTemplate",
@@ -66,20 +64,6 @@ __all__ = [
 ]
 
 SendFn = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-
-
-class RepairMode(enum.StrEnum):
-    OFF = "off"  # observe only
-    PROMPT = "prompt"  # add the instruction to the system prompt; forward answers unchanged
-    PROMOTE = "promote"  # promote calls written as text; no re-ask, no instruction
-    REFLEXIVE = "reflexive"  # instruction + re-ask with a diagnosis per failed call
-    CONSTRAINED = "constrained"  # reflexive, and attempt >= 2 forces the intended tool
-
-
-class OnExhausted(enum.StrEnum):
-    PASS = "pass"  # return the last answer (with the kept valid calls)
-    STRIP = "strip"  # return it without its invalid calls
-    ERROR = "error"  # raise errors.RepairExhaustedError
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repairproxy.repair import OnExhausted, RepairMode
+from repairproxy.types import BudgetPolicy, OnExhausted, RepairMode
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
-    "BudgetPolicy",
     "Settings",
     "add_serve_arguments",
     "settings_from_args",
@@ -30,13 +29,6 @@ __all__ = [
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 _ENV_PREFIX = "REPAIRPROXY_"
 _TRUE = frozenset({"1", "true", "yes", "on"})
-
-
-class BudgetPolicy(enum.StrEnum):
-    """What happens to an episode's requests once its error budget is spent."""
-
-    ANNOTATE = "annotate"  # answer as usual; headers say the budget is exhausted
-    REJECT = "reject"  # refuse further requests of episodes with an explicit id
 
 
 def _truthy(text: str) -> bool:
@@ -306,9 +298,10 @@ class Settings:
             raise ValueError("--max-repairs and --budget must be >= 0")
         if self.upstream_timeout <= 0 or self.max_body_bytes <= 0:
             raise ValueError("--upstream-timeout and --max-body-bytes must be > 0")
-        if min(self.max_header_bytes, self.max_client_connections) < 1 or min(
-            self.header_timeout, self.keep_alive_timeout
-        ) <= 0:
+        if (
+            min(self.max_header_bytes, self.max_client_connections) < 1
+            or min(self.header_timeout, self.keep_alive_timeout) <= 0
+        ):
             raise ValueError(
                 "--max-header-bytes, --max-client-connections, --header-timeout and "
                 "--keep-alive-timeout must be > 0"

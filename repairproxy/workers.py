@@ -1,11 +1,8 @@
 """``--workers N``: several proxy processes on one port, one budget (Redis), one ``/metrics``.
 
 uvicorn's process manager starts the workers; each builds its app from the Settings the parent
-handed over in ``SETTINGS_ENV`` (``worker_app`` is the factory it imports). Prometheus runs in
-multi-process mode: every worker writes its samples to files in ``PROMETHEUS_MULTIPROC_DIR`` (set
-before any worker imports prometheus_client), and whichever worker answers a scrape sums them
-all (``MultiProcessMetrics``), for ``/metrics`` and ``/dashboard`` alike. The
-``active_episodes`` gauge is the store's count, not a sum.
+handed over in ``SETTINGS_ENV`` (``worker_app`` is the factory it imports). Their metrics are
+summed across processes by ``observe.multiprocess``.
 """
 
 from __future__ import annotations
@@ -13,31 +10,20 @@ from __future__ import annotations
 import base64
 import os
 import pickle
-from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
-from prometheus_client.multiprocess import MultiProcessCollector
-
-from repairproxy.observe.metrics import Metrics
+from repairproxy.observe.multiprocess import MULTIPROC_ENV
 from repairproxy.settings import Settings
 
 __all__ = [
     "MULTIPROC_ENV",
     "SETTINGS_ENV",
-    "AggregatedView",
-    "MultiProcessMetrics",
     "decode_settings",
     "encode_settings",
-    "multiprocess_mode",
     "worker_app",
 ]
 
 SETTINGS_ENV = "REPAIRPROXY_WORKER_SETTINGS"
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-_ACTIVE = "repairproxy_active_episodes"
 
 
 def encode_settings(settings: Settings) -> str:
@@ -58,58 +44,3 @@ def worker_app() -> Any:
     from repairproxy.app import create_app
 
     return create_app(decode_settings(os.environ[SETTINGS_ENV]))
-
-
-def multiprocess_mode() -> bool:
-    """Whether this process writes its metrics for a multi-process scrape."""
-    return bool(os.environ.get(MULTIPROC_ENV))
-
-
-class _Aggregated:
-    """Every worker's samples, summed, with the store's episode count as ``active_episodes``."""
-
-    def __init__(self, directory: str, active: Callable[[], int] | None) -> None:
-        self._workers: Any = cast(Any, MultiProcessCollector)(None, directory)
-        self._active = active
-
-    def collect(self) -> Iterator[Metric]:
-        for metric in self._workers.collect():
-            if metric.name != _ACTIVE:  # per-pid copies of a gauge that is not a sum
-                yield metric
-        if self._active is not None:
-            yield GaugeMetricFamily(_ACTIVE, "Episodes the store holds now.", self._active())
-
-
-class AggregatedView:
-    """What ``/dashboard`` reads (``registry``, ``ladder``): every worker's samples, summed."""
-
-    def __init__(self, registry: CollectorRegistry, ladder: tuple[int, ...]) -> None:
-        self.registry = registry
-        self.ladder = ladder
-
-
-class MultiProcessMetrics(Metrics):
-    """``Metrics`` whose exposition sums the samples of every worker process."""
-
-    def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
-        super().__init__(settings, registry)
-        self._active: Callable[[], int] | None = None
-
-    def bind_active_episodes(self, count: Callable[[], int]) -> None:
-        super().bind_active_episodes(count)
-        self._active = count
-
-    def aggregated(self) -> AggregatedView:
-        return AggregatedView(self._aggregated_registry(), self.ladder)
-
-    def _aggregated_registry(self) -> CollectorRegistry:
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Aggregated(os.environ[MULTIPROC_ENV], lambda: self._count()))
-        return registry
-
-    def _count(self) -> int:
-        return self._active() if self._active is not None else 0
-
-    def exposition(self, accept: str | None) -> tuple[bytes, str]:
-        encoder, content_type = choose_encoder(accept or "")
-        return encoder(self._aggregated_registry()), content_type

@@ -15,11 +15,11 @@ import orjson
 
 from repairproxy.asgi.exchange import Exchange
 from repairproxy.asgi.gate import DONE_EVENT, SSEParser, ToolCallGate, completion_to_chunks
-from repairproxy.asgi.responder import Responder, Scope
+from repairproxy.asgi.responder import Responder
 from repairproxy.errors import UpstreamBadAnswerError
-from repairproxy.observe.record import Outcome
 from repairproxy.pipeline import ChatOutcome, ChatPipeline, ChatRequest
-from repairproxy.upstream.client import HeaderList, Upstream, UpstreamReply, response_headers, timed
+from repairproxy.types import HeaderList, Outcome, Scope
+from repairproxy.upstream.client import Upstream, UpstreamReply, response_headers, timed
 from repairproxy.validation import text_calls_allowed
 from repairproxy.wire.openai import ChatCompletion
 

@@ -11,7 +11,8 @@ from typing import Any
 from repairproxy.asgi.gate import comment_event
 from repairproxy.episodes.budget import BudgetSnapshot
 from repairproxy.observe.record import RequestRecord
-from repairproxy.upstream.client import HeaderList, UpstreamTimer
+from repairproxy.types import HeaderList
+from repairproxy.upstream.client import UpstreamTimer
 
 __all__ = ["Exchange"]
 

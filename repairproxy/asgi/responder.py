@@ -4,29 +4,18 @@ response started, body reading under a limit, and cancelling work when the clien
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Mapping
 
 from repairproxy.errors import PayloadTooLargeError
-from repairproxy.upstream.client import HeaderList
+from repairproxy.types import HeaderList, Receive, Scope, Send
 
 __all__ = [
     "ClientDisconnectedError",
-    "HeaderList",
-    "Message",
-    "Receive",
     "Responder",
-    "Scope",
-    "Send",
     "cancel_on_disconnect",
     "header_map",
     "read_body",
 ]
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 
 class ClientDisconnectedError(Exception):

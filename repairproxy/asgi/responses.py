@@ -17,16 +17,16 @@ import orjson
 
 from repairproxy.asgi.exchange import Exchange
 from repairproxy.asgi.gate import SSEParser, call_opening
-from repairproxy.asgi.responder import Responder, Scope
+from repairproxy.asgi.responder import Responder
 from repairproxy.errors import (
     BadRequestError,
     UpstreamBadAnswerError,
     UpstreamStatusError,
     UpstreamUnavailableError,
 )
-from repairproxy.observe.record import API, Outcome
 from repairproxy.pipeline import ChatPipeline, ChatRequest, instructs, json_object
-from repairproxy.upstream.client import HeaderList, Upstream, UpstreamReply, response_headers, timed
+from repairproxy.types import API, HeaderList, Outcome, Scope
+from repairproxy.upstream.client import Upstream, UpstreamReply, response_headers, timed
 from repairproxy.wire.openai import ChatCompletion
 from repairproxy.wire.responses import (
     response_events,

@@ -15,7 +15,7 @@ import hmac
 import re
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import orjson
@@ -25,10 +25,7 @@ from repairproxy.asgi.exchange import Exchange
 from repairproxy.asgi.gate import DONE_EVENT
 from repairproxy.asgi.responder import (
     ClientDisconnectedError,
-    Receive,
     Responder,
-    Scope,
-    Send,
     cancel_on_disconnect,
     header_map,
     read_body,
@@ -43,10 +40,16 @@ from repairproxy.errors import (
     UpstreamError,
     UpstreamStatusError,
 )
-from repairproxy.observe.record import Outcome, PipelineObserver
+from repairproxy.observe.record import PipelineObserver
 from repairproxy.pipeline import ChatPipeline
 from repairproxy.settings import Settings
-from repairproxy.upstream.client import HeaderList, Upstream, UpstreamReply, response_headers, timed
+from repairproxy.types import HeaderList, Outcome, Receive, Scope, Send
+from repairproxy.upstream.client import Upstream, UpstreamReply, response_headers, timed
+
+if TYPE_CHECKING:
+    from repairproxy.observe.dashboard import DashboardSource
+    from repairproxy.observe.logging import RequestLogger
+    from repairproxy.observe.metrics import Metrics
 
 __all__ = ["Proxy"]
 
@@ -95,10 +98,10 @@ class Proxy:
         upstream: Upstream,
         pipeline: ChatPipeline,
         observer: PipelineObserver,
-        logger: Any,
-        metrics: Any = None,
+        logger: RequestLogger,
+        metrics: Metrics | None = None,
         *,
-        dashboard: Any = None,
+        dashboard: DashboardSource | None = None,
     ) -> None:
         self.settings = settings
         self.upstream = upstream
@@ -234,12 +237,14 @@ class Proxy:
         await cancel_on_disconnect(relay(), receive)
 
     async def _metrics(self, scope: Scope, responder: Responder) -> None:
+        assert self.metrics is not None  # dispatched only when /metrics is served here
         self._authenticate(header_map(scope), self._metrics_keys)
         accept = header_map(scope).get("accept")
         body, content_type = self.metrics.exposition(accept)
         await responder.whole(200, [(b"content-type", content_type.encode())], body)
 
     async def _dashboard(self, scope: Scope, responder: Responder) -> None:
+        assert self.dashboard is not None  # dispatched only when the page is served
         self._authenticate(header_map(scope), self._api_keys)
         from repairproxy.observe.dashboard import render_dashboard
 

@@ -10,11 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from repairproxy.episodes.budget import EpisodeStore, MemoryEpisodeStore
 from repairproxy.episodes.chaining import ChainIndex
 from repairproxy.settings import Settings
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from repairproxy.episodes.guard import StoreHealth
 
 __all__ = ["REDIS_SCHEMES", "Stores", "is_redis_url", "open_stores"]
 
@@ -38,10 +43,10 @@ class Stores:
         self,
         episodes: EpisodeStore,
         chains: ChainIndex | None = None,
-        health: Any = None,
+        health: StoreHealth | None = None,
         *,
         count: Callable[[], int] | None = None,
-        client: Any = None,
+        client: Redis | None = None,
     ) -> None:
         self.episodes = episodes
         self.chains = chains

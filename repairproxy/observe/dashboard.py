@@ -11,10 +11,24 @@ import html
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
-from repairproxy.observe.metrics import Metrics
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
-__all__ = ["ModelSummary", "Summary", "render_dashboard", "summarize"]
+__all__ = ["DashboardSource", "ModelSummary", "Summary", "render_dashboard", "summarize"]
+
+
+class DashboardSource(Protocol):
+    """What the page reads: one process's ``Metrics``, or every worker's samples summed
+    (``observe.multiprocess.AggregatedView``)."""
+
+    @property
+    def registry(self) -> CollectorRegistry: ...
+
+    @property
+    def ladder(self) -> tuple[int, ...]: ...
+
 
 REFRESH_SECONDS = 5
 TOP_NAMES = 10
@@ -71,7 +85,7 @@ def _le(value: str) -> float:
     return float("inf") if value == "+Inf" else float(value)
 
 
-def summarize(metrics: Metrics) -> Summary:
+def summarize(metrics: DashboardSource) -> Summary:
     """The registry's current values, grouped per model."""
     models: dict[str, ModelSummary] = {}
     active = 0.0
@@ -287,7 +301,7 @@ def _model_section(summary: ModelSummary, ladder: tuple[int, ...]) -> str:
     )
 
 
-def render_dashboard(metrics: Metrics, *, now: float | None = None) -> bytes:
+def render_dashboard(metrics: DashboardSource, *, now: float | None = None) -> bytes:
     """The whole page, encoded; it reloads itself every few seconds."""
     summary = summarize(metrics)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(time.time() if now is None else now))

@@ -11,12 +11,13 @@ from typing import IO, Any, BinaryIO, cast
 
 import orjson
 import structlog
+from structlog.typing import FilteringBoundLogger
 
 __all__ = ["RequestLogger", "configure_logging"]
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 
-RequestLogger = Any  # structlog's filtering bound logger has no importable static type
+RequestLogger = FilteringBoundLogger
 
 
 def _orjson_bytes(obj: Any, **_: Any) -> bytes:
@@ -28,7 +29,7 @@ def configure_logging(level: str = "info", stream: IO[bytes] | None = None) -> R
 
     Returned rather than installed globally, so two apps in one process (tests) do not share state.
     """
-    return structlog.wrap_logger(
+    logger = structlog.wrap_logger(
         structlog.BytesLogger(cast(BinaryIO, stream if stream is not None else sys.stdout.buffer)),
         processors=[
             structlog.processors.add_log_level,
@@ -38,3 +39,4 @@ def configure_logging(level: str = "info", stream: IO[bytes] | None = None) -> R
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level.lower(), 20)),
         cache_logger_on_first_use=True,
     )
+    return cast(FilteringBoundLogger, logger)

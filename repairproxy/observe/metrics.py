@@ -13,15 +13,19 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
 from repairproxy.episodes.budget import DEFAULT_ENV_ERROR_TABLE, ENV_OTHER_ERROR
-from repairproxy.observe.record import API, EpisodeRecord, Outcome, RepairResultKind, RequestRecord
+from repairproxy.observe.record import EpisodeRecord, RepairResultKind, RequestRecord
 from repairproxy.settings import Settings
+from repairproxy.types import API, Outcome
 from repairproxy.validation import Channel
+
+if TYPE_CHECKING:
+    from repairproxy.observe.dashboard import DashboardSource
 
 __all__ = [
     "ANSWER_CHANNELS",
@@ -242,6 +246,10 @@ class Metrics:
         self.ladder = self._family.ladder
         self._models: dict[str, _ModelMetrics] = {}
         self._lock = threading.Lock()  # only creating a model's children takes it
+
+    def dashboard_view(self) -> DashboardSource:
+        """What ``/dashboard`` shows: this process's numbers (every worker's when several run)."""
+        return self
 
     def connection_refused(self, reason: str) -> None:
         """One connection the server layer refused (``repairproxy.server``); reason is bounded."""

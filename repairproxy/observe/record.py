@@ -12,35 +12,17 @@ import enum
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from repairproxy.types import API, Outcome
+
 __all__ = [
-    "API",
     "CaughtCall",
     "EpisodeRecord",
     "NullObserver",
-    "Outcome",
     "PipelineObserver",
     "RepairResult",
     "RepairResultKind",
     "RequestRecord",
 ]
-
-
-class API(enum.StrEnum):
-    """Which OpenAI surface a request came through (a metrics label)."""
-
-    CHAT = "chat"
-    RESPONSES = "responses"
-
-
-class Outcome(enum.StrEnum):
-    """How a request ended, from the operator's point of view."""
-
-    OK = "ok"  # answered; nothing needed repair (invalid calls may still have passed, repair off)
-    REPAIRED = "repaired"  # at least one invalid call was fixed (promoted or re-asked)
-    REPAIR_EXHAUSTED = "repair_exhausted"  # repair ran out (or failed upstream) with errors left
-    BUDGET_REJECTED = "budget_rejected"  # refused: the episode's error budget was spent
-    UPSTREAM_ERROR = "upstream_error"  # the upstream failed, answered non-2xx, or garbage
-    CLIENT_ERROR = "client_error"  # the request itself was bad (4xx made by the proxy)
 
 
 class RepairResultKind(enum.StrEnum):

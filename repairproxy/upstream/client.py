@@ -41,10 +41,10 @@ from repairproxy.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
+from repairproxy.types import HeaderList
 from repairproxy.upstream.http1 import ConnectionPool, InvalidTargetError, basic_auth
 
 __all__ = [
-    "HeaderList",
     "Transport",
     "TransportResponse",
     "Upstream",
@@ -57,7 +57,6 @@ __all__ = [
     "timed",
 ]
 
-HeaderList = list[tuple[bytes, bytes]]
 
 # Hop-by-hop headers (RFC 9110 7.6.1), ``expect`` (its 100-continue is between the client and
 # us), plus those the transport recomputes. Headers a ``connection`` header names are dropped too.

@@ -2,7 +2,7 @@
 
 Why not httpx or aiohttp: one round trip to a local server costs this pool about 18 µs of CPU on
 this 2-core machine, aiohttp's client about 95 µs and httpx's about 600 µs
-(``python -m benchmarks.vs_litellm --clients-only``). It does only what a proxy to one upstream
+(``python -m benchmarks.vs_peers --pool-only``). It does only what a proxy to one upstream
 needs, and is held to ``tests/proxy/test_conformance.py``:
 
 - one origin, pooled connections, request bodies sent in one write, response bodies streamed

@@ -71,7 +71,7 @@ def upstream() -> Iterator[ScriptedUpstream]:
 def start_proxy(upstream: ScriptedUpstream) -> Iterator[StartProxy]:
     """Start a proxy in front of ``upstream``; keyword arguments override Settings fields.
 
-    Defaults to ``repair="off"`` (observe only, issue 2); repair tests pass their mode.
+    Defaults to ``repair="off"`` (observe only); repair tests pass their mode.
     """
     with ExitStack() as stack:
 

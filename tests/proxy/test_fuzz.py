@@ -1,4 +1,4 @@
-"""Fuzzing the request path through the real proxy (issue 8): a few hundred generated cases here,
+"""Fuzzing the request path through the real proxy: a few hundred generated cases here,
 10,000+ in ``python -m benchmarks.fuzz``. No crash, no proxy-made 5xx for client input, and no
 client ever receives another client's answer."""
 

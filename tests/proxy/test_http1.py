@@ -204,7 +204,7 @@ async def test_a_failed_read_gives_the_slot_back() -> None:
         await pool.aclose()
 
 
-# -- issue 8: framing, 1xx, close-delimited and truncated bodies, unsafe targets, proxies -------
+# -- framing, 1xx, close-delimited and truncated bodies, unsafe targets, proxies -------
 
 
 def _tagged(request: bytes) -> bytes:

@@ -18,7 +18,8 @@ from repairproxy.episodes.budget import MAX_SEEN_RESULTS, ErrorBudget, MemoryEpi
 from repairproxy.episodes.guard import GuardedEpisodeStore, StoreHealth
 from repairproxy.episodes.redis_store import RedisEpisodeStore, decode_state, redis_client
 from repairproxy.errors import InvalidToolsError
-from repairproxy.repair import RepairMode, RepairPolicy, escalated_tool_choice
+from repairproxy.repair import RepairPolicy, escalated_tool_choice
+from repairproxy.types import RepairMode
 from repairproxy.validation import CompiledTools, ToolsCache, compiled_size
 from tests.support.processes import redis_server
 

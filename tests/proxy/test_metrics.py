@@ -10,8 +10,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from repairproxy.observe.metrics import OTHER, UNKNOWN_MODEL, Metrics
-from repairproxy.observe.record import API, CaughtCall, EpisodeRecord, Outcome, RequestRecord
+from repairproxy.observe.record import CaughtCall, EpisodeRecord, RequestRecord
 from repairproxy.settings import Settings
+from repairproxy.types import API, Outcome
 from tests.support.metrics_workload import Truth, scripted_workload
 
 MODEL = "qwen2.5-7b-awq"

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from repairproxy.observe.metrics import Metrics
-from repairproxy.repair import RepairMode
 from repairproxy.settings import Settings
+from repairproxy.types import RepairMode
 from tests.support.metrics_workload import Truth, scripted_workload, warmup_record
 from tests.support.prometheus import Prometheus, prometheus_binary, running_prometheus
 

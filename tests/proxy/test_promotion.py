@@ -16,7 +16,8 @@ import pytest
 from openai.types.chat import ChatCompletionMessageToolCall
 
 from repairproxy.observe.record import CaughtCall
-from repairproxy.repair import OnExhausted, RepairMode, RepairPolicy, repair_completion
+from repairproxy.repair import RepairPolicy, repair_completion
+from repairproxy.types import OnExhausted, RepairMode
 from repairproxy.validation import Channel, CompiledTools, ToolsCache
 from tests.proxy.conftest import MESSAGES, StartProxy
 from tests.proxy.conftest import TOOLS as PROXY_TOOLS

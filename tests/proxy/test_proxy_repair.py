@@ -217,7 +217,7 @@ def test_budget_exhausted_reject_refuses_the_episode(
     raw = _create(proxy, extra_headers={"X-Episode-ID": "ep"})
     assert raw.headers["x-repairproxy-budget-remaining"] == "0"
     assert raw.headers["x-repairproxy-budget-exhausted"] == "true"
-    # 403, not 429: the openai SDK retries 429 (issue 8).
+    # 403, not 429: the openai SDK retries 429.
     with pytest.raises(openai.PermissionDeniedError) as caught:
         _create(proxy, extra_headers={"X-Episode-ID": "ep"})
     assert caught.value.body["code"] == "error_budget_exhausted"  # type: ignore[index]

@@ -1,4 +1,4 @@
-"""A repair re-ask that fails upstream never loses the model's answer (issue 8, item 4).
+"""A repair re-ask that fails upstream never loses the model's answer.
 
 Real proxy and scripted upstream on loopback: the first answer holds an invented tool name, the
 re-ask fails (400 context length, 503, connection dropped); the client still gets the first answer,

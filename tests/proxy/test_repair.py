@@ -12,14 +12,13 @@ import pytest
 from repairproxy.errors import RepairExhaustedError, UpstreamTimeoutError, UpstreamUnavailableError
 from repairproxy.repair import (
     DEFAULT_TEMPLATE,
-    OnExhausted,
-    RepairMode,
     RepairPolicy,
     RepairTemplate,
     build_repair_turn,
     repair_completion,
     with_repair_instruction,
 )
+from repairproxy.types import OnExhausted, RepairMode
 from repairproxy.validation import Channel, CompiledTools, ToolsCache
 
 TOOLS = [

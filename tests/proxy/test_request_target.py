@@ -1,4 +1,4 @@
-"""Pass-through paths reach the upstream exactly as the client sent them (issue 8, defect 2).
+"""Pass-through paths reach the upstream exactly as the client sent them.
 
 A decoded ``%0d%0a`` pasted into the upstream request line would smuggle a second request that
 carries the upstream key; its answer would go to a later client. The proxy forwards the raw,

@@ -1,5 +1,5 @@
 """``/v1/responses`` through the pipeline, with the official openai client's ``responses.create``
-against a scripted Responses upstream that stores responses (issue 14)."""
+against a scripted Responses upstream that stores responses."""
 
 from __future__ import annotations
 

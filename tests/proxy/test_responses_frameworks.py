@@ -1,6 +1,6 @@
 """Agent frameworks whose default model speaks the Responses API, pointed at the proxy: the OpenAI
 Agents SDK (``OpenAIResponsesModel``, tracing off) and pydantic-ai (``Agent("openai:...")``).
-A hallucinated tool name is repaired before the framework sees it, plain and streamed (issue 14).
+A hallucinated tool name is repaired before the framework sees it, plain and streamed.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def test_defaults_match_the_issue() -> None:
     )
     assert (settings.budget, settings.on_budget_exhausted) == (10, "annotate")
     assert settings.episode_header == "x-episode-id"
-    assert settings.tool_error_pattern is None  # the known frameworks' formats (issue 8)
+    assert settings.tool_error_pattern is None  # the known frameworks' formats
     assert settings.api_keys == ()
 
 

@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
-from repairproxy.repair import RepairMode
 from repairproxy.settings import Settings
+from repairproxy.types import RepairMode
 from tests.proxy.conftest import MESSAGES, TOOLS, StartProxy
 from tests.support.processes import ROOT, free_port
 from tests.support.proxy_server import RunningProxy, running_proxy

@@ -29,7 +29,8 @@ import httpx
 import orjson
 from hypothesis import strategies as st
 
-from repairproxy.settings import BudgetPolicy, Settings
+from repairproxy.settings import Settings
+from repairproxy.types import BudgetPolicy
 from tests.support.proxy_server import RunningProxy, running_proxy
 from tests.support.servers import raw_server
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from repairproxy.observe.record import (
     CaughtCall,
     EpisodeRecord,
-    Outcome,
     RepairResult,
     RepairResultKind,
     RequestRecord,
 )
+from repairproxy.types import Outcome
 
 __all__ = ["BUDGET", "Truth", "scripted_workload", "warmup_record"]
 

@@ -28,7 +28,8 @@ from typing import Any
 
 import orjson
 
-from repairproxy.upstream.client import HeaderList, TransportResponse
+from repairproxy.types import HeaderList
+from repairproxy.upstream.client import TransportResponse
 from tests.support.scripted_upstream import RecordedRequest, Reply, error_reply, sse_events
 
 __all__ = ["MockResponse", "MockTransport"]
