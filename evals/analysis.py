@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from evals import stats
+from evals.definitions import AnswerFacts, answer_facts
 from evals.stats import Interval, NotAvailable
 
 __all__ = [
@@ -388,14 +389,19 @@ def _names(value: Any) -> list[str]:
 
 @dataclass(frozen=True)
 class ProxyView:
-    """What the proxy caught in the model's first answers and what reached the agent repaired."""
+    """What the proxy caught in the model's first answers and what reached the agent, by the
+    study's definitions (``evals.definitions``)."""
 
     answers_recorded: int
-    caught_calls: dict[str, int]  # channel -> calls caught in first answers
+    caught_by_channel: dict[str, int]  # channel -> answers whose first answer showed it
     caught_answers: int
-    fixed_answers: int  # caught, re-asked, and the delivered answer ran without a failed call
-    repairs: int
+    fixed_answers: int  # caught, changed (promoted or re-asked), valid on delivery
+    repairs: int  # re-asks, summed
     repair_failures: int
+    changed_answers: int = 0  # caught and promoted or re-asked
+    still_invalid_answers: int = 0  # caught, changed, and still not valid on delivery
+    unchecked_answers: int = 0  # caught and changed, delivered without calls: not checkable
+    not_separable: int = 0  # caught answers whose record mixes the re-asks' channels in
 
     @property
     def fixed_share(self) -> float | NotAvailable:
@@ -541,32 +547,56 @@ def _invented(proxy: Mapping[str, Any] | None, user_tools: frozenset[str]) -> li
     return [n for n in _names(proxy.get("unknown_tools")) if n not in user_tools]
 
 
+def delivered_channels(episode: Episode, message_index: int) -> frozenset[str] | None:
+    """The channels the delivered calls of one answer failed with in the environment; None
+    when the answer delivered no call (an empty answer and a plain reply look alike there)."""
+    calls = [c for c in episode.agent_calls if c.message_index == message_index]
+    if not calls:
+        return None
+    return frozenset(c.channel for c in calls if c.error and c.channel)
+
+
+def answers_facts(episode: Episode) -> list[tuple[int, AnswerFacts]]:
+    """(message index, facts) of every agent answer with a proxy record."""
+    out = []
+    for index, proxy in episode.answer_proxy:
+        facts = answer_facts(proxy, delivered_channels(episode, index))
+        if facts is not None:
+            out.append((index, facts))
+    return out
+
+
 def _proxy_view(episodes: Sequence[Episode]) -> ProxyView:
-    caught_calls = {channel: 0 for channel in PROXY_CHANNELS}
+    by_channel = {channel: 0 for channel in PROXY_CHANNELS}
     answers = caught = fixed = repairs = failures = 0
+    changed = still_invalid = unchecked = not_separable = 0
     for episode in episodes:
-        failed_by_message: Counter[int] = Counter(
-            c.message_index for c in episode.agent_calls if c.error
-        )
-        calls_by_message: Counter[int] = Counter(c.message_index for c in episode.agent_calls)
-        for index, proxy in episode.answer_proxy:
-            if proxy is None:
-                continue
+        for _, facts in answers_facts(episode):
             answers += 1
-            channels = _names(proxy.get("tool_errors"))
-            for channel in channels:
-                caught_calls[channel] = caught_calls.get(channel, 0) + 1
-            repairs += int(_number(proxy.get("repairs")))
-            failures += "repair_failed" in proxy
-            if not channels:
+            repairs += facts.reasks
+            failures += facts.repair_failed
+            for channel in facts.first_channels:
+                by_channel[channel] = by_channel.get(channel, 0) + 1
+            if not facts.caught:
                 continue
             caught += 1
-            repaired = int(_number(proxy.get("repairs"))) > 0 and "repair_failed" not in proxy
-            # A repaired answer counts as fixed when what the agent got ran without a failed call
-            # (an empty answer cannot be checked that way, so it needs calls to count).
-            if repaired and failed_by_message[index] == 0 and calls_by_message[index] > 0:
-                fixed += 1
-    return ProxyView(answers, caught_calls, caught, fixed, repairs, failures)
+            not_separable += not facts.separable
+            changed += facts.changed
+            fixed += facts.fixed
+            still_invalid += facts.still_invalid
+            unchecked += facts.changed and facts.valid_on_delivery is None
+    return ProxyView(
+        answers,
+        by_channel,
+        caught,
+        fixed,
+        repairs,
+        failures,
+        changed_answers=changed,
+        still_invalid_answers=still_invalid,
+        unchecked_answers=unchecked,
+        not_separable=not_separable,
+    )
 
 
 def _repair_cost(episodes: Sequence[Episode]) -> RepairCost:
@@ -684,7 +714,9 @@ def summarize_arm(arm: Arm) -> ArmSummary:
         channel_counts=channel_counts,
         channel_rates=channel_rates,
         raw_hallucinated_calls=raw,
-        raw_hallucination_rate=Rate(raw, len(agent_calls)).value,
+        # Denominator: the calls that ran plus the invented-name calls the proxy removed before
+        # they ran (the numerator's part over the environment's count), so both count one set.
+        raw_hallucination_rate=Rate(raw, len(agent_calls) + raw - sum(names_env.values())).value,
         names_env=dict(names_env.most_common()),
         names_proxy=dict(names_proxy.most_common()),
         names=dict(names.most_common()),

@@ -29,6 +29,7 @@ from evals.analysis import (
     RepairCost,
     Summary,
 )
+from evals.definitions import DEFINITIONS
 from evals.stats import EQUIVALENCE_MARGIN, Interval, NotAvailable, RateRatio, Tost
 
 __all__ = ["Figure", "Section", "summary_to_json", "write_report"]
@@ -83,10 +84,14 @@ def _rate_ratio(value: RateRatio | NotAvailable) -> Any:
 def _proxy(view: ProxyView) -> dict[str, Any]:
     return {
         "answers_recorded": view.answers_recorded,
-        "caught_calls": view.caught_calls,
+        "caught_answers_by_channel": view.caught_by_channel,
         "caught_answers": view.caught_answers,
+        "changed_answers": view.changed_answers,
         "fixed_answers": view.fixed_answers,
         "fixed_share": _value(view.fixed_share),
+        "still_invalid_answers": view.still_invalid_answers,
+        "unchecked_answers": view.unchecked_answers,
+        "first_answer_not_separable": view.not_separable,
         "repairs": view.repairs,
         "repair_failures": view.repair_failures,
     }
@@ -197,6 +202,7 @@ def summary_to_json(summary: Summary) -> dict[str, Any]:
         "arms": {label: _arm(arm) for label, arm in summary.arms.items()},
         "pairs": [_pair(p) for p in summary.pairs],
         "holm_families": summary.families,
+        "definitions": dict(DEFINITIONS),
         "notes": summary.notes,
     }
 
@@ -334,11 +340,21 @@ def _arm_sections(summary: Summary) -> list[Section]:
     proxy = Section(
         "What the proxy caught and fixed",
         [
-            "Calls caught in the model's first answer per channel (from the recorded "
-            "x-repairproxy-* headers); an answer counts as fixed when it was re-asked and what "
-            "reached the agent ran without a failed call."
+            "Answers caught in the model's first answer, per channel (from the recorded "
+            "x-repairproxy-* headers); fixed, still invalid and not separable as in Definitions."
         ],
-        ["arm", "answers", *PROXY_CHANNELS, "caught answers", "fixed", "re-asks", "re-ask failed"],
+        [
+            "arm",
+            "answers",
+            *PROXY_CHANNELS,
+            "caught answers",
+            "not separable",
+            "changed",
+            "fixed",
+            "still invalid",
+            "re-asks",
+            "re-ask failed",
+        ],
     )
     cost = Section(
         "Repair cost per episode",
@@ -358,11 +374,14 @@ def _arm_sections(summary: Summary) -> list[Section]:
             [
                 a.label,
                 str(view.answers_recorded),
-                *[str(view.caught_calls[c]) for c in PROXY_CHANNELS],
+                *[str(view.caught_by_channel.get(c, 0)) for c in PROXY_CHANNELS],
                 str(view.caught_answers),
+                str(view.not_separable),
+                str(view.changed_answers),
                 pct(view.fixed_share)
                 if isinstance(view.fixed_share, NotAvailable)
                 else f"{view.fixed_answers} ({pct(view.fixed_share)})",
+                str(view.still_invalid_answers),
                 str(view.repairs),
                 str(view.repair_failures),
             ]
@@ -489,6 +508,16 @@ def _pair_sections(summary: Summary) -> list[Section]:
             ]
         )
     return [families, section, amplified, gaps]
+
+
+def definitions_section() -> Section:
+    """The study's definitions (``evals.definitions``), which every table above follows."""
+    return Section(
+        "Definitions",
+        ["Every number of this report follows these; the README quotes the same text."],
+        ["term", "meaning"],
+        [[term, text] for term, text in DEFINITIONS],
+    )
 
 
 def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -621,6 +650,7 @@ def write_report(summary: Summary, out_dir: Path, title: str = "repairproxy anal
         *_arm_sections(summary),
         *_pair_sections(summary),
         _figures(summary, out_dir),
+        definitions_section(),
         _provenance_section(summary),
     ]
     if summary.notes:

@@ -164,8 +164,8 @@ def test_scenario_arms_by_hand(tmp_path: Path) -> None:
     assert eventual.reading == "a successful agent call follows before the episode ends"
     assert isinstance(eventual.share, Interval)
     assert eventual.share.low < 4 / 6 < eventual.share.high
-    assert a.proxy.caught_calls["unknown_tool"] == 3
-    assert a.proxy.caught_calls["schema_violation"] == 1
+    assert a.proxy.caught_by_channel["unknown_tool"] == 3  # answers, each counted once
+    assert a.proxy.caught_by_channel["schema_violation"] == 1
     assert (a.proxy.caught_answers, a.proxy.fixed_answers) == (4, 0)
     assert a.proxy.fixed_share == 0.0
     assert a.repair_cost.extra_upstream_calls == 0.0
@@ -179,7 +179,8 @@ def test_scenario_arms_by_hand(tmp_path: Path) -> None:
     assert b.agent_tool_calls == 7 and b.channel_counts["any"] == 0
     assert b.user_failed_calls == 1
     assert b.names == {"lookup_order": 2, "fetch_order": 1}
-    assert b.raw_hallucination_rate == pytest.approx(3 / 7)
+    # 3 invented names the proxy removed; 7 calls ran: 3 of the 10 first-answer calls.
+    assert b.raw_hallucination_rate == pytest.approx(3 / 10)
     assert b.recovery == NotAvailable("no failed agent call was followed by another")
     assert (b.proxy.caught_answers, b.proxy.fixed_answers, b.proxy.repairs) == (3, 3, 3)
     assert b.proxy.fixed_share == 1.0
@@ -285,3 +286,71 @@ def test_agent_calls_to_the_users_side_tools_are_not_invented_names(tmp_path: Pa
     assert summary.channel_counts["hallucinated_name"] == 1
     assert summary.names == {"nope": 1}
     assert classify_error(not_found("check_status_bar"), arm.user_tools) == ("user_side_tool", None)
+
+
+# --- one episode, two views: the transcript and the report say the same -------------------
+
+
+def _agreement_episode() -> dict[str, Any]:
+    promote = {"tool_errors": ["tool_call_in_content"], "repairs": 0, "promoted": 1}
+    one_reask = {"tool_errors": ["unknown_tool"], "repairs": 1, "unknown_tools": ["lookup"]}
+    # Two re-asks, still an invented name on delivery: the record mixes the attempts' channels.
+    two_reasks = {"tool_errors": ["unknown_tool"] * 3, "repairs": 2, "unknown_tools": ["fetch"]}
+    observed = {"tool_errors": ["schema_violation"], "repairs": 0}
+    return episode(
+        "t",
+        0,
+        [
+            Turn((Call("get_order", arguments={"order_id": "#1"}),), proxy=promote),
+            Turn((Call("get_order", arguments={"order_id": "#2"}),), proxy=one_reask),
+            Turn((Call("fetch", not_found("fetch")),), proxy=two_reasks),
+            Turn((Call("get_order", MISSING_REASON),), proxy=observed),
+        ],
+    )
+
+
+def test_transcript_and_report_say_the_same_of_one_episode(tmp_path: Path) -> None:
+    from evals.logs import SimulationRun
+    from evals.transcript import episode_counts, turn_views
+    from repairproxy.validation import ToolsCache
+
+    tools = ToolsCache().compile(
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "get_order",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"order_id": {"type": "string"}},
+                            "required": ["order_id"],
+                        },
+                    },
+                }
+            ]
+        }
+    )
+    simulation = _agreement_episode()
+    views = turn_views(SimulationRun.model_validate(simulation), tools)
+    counts = episode_counts(views)
+    arm = load_arm(write(tmp_path / "c" / "reflexive" / "results.json", results([simulation])))
+    proxy = summarize_arm(arm).proxy
+    # Caught in the first answer, per channel: answers, each once.
+    assert dict(counts.caught) == {c: n for c, n in proxy.caught_by_channel.items() if n}
+    assert dict(counts.caught) == {
+        "tool_call_in_content": 1,
+        "unknown_tool": 2,
+        "schema_violation": 1,
+    }
+    assert counts.promoted == 1 and counts.reasks == proxy.repairs == 3
+    # Fixed: caught, changed (a promotion counts), valid on delivery; the transcript's verdict
+    # on what was delivered and the environment's agree answer by answer.
+    changed = [v for v in views if v.caught and (v.promoted or v.reasks)]
+    fixed = [v for v in changed if not v.delivered]
+    still_invalid = [v for v in changed if v.delivered]
+    assert (len(changed), len(fixed), len(still_invalid)) == (3, 2, 1)
+    assert proxy.changed_answers == len(changed)
+    assert proxy.fixed_answers == len(fixed)
+    assert proxy.still_invalid_answers == len(still_invalid)
+    assert proxy.not_separable == 1

@@ -70,7 +70,7 @@ def test_cli_writes_summary_report_and_plots(tmp_path: Path) -> None:
     assert off_arm["provenance"] is None
     assert rep_arm["nl_unjudged_episodes"] == 1
     assert rep_arm["proxy"]["fixed_share"] == 1.0
-    assert rep_arm["raw_hallucination_rate"] == pytest.approx(3 / 7)
+    assert rep_arm["raw_hallucination_rate"] == pytest.approx(3 / 10)
     assert rep_arm["repair_cost"]["extra_upstream_calls_per_episode"] == pytest.approx(0.6)
     assert rep_arm["recovery_rate"]["value"] == "n/a"
     assert rep_arm["provenance"] == PROVENANCE

@@ -20,7 +20,8 @@ reflexive (each invented name caught and repaired before the agent saw it):
   t1/1  first answer fetch_order (repaired) -> get_order ok                  reward 1
   t2/0  get_order ok, NL assertions in the basis and no judge verdict  -> counted apart
   -> success 4/4; success@1 3/4 (the user's error counts); names lookup_order 2, fetch_order 1
-  -> 7 agent calls, 0 failed; raw hallucinated 3 (3/7); proxy fixed 3 of 3 caught answers
+  -> 7 agent calls, 0 failed; raw hallucinated 3 (3 of the 7 + 3 first-answer calls: 3/10);
+     proxy fixed 3 of 3 caught answers
   -> cost per episode (5 episodes): extra upstream calls 3/5, prompt tokens 3000/5,
      completion tokens 80/5, seconds 2.5/5
 pair off -> reflexive on (task, trial) t0/0 t0/1 t1/0 t1/1: both 3, compared only 1;
