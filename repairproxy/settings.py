@@ -39,6 +39,21 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
 
 
+UPSTREAM_APIS = ("chat", "responses", "messages")
+
+
+def _apis(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip().lower() for part in text.split(",") if part.strip())
+    if names == ("probe",):
+        return names
+    unknown = [name for name in names if name not in UPSTREAM_APIS]
+    if unknown or "chat" not in names:
+        raise ValueError(
+            f"--upstream-apis takes chat (always), responses, messages, or probe; got {text!r}"
+        )
+    return names
+
+
 def _opt(
     help: str,
     *,
@@ -66,6 +81,17 @@ class Settings:
     embedded_arm: str = field(
         default="q4_k_m",
         metadata=_opt("embedded model arm served when no --upstream is given (default q4_k_m)"),
+    )
+    upstream_apis: tuple[str, ...] = field(
+        default=(),
+        metadata=_opt(
+            "which APIs the upstream serves natively, comma-separated from chat, responses, "
+            "messages; the others are translated to chat completions and back (default: all "
+            "three for --upstream, chat for the embedded model; 'probe' asks the upstream at "
+            "start-up)",
+            parse=_apis,
+            metavar="LIST",
+        ),
     )
     host: str = field(default="127.0.0.1", metadata=_opt("listen address (default 127.0.0.1)"))
     port: int = field(default=8080, metadata=_opt("listen port (default 8080)", parse=int))
@@ -281,6 +307,13 @@ class Settings:
         default=False, metadata=_opt("include prompt and answer text in the log lines", switch=True)
     )
     log_level: str = field(default="info", metadata=_opt("default info"))
+
+    def native_apis(self) -> frozenset[str]:
+        """The APIs sent upstream as they came; the rest are translated to chat completions.
+        ('probe' resolves at start-up; until then every API is assumed native.)"""
+        if self.upstream_apis and self.upstream_apis != ("probe",):
+            return frozenset(self.upstream_apis)
+        return frozenset(UPSTREAM_APIS) if self.upstream is not None else frozenset({"chat"})
 
     def __post_init__(self) -> None:
         # Fail at start-up, not on the first request. Strings (tests, embedders) become enums.
