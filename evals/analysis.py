@@ -783,8 +783,7 @@ DIFFERENCE_ALPHA = 0.025  # the difference column's two-sided 95% interval, same
 
 def _difference(pairs: Sequence[tuple[str, bool, bool]]) -> Interval | NotAvailable:
     """Compared − reference with the task-clustered 95% interval (TOST's method at 2.5%/side)."""
-    result = stats.tost(stats.TaskPairs.from_pairs(pairs), alpha=DIFFERENCE_ALPHA)
-    return result.interval if isinstance(result, stats.Tost) else result
+    return stats.difference_interval(stats.TaskPairs.from_pairs(pairs), alpha=DIFFERENCE_ALPHA)
 
 
 def amplification(

@@ -37,6 +37,7 @@ __all__ = [
     "TostArrays",
     "average_ranks",
     "clustered_proportion",
+    "difference_interval",
     "holm",
     "mcnemar_exact_p",
     "normal_cdf",
@@ -417,6 +418,17 @@ def _p_value(clusters: _Clusters, delta: float, side: int) -> float:
         else:
             low = middle
     return high
+
+
+def difference_interval(pairs: TaskPairs, alpha: float = 0.025) -> Interval | NotAvailable:
+    """Compared − reference with the (1 - 2 alpha) interval of ``tost``'s method (95% by
+    default), without its p-values."""
+    if pairs.n == 0:
+        return NotAvailable("no paired episodes")
+    if pairs.tasks < 2:
+        return NotAvailable(f"{pairs.tasks} task: a task-level interval needs at least 2 tasks")
+    result = tost_arrays(np.array([pairs.sums]), np.array([pairs.sizes]), alpha=alpha)
+    return Interval(float(result.estimate[0]), float(result.low[0]), float(result.high[0]))
 
 
 def null_variance(pairs: TaskPairs, delta: float) -> float:

@@ -23,6 +23,7 @@ from evals.stats import (
     TaskPairs,
     Tost,
     average_ranks,
+    difference_interval,
     holm,
     mcnemar_exact_p,
     novel_share,
@@ -333,3 +334,13 @@ def test_a_two_and_a_half_fold_channel_reads_about_two_and_a_half() -> None:
 def test_rate_ratio_says_why_when_undefined() -> None:
     assert "no events" in str(rate_ratio([(0, 5), (0, 4)], [(1, 5), (2, 3)]))
     assert "1 episode" in str(rate_ratio([(1, 5)], [(1, 5), (2, 3)]))
+
+
+def test_difference_interval_is_tosts_interval_at_its_level() -> None:
+    pairs = TaskPairs((1, 0, -1, 0, 2, 0, 0, -1, 0, 1, 0, 0), (4,) * 12)
+    at_95 = tost(pairs, alpha=0.025)
+    assert isinstance(at_95, Tost) and at_95.level == pytest.approx(0.95)
+    assert difference_interval(pairs) == at_95.interval
+    narrower = difference_interval(pairs, alpha=0.05)
+    assert isinstance(narrower, Interval)
+    assert at_95.interval.low < narrower.low < narrower.high < at_95.interval.high
