@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from evals.analyze import analyze, main
+from evals.definitions import DEFINITIONS, definitions_markdown
 from tests.evals.conftest import REPO_ROOT
 from tests.evals.fixtures_tau2 import episode, results, write
 from tests.evals.fixtures_tau2.scenario import PROVENANCE, build
@@ -234,3 +235,13 @@ def test_labels_come_from_the_path_as_given_not_the_symlink_target(tmp_path: Pat
     paths = [tmp_path / "q4" / "off" / "results.json", tmp_path / "q8" / "off" / "results.json"]
     summary = analyze(paths, [], tmp_path / "out")
     assert list(summary.arms) == ["q4/off", "q8/off"]
+
+
+def test_the_readme_and_the_report_carry_one_definitions_text(tmp_path: Path) -> None:
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert definitions_markdown() in readme
+    off, reflexive = build(tmp_path)
+    analyze([off, reflexive], None, tmp_path / "out")
+    markdown = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    for term, text in DEFINITIONS:
+        assert f"| {term} | {text} |" in markdown
