@@ -1,5 +1,7 @@
 """Shared pytest configuration: async tests run on asyncio through anyio's plugin."""
 
+from typing import Any
+
 import pytest
 
 
@@ -19,6 +21,31 @@ SERVICE_MODULES = frozenset(
         "test_ops.py",  # promtool
     }
 )
+
+
+class SkipSummary:
+    """Skips grouped by reason, last before the counts: a test that did not run for want of
+    data, a model or a Debian service is named there, not lost among the SKIPPED lines."""
+
+    def __init__(self) -> None:
+        self.by_reason: dict[str, list[str]] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.skipped and isinstance(report.longrepr, tuple):
+            reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+            self.by_reason.setdefault(reason, []).append(report.nodeid)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.by_reason:
+            return
+        terminalreporter.section("skipped, by reason")
+        for reason, nodeids in sorted(self.by_reason.items(), key=lambda item: -len(item[1])):
+            terminalreporter.line(f"{len(nodeids):4d}  {reason}")
+            terminalreporter.line(f"      e.g. {nodeids[0]}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(SkipSummary(), "repairproxy-skip-summary")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
