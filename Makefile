@@ -18,14 +18,27 @@ ifneq ($(wildcard ../shared/tau2-data/tau2),)
 export TAU2_DATA_DIR ?= $(abspath ../shared/tau2-data)
 endif
 
-.PHONY: setup model models-all arms lint typecheck test demo study bench clean
+.PHONY: setup model models-all arms lint typecheck check test demo study bench clean
 
+LLAMA_CPP ?= llama-cpp-python==0.3.36
+FILTER = $(PY) scripts/setup_progress.py
+SHELL := /bin/bash
+
+# Set-up in three steps, each printing its progress (pip's ~240 lines filtered to a count; the
+# last 40 raw lines of a failed step are printed from $(VENV)/setup-*.log).
 $(VENV)/.installed: pyproject.toml
-	@echo "== set-up 1/2: $(VENV) and the packages (llama-cpp-python compiles llama.cpp: 5-12 min on 2 cores)"
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --upgrade pip
-	$(PIP) install --progress-bar on -e ".[dev,evals,local]"
-	touch $@
+	@echo "== set-up 1/3: $(VENV) (a few seconds)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PIP) install -q --upgrade pip
+	@echo "== set-up 2/3: $(LLAMA_CPP) compiles llama.cpp (5-12 min on 2 cores; seconds when pip has the wheel cached)"
+	@set -o pipefail; $(PIP) wheel --no-deps -v -w $(VENV)/wheels "$(LLAMA_CPP)" 2>&1 \
+	  | tee $(VENV)/setup-llama.log | $(FILTER) cmake \
+	  || { tail -40 $(VENV)/setup-llama.log; exit 1; }
+	@echo "== set-up 3/3: the packages of the dev, evals and local extras (1-3 min)"
+	@set -o pipefail; $(PIP) install --progress-bar off --find-links $(VENV)/wheels \
+	  -e ".[dev,evals,local]" 2>&1 | tee $(VENV)/setup-pip.log | $(FILTER) pip \
+	  || { tail -40 $(VENV)/setup-pip.log; exit 1; }
+	@touch $@
 
 setup: $(VENV)/.installed
 

@@ -1,0 +1,55 @@
+"""Set-up output a newcomer can read: pip's and CMake's lines filtered to progress.
+
+``pip ... 2>&1 | python scripts/setup_progress.py pip`` prints one line per 20 packages
+collected, each wheel built, the final count and every warning or error; ``... cmake`` prints
+llama.cpp's compile percentage in steps of 10. The last 40 lines of the raw output are kept and
+printed if the command failed (its status comes from ``set -o pipefail`` in the caller), so
+nothing needed to diagnose a failure is lost: see ``--on-failure``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+PERCENT = re.compile(r"\[\s*(\d+)%\]")
+KEEP = re.compile(r"(?i)\b(error|warning: (?!.*deprecat))|Successfully built|^Building wheel for")
+
+
+def main(argv: list[str]) -> int:
+    mode = argv[1] if len(argv) > 1 else "pip"
+    tail_file = Path(argv[2]) if len(argv) > 2 else None
+    tail: deque[str] = deque(maxlen=40)
+    collected = 0
+    shown_percent = -10
+    started = time.monotonic()
+    for raw in sys.stdin:
+        line = raw.rstrip("\n")
+        tail.append(line)
+        elapsed = f"{time.monotonic() - started:5.0f} s"
+        if mode == "cmake":
+            match = PERCENT.search(line)
+            if match and int(match.group(1)) >= shown_percent + 10:
+                shown_percent = int(match.group(1)) // 10 * 10
+                print(f"   [{elapsed}] llama.cpp compiled {match.group(1)}%", flush=True)
+            elif KEEP.search(line) and "Building wheel" not in line:
+                print(f"   {line.strip()}", flush=True)
+            continue
+        if line.startswith("Collecting "):
+            collected += 1
+            if collected % 20 == 0:
+                print(f"   [{elapsed}] {collected} packages collected", flush=True)
+        elif line.startswith("Successfully installed"):
+            print(f"   [{elapsed}] installed {len(line.split()) - 2} packages", flush=True)
+        elif KEEP.search(line):
+            print(f"   {line.strip()}", flush=True)
+    if tail_file is not None:
+        tail_file.write_text("\n".join(tail) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
