@@ -18,7 +18,7 @@ ifneq ($(wildcard ../shared/tau2-data/tau2),)
 export TAU2_DATA_DIR ?= $(abspath ../shared/tau2-data)
 endif
 
-.PHONY: setup model models-all arms lint typecheck check test demo study bench clean
+.PHONY: setup model models-all arms lint typecheck check test demo demo-off demo-reflexive serve study bench clean
 
 LLAMA_CPP ?= llama-cpp-python==0.3.36
 FILTER = $(PY) scripts/setup_progress.py
@@ -74,6 +74,13 @@ test: model lint typecheck
 
 demo: model
 	$(PY) -m evals.demo
+
+demo-off demo-reflexive demo-prompt demo-promote demo-constrained: demo-%: model
+	$(PY) -m evals.demo --repair $*
+
+# The proxy in front of the embedded model on 127.0.0.1:8080 (Ctrl-C stops it).
+serve: model
+	$(VENV)/bin/repairproxy serve
 
 study: arms
 	$(PY) -m evals.repair_ablation evals/grids/cpu.toml --out runs/cpu

@@ -39,7 +39,7 @@ REPAIR_MODES = ("off", "prompt", "promote", "reflexive", "constrained")
 BUDGET = 10  # the proxy's default --budget and τ²-bench's max_errors
 # τ²-bench's tools reject undeclared arguments; the first-ever turn may prefill for many minutes.
 PROXY_ARGS = ("--forbid-extra-arguments", "--upstream-timeout", "3600")
-STUDY_COMMAND = "python -m evals.repair_ablation evals/grids/cpu.toml --out runs/cpu"
+STUDY_COMMAND = "make study"  # printed commands work as printed: no activated venv assumed
 
 
 def _say(text: str) -> None:
@@ -146,9 +146,9 @@ def _next_steps(save_to: Path, proxy_log: Path, other_mode: str) -> None:
     _say("where to look next:")
     _say(f"  results (τ²-bench layout):  {save_to / 'results.json'}")
     _say(f"  proxy log (one JSON line per request):  {proxy_log}")
-    _say(f"  the same episode, repair {other_mode}:  python -m evals.demo --repair {other_mode}")
+    _say(f"  the same episode, repair {other_mode}:  make demo-{other_mode}")
     _say(f"  the proxy's live page at the end:  {save_to / 'dashboard.html'}")
-    _say("  a live dashboard:  repairproxy serve  then open http://127.0.0.1:8080/dashboard")
+    _say("  a live dashboard:  make serve  then open http://127.0.0.1:8080/dashboard")
     _say(f"  the study (two arms, repair off vs on):  {STUDY_COMMAND}")
 
 
