@@ -15,8 +15,11 @@ import time
 from collections import deque
 from pathlib import Path
 
-PERCENT = re.compile(r"\[\s*(\d+)%\]")
+# Make prints "[ 42%] Building ...", Ninja "[42/97] Building ...".
+PERCENT = re.compile(r"\[\s*(\d+)%\]|\[(\d+)/(\d+)\]")
 KEEP = re.compile(r"(?i)\b(error|warning: (?!.*deprecat))|Successfully built|^Building wheel for")
+# A pip.conf naming a local index that is not there: pip says so once per package; not news.
+NOISE = re.compile(r"WARNING: Location '.*' is ignored")
 
 
 def main(argv: list[str]) -> int:
@@ -29,12 +32,19 @@ def main(argv: list[str]) -> int:
     for raw in sys.stdin:
         line = raw.rstrip("\n")
         tail.append(line)
+        if NOISE.search(line):
+            continue
         elapsed = f"{time.monotonic() - started:5.0f} s"
         if mode == "cmake":
             match = PERCENT.search(line)
-            if match and int(match.group(1)) >= shown_percent + 10:
-                shown_percent = int(match.group(1)) // 10 * 10
-                print(f"   [{elapsed}] llama.cpp compiled {match.group(1)}%", flush=True)
+            if match:
+                done, total = match.group(2), match.group(3)
+                percent = (
+                    int(match.group(1) or 0) if total is None else 100 * int(done) // int(total)
+                )
+                if percent >= shown_percent + 10:
+                    shown_percent = percent // 10 * 10
+                    print(f"   [{elapsed}] llama.cpp compiled {percent}%", flush=True)
             elif KEEP.search(line) and "Building wheel" not in line:
                 print(f"   {line.strip()}", flush=True)
             continue
