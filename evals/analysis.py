@@ -755,6 +755,9 @@ class PairSummary:
     spearman_names: int
     novel: tuple[int, int] | NotAvailable
     amplification: dict[str, stats.RateRatio | NotAvailable] = field(default_factory=dict)
+    amplification_per_episode: dict[str, stats.RateRatio | NotAvailable] = field(
+        default_factory=dict
+    )
     # Filled in per Holm family of a report.
     family: str = ""
     mcnemar_p_holm: float | NotAvailable = field(default=NotAvailable("not adjusted yet"))
@@ -787,10 +790,12 @@ def _difference(pairs: Sequence[tuple[str, bool, bool]]) -> Interval | NotAvaila
 
 
 def amplification(
-    reference: Sequence[Episode], compared: Sequence[Episode]
+    reference: Sequence[Episode], compared: Sequence[Episode], *, per: str = "call"
 ) -> dict[str, stats.RateRatio | NotAvailable]:
-    """Per channel, the compared arm's failed-call rate (per agent call) over the reference's,
-    with an interval clustered by episode; ``any`` is every failed agent call."""
+    """Per channel, the compared arm's failed-call rate over the reference's, with an interval
+    clustered by episode; ``any`` is every failed agent call. ``per`` "call": failed calls per
+    agent call (the rate ratio); "episode": failed calls per episode (the count ratio, which
+    also moves with how many calls an arm makes)."""
 
     def units(episodes: Sequence[Episode], channel: str) -> list[tuple[int, int]]:
         return [
@@ -800,7 +805,7 @@ def amplification(
                     for c in e.agent_calls
                     if c.error and (channel == "any" or c.channel == channel)
                 ),
-                len(e.agent_calls),
+                len(e.agent_calls) if per == "call" else 1,
             )
             for e in episodes
         ]
@@ -861,6 +866,9 @@ def summarize_pair(
         spearman_names=len(union),
         novel=stats.novel_share(ref_summary.names, cmp_summary.names),
         amplification=amplification(list(ref_all.values()), list(cmp_all.values())),
+        amplification_per_episode=amplification(
+            list(ref_all.values()), list(cmp_all.values()), per="episode"
+        ),
     )
 
 

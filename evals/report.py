@@ -76,8 +76,8 @@ def _rate_ratio(value: RateRatio | NotAvailable) -> Any:
         "ratio": _value(value.ratio),
         "reference_rate": value.reference_rate,
         "compared_rate": value.compared_rate,
-        "reference": {"events": value.reference_events, "calls": value.reference_exposure},
-        "compared": {"events": value.compared_events, "calls": value.compared_exposure},
+        "reference": {"events": value.reference_events, "exposure": value.reference_exposure},
+        "compared": {"events": value.compared_events, "exposure": value.compared_exposure},
     }
 
 
@@ -187,6 +187,9 @@ def _pair(pair: PairSummary) -> dict[str, Any]:
         "mcnemar_p_holm": _value(pair.mcnemar_p_holm),
         "tost": _tost(pair.tost),
         "amplification": {k: _rate_ratio(v) for k, v in pair.amplification.items()},
+        "amplification_per_episode": {
+            k: _rate_ratio(v) for k, v in pair.amplification_per_episode.items()
+        },
         "sweep_gap": {str(k): _value(v) for k, v in pair.sweep_gap.items()},
         "spearman_names": _value(pair.spearman),
         "spearman_name_count": pair.spearman_names,

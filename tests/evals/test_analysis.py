@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from evals.analysis import (
     Arm,
+    Episode,
+    amplification,
     build_summary,
     classify_error,
     default_pairs,
@@ -20,7 +22,7 @@ from evals.analysis import (
     success_at,
     summarize_arm,
 )
-from evals.stats import Interval, NotAvailable
+from evals.stats import Interval, NotAvailable, RateRatio
 from tests.evals.fixtures_tau2 import Call, Turn, episode, not_found, results, write
 from tests.evals.fixtures_tau2.scenario import MISSING_REASON, build
 
@@ -354,3 +356,33 @@ def test_transcript_and_report_say_the_same_of_one_episode(tmp_path: Path) -> No
     assert proxy.fixed_answers == len(fixed)
     assert proxy.still_invalid_answers == len(still_invalid)
     assert proxy.not_separable == 1
+
+
+def test_amplification_per_call_and_per_episode_by_hand() -> None:
+    def arm(failed_of: list[tuple[int, int]]) -> list[Episode]:
+        data = results(
+            [
+                episode(
+                    f"t{i}",
+                    0,
+                    [
+                        Turn(
+                            tuple(
+                                Call("get_order", "Error: x" if k < f else None) for k in range(n)
+                            )
+                        )
+                    ],
+                )
+                for i, (f, n) in enumerate(failed_of)
+            ]
+        )
+        return read_episodes(data)
+
+    reference = arm([(1, 4), (1, 4)])  # 2 of 8 calls, 1 per episode
+    compared = arm([(2, 8), (3, 8)])  # 5 of 16 calls, 2.5 per episode
+    per_call = amplification(reference, compared)["any"]
+    per_episode = amplification(reference, compared, per="episode")["any"]
+    assert isinstance(per_call, RateRatio) and isinstance(per_episode, RateRatio)
+    assert per_call.ratio.estimate == pytest.approx((5 / 16) / (2 / 8))
+    assert per_episode.ratio.estimate == pytest.approx(2.5)
+    assert per_call.ratio.low < 1.25 < per_call.ratio.high
