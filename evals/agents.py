@@ -59,6 +59,17 @@ class ModelConfig:
     # Sent with every request of this model, e.g. ``X-Repairproxy-Repair: reflexive``.
     extra_headers: Mapping[str, str] = field(default_factory=dict)
 
+    def client(self) -> Any:
+        """An ``openai.AsyncOpenAI`` for this endpoint (imported here: ``openai`` is heavy)."""
+        from openai import AsyncOpenAI
+
+        return AsyncOpenAI(
+            base_url=self.base_url,
+            api_key=self.api_key,
+            timeout=self.timeout_s,
+            max_retries=self.max_retries,
+        )
+
     def headers(self, episode_header: str) -> dict[str, str]:
         """Request headers: the configured extras, then the episode's id (which wins)."""
         return {**self.extra_headers, EPISODE_HEADER: episode_header}

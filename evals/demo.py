@@ -31,11 +31,11 @@ from evals.transcript import (
     turn_views,
     verdict,
 )
+from repairproxy.types import RepairMode
 
 __all__ = ["main"]
 
 DEFAULT_TASK = "88"  # Retail: identify the user, look up the order, cancel it
-REPAIR_MODES = ("off", "prompt", "promote", "reflexive", "constrained")
 BUDGET = 10  # the proxy's default --budget and τ²-bench's max_errors
 # τ²-bench's tools reject undeclared arguments; the first-ever turn may prefill for many minutes.
 PROXY_ARGS = ("--forbid-extra-arguments", "--upstream-timeout", "3600")
@@ -157,7 +157,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--task-id", default=DEFAULT_TASK)
     parser.add_argument("--domain", default="retail", choices=["retail", "telecom"])
     parser.add_argument("--arm", default="q4_k_m", help="embedded model arm")
-    parser.add_argument("--repair", default="reflexive", choices=REPAIR_MODES)
+    parser.add_argument(
+        "--repair", type=RepairMode, default=RepairMode.REFLEXIVE, choices=list(RepairMode)
+    )
     parser.add_argument("--user", default="scripted", choices=["scripted", "llm"])
     parser.add_argument("--max-steps", type=int, default=30)
     parser.add_argument("--max-tokens", type=int, default=384, help="bound on each model answer")
@@ -241,7 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _save_dashboard(port, save_to / "dashboard.html")  # while the proxy still runs
     _say(f"episode done in {time.monotonic() - started:.0f} s")
     _report(results, args, data_dir, answers)
-    _next_steps(save_to, proxy_log, "off" if args.repair != "off" else "reflexive")
+    other = RepairMode.OFF if args.repair != RepairMode.OFF else RepairMode.REFLEXIVE
+    _next_steps(save_to, proxy_log, other)
     return 0
 
 

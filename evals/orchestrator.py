@@ -28,9 +28,12 @@ from evals.logs import (
     now,
 )
 from evals.participants import (
+    Agent,
     AgentError,
     AgentFactory,
     EpisodeContext,
+    ParticipantError,
+    User,
     UserError,
     UserFactory,
     is_user_stop,
@@ -102,6 +105,57 @@ def _offered(tools: list[dict[str, Any]], names: list[str] | None) -> list[dict[
     return [tool for tool in tools if tool["function"]["name"] in names]
 
 
+@dataclass(frozen=True)
+class _Side:
+    """What differs between the agent's turn and the user's: the names, and which error ends it."""
+
+    role: Role
+    requestor: Requestor
+    other: Role
+    error: TerminationReason
+    stop: TerminationReason
+    failure: type[ParticipantError]
+
+
+_SIDES: dict[Role, _Side] = {
+    "agent": _Side("agent", "assistant", "user", "agent_error", "agent_stop", AgentError),
+    "user": _Side("user", "user", "agent", "user_error", "user_stop", UserError),
+}
+
+
+@dataclass
+class _Speakers:
+    """The agent and the user behind one call shape, so a turn is played the same for both."""
+
+    agent: Agent
+    user: User
+
+    async def generate(
+        self, side: _Side, incoming: Sequence[Message]
+    ) -> AssistantMessage | UserMessage:
+        if side.role == "agent":
+            return await self.agent.generate(incoming)
+        return await self.user.generate(incoming)
+
+    def is_stop(self, message: AssistantMessage | UserMessage) -> bool:
+        if isinstance(message, AssistantMessage):
+            return self.agent.is_stop(message)
+        return is_user_stop(message)
+
+
+def _ending(
+    message: AssistantMessage | UserMessage, side: _Side, speakers: _Speakers, tally: _Tally
+) -> tuple[TerminationReason | None, str | None]:
+    """Whether this turn ends the episode: an empty turn is the speaker's error, else its stop."""
+    if not message.is_tool_call() and not message.has_text_content():
+        message.empty_turn = True
+        tally.empty[side.requestor] += 1
+        return side.error, f"{side.role} sent an empty message"
+    if speakers.is_stop(message):
+        return side.stop, None
+    return None, None
+
+
 async def run_episode(
     *,
     domain: Domain,
@@ -128,70 +182,45 @@ async def run_episode(
         trial=trial,
         seed=seed,
     )
-    agent, user = make_agent(context), make_user(context)
+    speakers = _Speakers(agent=make_agent(context), user=make_user(context))
 
     greeting = AssistantMessage(content=GREETING, timestamp=now(), cost=0.0)
     trajectory: list[Message] = [greeting]
     tally = _Tally()
-    # The agent's own greeting opens its history; it is also the user's first input.
-    agent_inbox: list[Message] = [greeting]
-    pending: Sequence[Message] = [greeting]
-    from_role: Role = "agent"
+    # What each side was sent since its last turn. The agent's own greeting opens its history;
+    # it is also the user's first input.
+    inbox: dict[Role, list[Message]] = {"agent": [greeting], "user": [greeting]}
+    message: AssistantMessage | UserMessage = greeting
+    side = _SIDES["agent"]
     to_role: Role = "user"
     steps = 0
     reason: TerminationReason | None = None
     error_detail: str | None = None
 
     while reason is None:
-        if to_role == "user":
-            try:
-                user_message = await user.generate(pending)
-            except UserError as exc:
-                reason, error_detail = "user_error", str(exc)
-                break
-            user_message.timestamp = user_message.timestamp or now()
-            _with_call_ids(user_message, "user")
-            trajectory.append(user_message)
-            if not user_message.is_tool_call() and not user_message.has_text_content():
-                user_message.empty_turn = True
-                tally.empty["user"] += 1
-                reason, error_detail = "user_error", "user sent an empty message"
-            elif is_user_stop(user_message):
-                reason = "user_stop"
-            from_role, pending = "user", [user_message]
-            to_role = "env" if user_message.is_tool_call() else "agent"
-            if to_role == "agent":
-                agent_inbox.append(user_message)
-        elif to_role == "agent":
-            try:
-                agent_message = await agent.generate(agent_inbox)
-            except AgentError as exc:
-                reason, error_detail = "agent_error", str(exc)
-                break
-            agent_inbox = []
-            agent_message.timestamp = agent_message.timestamp or now()
-            _with_call_ids(agent_message, "assistant")
-            trajectory.append(agent_message)
-            if not agent_message.is_tool_call() and not agent_message.has_text_content():
-                agent_message.empty_turn = True
-                tally.empty["assistant"] += 1
-                reason, error_detail = "agent_error", "agent sent an empty message"
-            elif agent.is_stop(agent_message):
-                reason = "agent_stop"
-            from_role, pending = "agent", [agent_message]
-            to_role = "env" if agent_message.is_tool_call() else "user"
-        else:
-            caller = pending[0]
-            assert isinstance(caller, AssistantMessage | UserMessage)
-            requestor: Requestor = "assistant" if from_role == "agent" else "user"
+        if to_role == "env":
             results = [
-                _execute(environment, requestor, call, tally) for call in caller.tool_calls or []
+                _execute(environment, side.requestor, call, tally)
+                for call in message.tool_calls or []
             ]
             trajectory.extend(results)
-            pending = results
-            if from_role == "agent":
-                agent_inbox.extend(results)
-            to_role, from_role = from_role, "env"
+            inbox[side.role].extend(results)
+            to_role = side.role
+        else:
+            side = _SIDES[to_role]
+            try:
+                message = await speakers.generate(side, inbox[side.role])
+            except side.failure as exc:
+                reason, error_detail = side.error, str(exc)
+                break
+            inbox[side.role] = []
+            message.timestamp = message.timestamp or now()
+            _with_call_ids(message, side.requestor)
+            trajectory.append(message)
+            reason, error_detail = _ending(message, side, speakers, tally)
+            to_role = "env" if message.is_tool_call() else side.other
+            if to_role != "env":
+                inbox[to_role].append(message)
         steps += 1
         if to_role != "env":
             if steps >= config.max_steps:
@@ -199,8 +228,8 @@ async def run_episode(
             if sum(tally.errors.values()) >= config.max_errors:
                 reason = "too_many_errors"
 
-    for index, message in enumerate(trajectory):
-        message.turn_idx = index
+    for index, logged in enumerate(trajectory):
+        logged.turn_idx = index
     run = SimulationRun(
         id=episode_id,
         episode_id=episode_id,

@@ -16,7 +16,7 @@ from typing import Any
 from evals.domains.base import domain_dir
 from evals.grid import CellSpec, Grid
 
-__all__ = ["PROVENANCE_FILE", "cell_provenance", "repair_template_info", "sha256_of"]
+__all__ = ["PROVENANCE_FILE", "cell_provenance", "git", "repair_template_info", "sha256_of"]
 
 PROVENANCE_FILE = "provenance.json"
 
@@ -29,7 +29,8 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _git(*args: str) -> str:
+def git(*args: str) -> str:
+    """What ``git ARGS`` prints in this checkout, stripped; empty outside a checkout."""
     try:
         done = subprocess.run(
             ["git", *args],
@@ -96,8 +97,8 @@ def cell_provenance(
         "task_ids": list(task_ids),
         "episodes": len(task_ids) * cell.trials,
         "episodes_saved_before_this_start": episodes_saved,
-        "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "arm": arm.describe(),
         "proxy": dict(proxy),
         "repair_template": repair_template_info([*grid.proxy_args, *arm.proxy_args]),

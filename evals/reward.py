@@ -14,29 +14,10 @@ from typing import Any
 
 from evals.domains.base import Domain, DomainEnvironment
 from evals.logs import Message, RewardInfo
-from evals.scoring import (
-    SCORERS,
-    Judge,
-    OpenAIJudge,
-    ScoredEpisode,
-    Scorer,
-    action_matches,
-    parse_judge_output,
-    replay_gold,
-)
+from evals.scoring import SCORERS, Judge, ScoredEpisode, Scorer
 from evals.tasks import RewardType, Task, as_task
 
-__all__ = [
-    "Judge",
-    "OpenAIJudge",
-    "action_matches",
-    "evaluate_episode",
-    "gold_environment",
-    "is_successful",
-    "parse_judge_output",
-    "pass_hat_k",
-    "pass_hat_ks",
-]
+__all__ = ["evaluate_episode", "is_successful", "pass_hat_k", "pass_hat_ks"]
 
 SUCCESS_TOLERANCE = 1e-6
 _STOP_REASONS = frozenset({"agent_stop", "user_stop"})
@@ -79,11 +60,6 @@ _INFO_KEYS = {
     RewardType.COMMUNICATE: "communicate",
     RewardType.NL_ASSERTION: "nl",
 }
-
-
-def gold_environment(domain: Domain, task: Task | Mapping[str, Any]) -> DomainEnvironment:
-    """A fresh environment with the task's initial state and every gold action replayed."""
-    return replay_gold(domain, as_task(task))
 
 
 async def evaluate_episode(

@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import os
 import random
-import subprocess
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -45,7 +44,9 @@ from evals.orchestrator import (
     run_episode,
 )
 from evals.participants import Agent, AgentFactory, EpisodeContext, User, UserFactory
-from evals.reward import Judge, OpenAIJudge, evaluate_episode, is_successful, pass_hat_ks
+from evals.provenance import git
+from evals.reward import evaluate_episode, is_successful, pass_hat_ks
+from evals.scoring import Judge, OpenAIJudge
 from evals.scripted_user import ScriptedUser
 from evals.tasks import Task
 from evals.users import GoldUser, LLMUserSimulator, load_guidelines
@@ -92,17 +93,6 @@ class RunConfig:
         return self.save_to / RESULTS_FILE
 
 
-def _client(model: ModelConfig) -> Any:
-    from openai import AsyncOpenAI
-
-    return AsyncOpenAI(
-        base_url=model.base_url,
-        api_key=model.api_key,
-        timeout=model.timeout_s,
-        max_retries=model.max_retries,
-    )
-
-
 @dataclass
 class _Participants:
     make_agent: AgentFactory
@@ -126,7 +116,7 @@ def _participants(config: RunConfig, domain: Domain) -> _Participants:
     else:
         if config.agent_model is None:
             raise ValueError("--agent llm needs --agent-model and --agent-base-url")
-        agent_model, agent_client = config.agent_model, _client(config.agent_model)
+        agent_model, agent_client = config.agent_model, config.agent_model.client()
         clients.append(agent_client)
 
         def make_agent(context: EpisodeContext) -> Agent:
@@ -144,7 +134,7 @@ def _participants(config: RunConfig, domain: Domain) -> _Participants:
     else:
         if config.user_model is None:
             raise ValueError("--user llm needs --user-model and --user-base-url")
-        user_model, user_client = config.user_model, _client(config.user_model)
+        user_model, user_client = config.user_model, config.user_model.client()
         clients.append(user_client)
         texts = {
             tools: load_guidelines(config.data_dir, with_tools=tools) for tools in (False, True)
@@ -163,7 +153,7 @@ def _participants(config: RunConfig, domain: Domain) -> _Participants:
         )
     judge: Judge | None = None
     if config.judge_model is not None:
-        judge_client = _client(config.judge_model)
+        judge_client = config.judge_model.client()
         clients.append(judge_client)
         judge = OpenAIJudge(judge_client, config.judge_model.model, config.judge_model.temperature)
     return _Participants(make_agent, make_user, judge, (agent_info, user_info), clients)
@@ -180,27 +170,11 @@ def _select_tasks(domain: Domain, config: RunConfig) -> list[Task]:
     return tasks
 
 
-def _git_commit() -> str:
-    """The commit of the code that ran (τ²-bench records it too); empty outside a checkout."""
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return done.stdout.strip()
-
-
 def _info(config: RunConfig, domain: Domain, participants: _Participants) -> Info:
     agent_info, user_info = participants.info
     judge = config.judge_model
     return Info(
-        git_commit=_git_commit(),
+        git_commit=git("rev-parse", "HEAD"),  # τ²-bench records the commit too
         num_trials=config.num_trials,
         max_steps=config.max_steps,
         max_errors=config.max_errors,

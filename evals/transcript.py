@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evals.logs import AssistantMessage, SimulationRun, ToolMessage, UserMessage
-from repairproxy.validation import CompiledTools
+from repairproxy.types import RepairMode
+from repairproxy.validation import Channel, CompiledTools
 
 __all__ = [
     "CHANNEL_WORDS",
@@ -30,11 +31,11 @@ __all__ = [
 ]
 
 CHANNEL_WORDS: dict[str, str] = {
-    "tool_call_in_content": "the model wrote its tool call as text",
-    "unknown_tool": "the model invented a tool name",
-    "schema_violation": "bad arguments",
-    "invalid_json": "broken JSON arguments",
-    "empty_output": "the model answered nothing at all",
+    Channel.TOOL_CALL_IN_CONTENT: "the model wrote its tool call as text",
+    Channel.UNKNOWN_TOOL: "the model invented a tool name",
+    Channel.SCHEMA_VIOLATION: "bad arguments",
+    Channel.INVALID_JSON: "broken JSON arguments",
+    Channel.EMPTY_OUTPUT: "the model answered nothing at all",
 }
 
 _TERMINATION_WORDS = {
@@ -203,7 +204,7 @@ def _proxy_line(view: TurnView, repair: str) -> str:
         steps.append(f"re-asked the model {view.reasks}x")
     if view.report.get("repair_failed"):
         steps.append(f"repair failed ({view.report['repair_failed']})")
-    if repair == "off":
+    if repair == RepairMode.OFF:
         steps.append("repair is off: forwarded as it was")
     elif not steps:
         steps.append("left it as it was")
@@ -309,7 +310,7 @@ def verdict(run: SimulationRun, counts: EpisodeCounts, *, repair: str) -> str:
         proxy = "the model made no tool-call error the proxy had to catch"
     elif counts.invalid_delivered == 0:
         proxy = f"the proxy caught {caught} invalid answer(s) and the agent never saw one"
-    elif repair == "off":
+    elif repair == RepairMode.OFF:
         proxy = f"with repair off, {counts.invalid_delivered} invalid answer(s) reached the agent"
     else:
         proxy = (

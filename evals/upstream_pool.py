@@ -22,17 +22,6 @@ from evals.participants import Agent, EpisodeContext
 __all__ = ["UpstreamPool"]
 
 
-def _client(model: ModelConfig) -> Any:
-    from openai import AsyncOpenAI
-
-    return AsyncOpenAI(
-        base_url=model.base_url,
-        api_key=model.api_key,
-        timeout=model.timeout_s,
-        max_retries=model.max_retries,
-    )
-
-
 class UpstreamPool:
     """Agents for one arm's episodes, spread over ``base_urls`` (one proxy per model server)."""
 
@@ -57,7 +46,7 @@ class UpstreamPool:
         self.started[index] += 1
         self._where[(context.task.id, context.trial)] = index
         if self._clients[index] is None:
-            self._clients[index] = _client(self.models[index])
+            self._clients[index] = self.models[index].client()
         return LLMAgent(self._clients[index], self.models[index], context)
 
     def episode_saved(self, simulation: SimulationRun) -> None:

@@ -11,7 +11,8 @@ import pytest
 from evals.agents import EPISODE_HEADER, GoldAgent, LLMAgent, ModelConfig, action_blocks
 from evals.logs import ToolMessage
 from evals.orchestrator import GREETING, OrchestratorConfig, run_episode
-from evals.reward import OpenAIJudge, evaluate_episode
+from evals.reward import evaluate_episode
+from evals.scoring import OpenAIJudge
 from evals.users import GoldUser, LLMUserSimulator, render_scenario
 from tests.evals.fakes import POLICY, CounterDomain, make_task
 from tests.support.scripted_upstream import ScriptedUpstream, completion, error_reply, tool_call
