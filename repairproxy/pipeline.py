@@ -25,10 +25,20 @@ from repairproxy.errors import (
     InvalidJSONBodyError,
     NotFoundError,
     RepairExhaustedError,
+    UpstreamStatusError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
 )
 from repairproxy.margin import strip_probe, tool_name_margins, with_probe
-from repairproxy.observe.record import CaughtCall, EpisodeRecord, RepairResult, RepairResultKind
+from repairproxy.observe.record import (
+    CaughtCall,
+    EpisodeRecord,
+    OutputRecord,
+    RepairResult,
+    RepairResultKind,
+)
 from repairproxy.observe.record import RequestRecord as Record
+from repairproxy.reask import build_output_repair_turn, repair_request
 from repairproxy.repair import (
     RepairPolicy,
     caught_calls,
@@ -36,8 +46,16 @@ from repairproxy.repair import (
     with_repair_instruction,
 )
 from repairproxy.settings import Settings
-from repairproxy.types import BudgetPolicy, Outcome, RepairMode
-from repairproxy.validation import CallVerdict, Channel, CompiledTools, MessageVerdict, ToolsCache
+from repairproxy.structured import FormatCache, OutputFormat
+from repairproxy.types import BudgetPolicy, OnExhausted, Outcome, RepairMode
+from repairproxy.validation import (
+    CallRules,
+    CallVerdict,
+    Channel,
+    CompiledTools,
+    MessageVerdict,
+    ToolsCache,
+)
 from repairproxy.wire.openai import ChatCompletion, ChatRequestBody, first_message
 
 __all__ = ["ChatOutcome", "ChatPipeline", "ChatRequest", "Send", "instructs", "json_object"]
@@ -95,6 +113,7 @@ class ChatRequest:
     forward: ChatRequestBody | None = None  # the body as it goes upstream
     forward_raw: bytes = b""
     probe_added: bool = False  # --margin-probe asked for logprobs the client did not
+    output: OutputFormat | None = None  # the JSON answer the client asked for (response_format)
 
     @property
     def stream(self) -> bool:
@@ -138,6 +157,7 @@ class ChatPipeline:
         self.tools_cache = tools_cache
         self.budget = budget
         self.policies = policies
+        self.formats = FormatCache()
 
     # -- before the upstream ----------------------------------------------------------------------
 
@@ -164,9 +184,11 @@ class ChatPipeline:
         record.model = model if isinstance(model, str) else None
         record.stream = body.get("stream") is True
         tools = self.tools_cache.compile(body)
-        return ChatRequest(
+        request = ChatRequest(
             cast(ChatRequestBody, body), raw, tools, self._mode(headers), self._budget(headers)
         )
+        request.output = self.formats.compile(body)
+        return request
 
     async def admit(
         self,
@@ -225,7 +247,88 @@ class ChatPipeline:
     async def judge(
         self, request: ChatRequest, completion: ChatCompletion, send: Send, record: Record
     ) -> ChatOutcome:
-        """Validate (and maybe repair) one answer; charge the episode; fill the record."""
+        """Validate (and maybe repair) one answer; charge the episode; fill the record. With a
+        response format, the text answer that comes out is then checked (never charged)."""
+        outcome = await self._judge_calls(request, completion, send, record)
+        if request.output is None:
+            return outcome
+        return await self._judge_output(request, request.output, outcome, send, record)
+
+    async def _judge_output(
+        self,
+        request: ChatRequest,
+        output: OutputFormat,
+        outcome: ChatOutcome,
+        send: Send,
+        record: Record,
+    ) -> ChatOutcome:
+        """Check the answer's text against the response format; re-ask (reflexive, constrained)
+        with the failing paths until it holds or the repairs run out."""
+        message = first_message(outcome.answer)
+        verdict = output.check_message(message) if message is not None else None
+        if verdict is None or verdict.ok:
+            record.output = OutputRecord()
+            return outcome
+        first = verdict
+        caught = [verdict.channel.value]
+        policy = self.policies[request.mode]
+        if not policy.re_asks or not _single_choice(request):
+            record.output = OutputRecord(tuple(caught), first.error_paths)
+            return outcome
+        assert message is not None
+        body = request.reask_body()
+        history: list[dict[str, Any]] = []
+        content = message.get("content")
+        attempts, failed = 0, None
+        reply: dict[str, Any] | None = None
+        started = time.perf_counter()
+        while not verdict.ok and attempts < policy.max_repairs:
+            turn = build_output_repair_turn(
+                content, verdict.diagnosis, verdict.error_paths, output.schema
+            )
+            try:
+                reply = await send(repair_request(body, [*history, *turn], None))
+            except (UpstreamStatusError, UpstreamTimeoutError, UpstreamUnavailableError) as exc:
+                failed = _failure_reason(exc)
+                break
+            reply_message = first_message(cast(ChatCompletion, reply))
+            if reply_message is None:
+                failed = "bad_answer"
+                break
+            attempts += 1
+            history.extend(turn)
+            found = output.check_message(reply_message)
+            if found is None:  # the re-ask's answer called tools: not an output, stop here
+                failed = "bad_answer"
+                break
+            verdict = found
+            content = reply_message.get("content")
+            if not verdict.ok:
+                caught.append(verdict.channel.value)
+        record.repair_seconds += time.perf_counter() - started
+        if failed is not None:
+            result = RepairResultKind.UPSTREAM_ERROR
+        else:
+            result = RepairResultKind.FIXED if verdict.ok else RepairResultKind.FAILED
+        record.output = OutputRecord(tuple(caught), first.error_paths, attempts, result)
+        if not verdict.ok and policy.on_exhausted is OnExhausted.ERROR:
+            record.outcome = Outcome.REPAIR_EXHAUSTED
+            raise RepairExhaustedError(
+                f"no valid structured output after {attempts} repair attempt(s): "
+                + ", ".join(caught),
+                attempts=attempts,
+                channels=tuple(caught),
+            )
+        if not verdict.ok or reply is None:
+            return replace(outcome, repair_failed=outcome.repair_failed or failed)
+        answer = dict(reply)
+        answer["usage"] = _summed_usage(outcome.answer.get("usage"), reply.get("usage"))
+        return replace(outcome, answer=cast(ChatCompletion, answer), changed=True)
+
+    async def _judge_calls(
+        self, request: ChatRequest, completion: ChatCompletion, send: Send, record: Record
+    ) -> ChatOutcome:
+        """The tool calls of one answer: validated, maybe repaired, charged."""
         tools = request.tools
         probed = request.probe_added
         if self.settings.margin_probe:
@@ -235,7 +338,7 @@ class ChatPipeline:
         message = first_message(completion)
         if tools is None or message is None or _tool_choice_none(request.body):
             return ChatOutcome(completion, probed, None, (), 0)
-        verdict = tools.check_message(message)
+        verdict = tools.check_message(message, rules=CallRules.of_request(request.body))
         record.tool_calls = _calls_seen(verdict)
         record.caught = list(caught_calls(verdict))
         if verdict.ok or request.mode not in _CHANGES_ANSWERS:
@@ -376,6 +479,33 @@ class ChatPipeline:
                 param=BUDGET_HEADER,
             )
         return budget
+
+
+def _single_choice(request: ChatRequest) -> bool:
+    """Structured outputs are re-asked for one-choice requests only (with ``n > 1`` a re-ask
+    would replace every choice by one)."""
+    n = request.body.get("n")
+    return not isinstance(n, int) or n <= 1
+
+
+def _failure_reason(exc: Exception) -> str:
+    if isinstance(exc, UpstreamStatusError):
+        return str(exc.reply.status_code)
+    if isinstance(exc, UpstreamTimeoutError):
+        return "timeout"
+    return "unavailable"
+
+
+def _summed_usage(first: Any, second: Any) -> Any:
+    """The usage of the first answer plus the re-ask's (the client pays for both)."""
+    if not isinstance(first, Mapping) or not isinstance(second, Mapping):
+        return second if isinstance(second, Mapping) else first
+    total = dict(first)
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        a, b = first.get(key), second.get(key)
+        if isinstance(a, int) and isinstance(b, int):
+            total[key] = a + b
+    return total
 
 
 def _tool_choice_none(body: Mapping[str, Any]) -> bool:

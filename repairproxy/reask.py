@@ -24,6 +24,7 @@ __all__ = [
     "REPEAT_TEMPERATURE_FACTOR",
     "TEMPLATE_SECTIONS",
     "RepairTemplate",
+    "build_output_repair_turn",
     "build_repair_turn",
     "lowered_temperature",
     "quote_call",
@@ -348,6 +349,34 @@ def build_repair_turn(
     if failed_text:
         replies.append({"role": "user", "content": "\n\n".join(map(render, failed_text))})
     return [turn, *replies], kept
+
+
+# A response schema quoted in an output re-ask is cut to this many characters.
+MAX_SCHEMA_QUOTE_CHARS = 4000
+
+
+def build_output_repair_turn(
+    content: Any,
+    diagnosis: str,
+    error_paths: Sequence[str],
+    schema: Mapping[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """The messages to append after an answer that breaks the request's ``response_format``:
+    the answer as the assistant turn, then one user turn naming what was wrong (the failing
+    paths, one a line) and, for a schema, the schema itself."""
+    lines = [diagnosis]
+    if error_paths:
+        lines.append("Failing paths:\n" + "\n".join(f"- {path}" for path in error_paths))
+    if schema:
+        quoted = _json(schema)
+        if len(quoted) > MAX_SCHEMA_QUOTE_CHARS:
+            quoted = quoted[: MAX_SCHEMA_QUOTE_CHARS - 3] + "..."
+        lines.append("The JSON Schema the answer must match:\n" + quoted)
+    lines.append("Answer again with only the corrected JSON value: no prose, no code fence.")
+    return [
+        {"role": "assistant", "content": content if isinstance(content, str) else ""},
+        {"role": "user", "content": "\n\n".join(lines)},
+    ]
 
 
 def repair_request(

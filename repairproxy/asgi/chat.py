@@ -134,7 +134,7 @@ class ChatCall:
             ex.status = 200
             with upstream.reading():
                 chunks = timed(response.iter_body(), ex.timer)
-                if self.request.tools is None:
+                if self.request.tools is None and self.request.output is None:
                     await self._relay_plain(chunks, responder, base_headers)
                 else:
                     await self._relay_gated(chunks, responder, base_headers)
@@ -156,7 +156,10 @@ class ChatCall:
         ex = self.ex
         parser = SSEParser()
         # tool_choice none: text is text, so nothing is held for a possible text call
-        gate = ToolCallGate(hold_text=text_calls_allowed(self.request.body))
+        gate = ToolCallGate(
+            hold_text=text_calls_allowed(self.request.body),
+            hold_all=self.request.output is not None,
+        )
         upstream_error = False
         async for chunk in chunks:
             for event in parser.feed(chunk):

@@ -26,6 +26,17 @@ def _header_name(name: str) -> str:
     return _NAME_UNSAFE.sub("_", name[:_MAX_NAME_CHARS])
 
 
+# The failing paths of a structured output, as one header value (Latin-1, bounded).
+_MAX_PATHS_CHARS = 512
+
+
+def _paths_header(paths: tuple[str, ...]) -> bytes:
+    joined = "; ".join(paths)
+    if len(joined) > _MAX_PATHS_CHARS:
+        joined = joined[: _MAX_PATHS_CHARS - 3] + "..."
+    return joined.replace("\r", " ").replace("\n", " ").encode("latin-1", "replace")
+
+
 def _counts(snapshot: BudgetSnapshot) -> tuple[str, str]:
     """(episode errors, budget remaining) as sent; ``unknown`` while the shared store is away."""
     if snapshot.unknown:
@@ -87,6 +98,13 @@ class Exchange:
                     (b"x-repairproxy-repair-seconds", f"{record.repair_seconds:.3f}".encode())
                 )
             out.append((b"x-repairproxy-upstream-calls", str(self.timer.calls).encode()))
+            output = record.output
+            if output is not None:  # a response format was asked for: never budget errors
+                out.append((b"x-repairproxy-output-errors", ",".join(output.caught).encode()))
+                out.append((b"x-repairproxy-output-repairs", b"%d" % output.repairs))
+                if output.error_paths:
+                    paths = _paths_header(output.error_paths)
+                    out.append((b"x-repairproxy-output-error-paths", paths))
             if len(self.choice_channels) > 1:  # n > 1: the headers above describe choice 0
                 per_choice = ";".join(
                     f"{index}={','.join(channels)}"
@@ -117,6 +135,9 @@ class Exchange:
             fields["promoted"] = str(self.record.promoted)
         if self.repair_failed:
             fields["repair-failed"] = self.repair_failed
+        if self.record.output is not None:
+            fields["output-errors"] = ",".join(self.record.output.caught)
+            fields["output-repairs"] = str(self.record.output.repairs)
         if self.snapshot is not None:
             fields["episode-errors"], fields["budget-remaining"] = _counts(self.snapshot)
         return comment_event("x-repairproxy " + " ".join(f"{k}={v}" for k, v in fields.items()))
@@ -151,6 +172,11 @@ class Exchange:
             event["repair_failed"] = self.repair_failed
         if record.env_errors:
             event["env_errors"] = list(record.env_errors)
+        if record.output is not None:
+            event["output_errors"] = list(record.output.caught)
+            event["output_repairs"] = record.output.repairs
+            if record.output.error_paths:
+                event["output_error_paths"] = list(record.output.error_paths)
         if self.snapshot is not None:
             unknown = self.snapshot.unknown
             event["episode_errors"] = "unknown" if unknown else self.snapshot.errors

@@ -17,7 +17,8 @@ What a stream's HTTP headers can carry (headers leave before the first body byte
   (episode errors and budget as of the request); the verdict then follows as one SSE comment
   before ``[DONE]`` (``: x-repairproxy tool-errors=... repairs=... episode-errors=...``), which
   SSE clients, the openai SDK included, ignore;
-* a stream for a request without tools is relayed untouched, with pre-answer headers only.
+* a stream for a request without tools is relayed untouched, with pre-answer headers only,
+  unless it asked for a JSON ``response_format``: that answer is held whole until it is valid.
 """
 
 from __future__ import annotations
@@ -280,7 +281,11 @@ class ToolCallGate:
     """
 
     def __init__(
-        self, *, hold_text: bool = True, max_held_chars: int = MAX_HELD_CONTENT_CHARS
+        self,
+        *,
+        hold_text: bool = True,
+        max_held_chars: int = MAX_HELD_CONTENT_CHARS,
+        hold_all: bool = False,
     ) -> None:
         self.assembler = StreamAssembler()
         self._held: list[bytes] = []
@@ -293,6 +298,8 @@ class ToolCallGate:
         # Whether the held text opens a call: True or False once a prefix decides, else None.
         self._opening: bool | None = None
         self.scanned = 0  # characters of held text read to decide (tests hold it bounded)
+        # A structured output (response_format) has no prose to let through: hold it whole.
+        self._hold_all = hold_all
 
     def feed(self, event: SSEEvent) -> list[bytes]:
         if event.data is None or event.is_done:
@@ -307,6 +314,9 @@ class ToolCallGate:
             self._held.append(event.raw)
             return []
         added = self.assembler.add(chunk)
+        if self._hold_all:
+            self._held.append(event.raw)
+            return []
         if not _is_content_only(chunk) or self._held_calls:
             self._held_calls = True
             self._held.append(event.raw)

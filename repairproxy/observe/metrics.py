@@ -21,6 +21,7 @@ from prometheus_client.exposition import choose_encoder
 from repairproxy.episodes.budget import DEFAULT_ENV_ERROR_TABLE, ENV_OTHER_ERROR
 from repairproxy.observe.record import EpisodeRecord, RepairResultKind, RequestRecord
 from repairproxy.settings import Settings
+from repairproxy.structured import OutputChannel
 from repairproxy.types import API, Outcome
 from repairproxy.validation import Channel
 
@@ -110,6 +111,16 @@ class _Family:
             ("model",),
             _SECONDS_BUCKETS,
         )
+        self.output_errors = counter(
+            "structured_output_errors",
+            "Answers that broke the request's response_format (never charged to a budget).",
+            ("model", "channel"),
+        )
+        self.output_repairs = counter(
+            "structured_output_repairs",
+            "Re-asked structured outputs by result.",
+            ("model", "result"),
+        )
         self.episodes = counter("episodes", "Episodes started.", ("model",))
         self.over_budget = counter(
             "episodes_over_budget",
@@ -194,6 +205,14 @@ class _ModelMetrics:
         self.prompt_tokens = family.repair_tokens.labels(model, "prompt")
         self.completion_tokens = family.repair_tokens.labels(model, "completion")
         self.repair_seconds = family.repair_seconds.labels(model)
+        self.output_errors = {
+            channel.value: family.output_errors.labels(model, channel.value)
+            for channel in OutputChannel
+            if channel is not OutputChannel.VALID
+        }
+        self.output_repairs = {
+            result: family.output_repairs.labels(model, result.value) for result in RepairResultKind
+        }
         self.episodes = family.episodes.labels(model)
         self.over_budget = tuple(
             (k, family.over_budget.labels(model, str(k))) for k in family.ladder
@@ -303,6 +322,11 @@ class Metrics:
             m.prompt_tokens.inc(record.repair_prompt_tokens)
         if record.repair_completion_tokens:
             m.completion_tokens.inc(record.repair_completion_tokens)
+        if record.output is not None:
+            for channel in record.output.caught:
+                m.output_errors[channel].inc()
+            if record.output.result is not None:
+                m.output_repairs[record.output.result].inc()
         if record.episode is not None:
             self._episode(m, record.episode)
         if record.outcome is not Outcome.CLIENT_ERROR:

@@ -18,6 +18,7 @@ __all__ = [
     "CaughtCall",
     "EpisodeRecord",
     "NullObserver",
+    "OutputRecord",
     "PipelineObserver",
     "RepairResult",
     "RepairResultKind",
@@ -72,6 +73,20 @@ class EpisodeRecord:
         return max(self.budget - self.errors_after, 0)
 
 
+@dataclass(frozen=True, slots=True)
+class OutputRecord:
+    """The check of a structured output (``response_format``): never charged to the budget.
+
+    ``caught``: the channels of the first answer and of each re-ask's answer that failed;
+    ``result``: ``fixed``/``failed``/``upstream_error`` once a re-ask was tried, else None.
+    """
+
+    caught: tuple[str, ...] = ()
+    error_paths: tuple[str, ...] = ()  # the first answer's failing paths
+    repairs: int = 0
+    result: RepairResultKind | None = None
+
+
 @dataclass(slots=True)
 class RequestRecord:
     """Everything metrics need to know about one request; filled as the request goes."""
@@ -95,6 +110,7 @@ class RequestRecord:
     first_byte_seconds: float | None = None
     tool_name_margins: list[float] = field(default_factory=list)
     episode: EpisodeRecord | None = None
+    output: OutputRecord | None = None  # set when the request asked for a JSON response format
 
 
 class PipelineObserver(Protocol):

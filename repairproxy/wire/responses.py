@@ -127,7 +127,21 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("tool_choice", "temperature", "top_p", "stream"):
         if key in body:
             chat[key] = _chat_tool_choice(body[key]) if key == "tool_choice" else body[key]
+    response_format = _chat_response_format(body.get("text"))
+    if response_format is not None:
+        chat["response_format"] = response_format
     return chat
+
+
+def _chat_response_format(text: Any) -> dict[str, Any] | None:
+    """``text.format`` (flat: type, name, schema, strict) as chat's ``response_format``."""
+    spec = text.get("format") if isinstance(text, Mapping) else None
+    if not isinstance(spec, Mapping) or spec.get("type") not in ("json_schema", "json_object"):
+        return None
+    if spec["type"] == "json_object":
+        return {"type": "json_object"}
+    inner = {k: spec[k] for k in ("name", "schema", "strict", "description") if k in spec}
+    return {"type": "json_schema", "json_schema": inner}
 
 
 def from_chat_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -1,0 +1,220 @@
+"""Structured outputs: the answer a client asked to be JSON (``response_format``), checked.
+
+Quantized models break a ``json_schema`` the way they break tool arguments, and the clients that
+ask for one (openai's ``.parse()``, pydantic-ai's native output, instructor's JSON modes) fail on
+the first bad answer. A request's format is compiled once (jsonschema-rs, like tools, in a small
+LRU keyed by its JSON); an answer's text is then one of two channels, kept beside the tool-call
+vocabulary of ``validation`` because they are not tool-call errors and τ²-bench does not count
+them: they are never charged to an episode's error budget.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema_rs
+import orjson
+
+from repairproxy.errors import BadRequestError
+from repairproxy.validation import MAX_ERROR_PATHS, MAX_MESSAGE_CHARS
+
+__all__ = [
+    "FormatCache",
+    "OutputChannel",
+    "OutputFormat",
+    "OutputVerdict",
+    "output_format",
+]
+
+# Distinct response formats kept compiled; a client has a handful of output types.
+DEFAULT_MAX_FORMATS = 256
+# A schema above this many bytes of JSON is compiled for its request and not kept.
+MAX_CACHED_SCHEMA_BYTES = 1024 * 1024
+
+
+class OutputChannel(enum.StrEnum):
+    """What an answer's text is, for a request with a response format (metric and header values)."""
+
+    VALID = "valid"
+    NOT_JSON = "output_not_json"
+    SCHEMA_VIOLATION = "output_schema_violation"
+
+
+@dataclass(frozen=True, slots=True)
+class OutputVerdict:
+    """The verdict on one answer's text: its channel, a diagnosis, and the failing paths."""
+
+    channel: OutputChannel
+    diagnosis: str = ""
+    error_paths: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.channel is OutputChannel.VALID
+
+
+_VALID = OutputVerdict(OutputChannel.VALID)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
+
+
+def _path(parts: Any) -> str:
+    path = "$"
+    for part in parts:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
+
+
+class OutputFormat:
+    """One request's ``response_format``, compiled: ``json_object`` or a ``json_schema``."""
+
+    __slots__ = ("_validator", "kind", "name", "schema")
+
+    def __init__(self, kind: str, name: str | None, schema: Mapping[str, Any] | None) -> None:
+        self.kind = kind
+        self.name = name
+        self.schema = schema
+        self._validator: Any = None
+        if schema is not None:
+            try:
+                # offline: a remote $ref must never make the proxy fetch a URL.
+                self._validator = jsonschema_rs.validator_for(dict(schema), offline=True)
+            except (
+                jsonschema_rs.ValidationError,
+                jsonschema_rs.ReferencingError,
+                ValueError,
+            ) as exc:
+                lines = str(exc).strip().splitlines() or [repr(exc)]
+                raise BadRequestError(
+                    f"response_format.json_schema.schema is not a valid JSON Schema: "
+                    f"{_short(lines[0])}",
+                    param="response_format.json_schema.schema",
+                ) from exc
+
+    def check(self, content: Any) -> OutputVerdict:
+        """Classify an answer's text: valid, not JSON, or not matching the schema."""
+        if not isinstance(content, str) or not content.strip():
+            return OutputVerdict(OutputChannel.NOT_JSON, "The answer was empty: JSON was expected.")
+        try:
+            value = orjson.loads(content)
+        except orjson.JSONDecodeError as exc:
+            return OutputVerdict(OutputChannel.NOT_JSON, f"The answer is not valid JSON ({exc}).")
+        if self._validator is None:
+            if isinstance(value, dict):
+                return _VALID
+            return OutputVerdict(
+                OutputChannel.NOT_JSON,
+                f"The answer must be one JSON object, not {type(value).__name__}.",
+            )
+        try:
+            if self._validator.is_valid(value):
+                return _VALID
+            paths = tuple(
+                f"{_path(error.instance_path)}: {_short(error.message)}"
+                for _, error in zip(
+                    range(MAX_ERROR_PATHS), self._validator.iter_errors(value), strict=False
+                )
+            )
+        except (ValueError, TypeError, RecursionError):
+            paths = ("$: the answer could not be checked (nested too deeply)",)
+        shown = f" {self.name!r}" if self.name else ""
+        return OutputVerdict(
+            OutputChannel.SCHEMA_VIOLATION,
+            f"The answer does not match the response schema{shown}: " + "; ".join(paths),
+            paths,
+        )
+
+    def check_message(self, message: Mapping[str, Any]) -> OutputVerdict | None:
+        """The verdict on an assistant message's text; None when there is no output to check (the
+        model called tools, or refused)."""
+        if message.get("tool_calls") or message.get("function_call") or message.get("refusal"):
+            return None
+        return self.check(message.get("content"))
+
+
+def output_format(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The chat ``response_format`` that asks for JSON, if any (``text`` asks for nothing)."""
+    value = body.get("response_format")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise BadRequestError("'response_format' must be an object", param="response_format")
+    kind = value.get("type")
+    if kind == "json_object":
+        return value
+    if kind != "json_schema":
+        return None
+    spec = value.get("json_schema")
+    if not isinstance(spec, Mapping):
+        raise BadRequestError(
+            "response_format.json_schema must be an object", param="response_format.json_schema"
+        )
+    schema = spec.get("schema")
+    if schema is not None and not isinstance(schema, Mapping | bool):
+        raise BadRequestError(
+            "response_format.json_schema.schema must be an object",
+            param="response_format.json_schema.schema",
+        )
+    return value
+
+
+def _schema(schema: Any) -> Mapping[str, Any]:
+    """A declared schema as an object (``true`` and none accept anything, ``false`` nothing)."""
+    if schema is None or schema is True:
+        return {}
+    if schema is False:
+        return {"not": {}}
+    return dict(schema)
+
+
+class FormatCache:
+    """Compiled response formats per distinct ``response_format`` JSON (an LRU)."""
+
+    def __init__(self, max_entries: int = DEFAULT_MAX_FORMATS) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.max_entries = max_entries
+        self._entries: OrderedDict[bytes, OutputFormat] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def compile(self, body: Mapping[str, Any]) -> OutputFormat | None:
+        """The compiled format of a chat body; None when it asks for no JSON output."""
+        if body.get("response_format") is None:
+            return None  # the common case costs one lookup
+        value = output_format(body)
+        if value is None:
+            return None
+        try:
+            key = orjson.dumps(value)
+        except TypeError as exc:
+            raise BadRequestError(
+                f"response_format is not JSON-serializable: {exc}", param="response_format"
+            ) from exc
+        found = self._entries.get(key)
+        if found is not None:
+            self._entries.move_to_end(key)
+            return found
+        if value.get("type") == "json_object":
+            compiled = OutputFormat("json_object", None, None)
+        else:
+            spec = value["json_schema"]
+            name = spec.get("name")
+            schema = spec.get("schema")
+            compiled = OutputFormat(
+                "json_schema",
+                name if isinstance(name, str) else None,
+                _schema(schema),
+            )
+        if len(key) <= MAX_CACHED_SCHEMA_BYTES:
+            self._entries[key] = compiled
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        return compiled
