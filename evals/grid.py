@@ -561,11 +561,15 @@ def parse_grid(data: Mapping[str, Any], *, base: Path = Path("."), name: str = "
 
 
 # What must not change between the start of a run and its resume: (what to call it, the path of
-# the value in a ``provenance.json`` record).
+# the value in a ``provenance.json`` record). Where a server listens may change; who answers not.
 RESUME_IDENTITY: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("agent model", ("arm", "model")),
-    ("user", ("user",)),
-    ("judge", ("judge",)),
+    ("agent temperature", ("arm", "temperature")),
+    ("user", ("user", "simulator")),
+    ("user model", ("user", "model")),
+    ("user temperature", ("user", "temperature")),
+    ("judge model", ("judge", "model")),
+    ("judge temperature", ("judge", "temperature")),
     ("run seed", ("seeds", "run_seed")),
     ("LLM seed", ("seeds", "llm_seed")),
     ("repair template", ("repair_template", "sha256")),

@@ -314,9 +314,11 @@ def _arm_sections(summary: Summary) -> list[Section]:
     channels = Section(
         "Failed agent tool calls by channel",
         [
-            "Rates per agent tool call the environment ran. 'raw hallucinated' adds the invented "
-            "names the proxy caught (and repaired) before the agent saw them, so a repaired arm "
-            "still shows its raw volume; per answer the larger of the two views counts."
+            "Channel rates per agent tool call the environment ran; user side tool: the agent "
+            "called a tool of the user's side (not an invented name). 'raw hallucinated' is "
+            "raw_hallucination_rate (see Definitions): invented names in the model's first "
+            "answers, the proxy's removed ones included, over the calls of those answers. Recovery "
+            "in both readings, each over its own failed calls (see Definitions)."
         ],
         [
             "arm",

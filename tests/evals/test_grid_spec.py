@@ -288,3 +288,13 @@ def test_plan_refuses_to_resume_a_run_started_with_another_model(
     changed = _grid(BASE.replace('model = "m"', 'model = "m2"', 1) + CELL)
     with pytest.raises(GridError, match=r"agent model: 'm' -> 'm2'"):
         plan_runs(changed, changed.select(None), tmp_path, tau2_data_dir)
+
+
+def test_a_moved_server_is_not_a_different_run_but_another_model_is() -> None:
+    user = {"name": "u", "simulator": "llm", "model": "qwen", "base_url": "http://a:1/v1"}
+    moved = {**user, "base_url": "http://b:2/v1"}
+    assert resume_conflicts(_provenance(user=user), _provenance(user=moved)) == []
+    other = {**user, "model": "llama"}
+    assert resume_conflicts(_provenance(user=user), _provenance(user=other)) == [
+        "user model: 'qwen' -> 'llama'"
+    ]
