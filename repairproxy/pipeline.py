@@ -48,14 +48,7 @@ from repairproxy.repair import (
 from repairproxy.settings import Settings
 from repairproxy.structured import FormatCache, OutputFormat
 from repairproxy.types import BudgetPolicy, OnExhausted, Outcome, RepairMode
-from repairproxy.validation import (
-    CallRules,
-    CallVerdict,
-    Channel,
-    CompiledTools,
-    MessageVerdict,
-    ToolsCache,
-)
+from repairproxy.validation import CallVerdict, Channel, CompiledTools, MessageVerdict, ToolsCache
 from repairproxy.wire.openai import ChatCompletion, ChatRequestBody, first_message
 
 __all__ = ["ChatOutcome", "ChatPipeline", "ChatRequest", "Send", "instructs", "json_object"]
@@ -338,7 +331,7 @@ class ChatPipeline:
         message = first_message(completion)
         if tools is None or message is None or _tool_choice_none(request.body):
             return ChatOutcome(completion, probed, None, (), 0)
-        verdict = tools.check_message(message, rules=CallRules.of_request(request.body))
+        verdict = tools.check_message(message)
         record.tool_calls = _calls_seen(verdict)
         record.caught = list(caught_calls(verdict))
         if verdict.ok or request.mode not in _CHANGES_ANSWERS:
