@@ -72,6 +72,12 @@ def _data_pins(data_dir: Path, domain: str) -> dict[str, str]:
     return {str(p.relative_to(data_dir)): sha256_of(p) for p in files}
 
 
+def _embedded_rendering() -> str:
+    from repairproxy.local.prompt import RENDERING
+
+    return RENDERING
+
+
 def cell_provenance(
     grid: Grid,
     cell: CellSpec,
@@ -100,6 +106,8 @@ def cell_provenance(
         "git_commit": git("rev-parse", "HEAD"),
         "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "arm": arm.describe(),
+        # How the embedded server renders prompts (an embedded arm's prompts depend on it).
+        "embedded_rendering": _embedded_rendering(),
         "proxy": dict(proxy),
         "repair_template": repair_template_info([*grid.proxy_args, *arm.proxy_args]),
         "user": grid.users[cell.user].describe(),

@@ -12,9 +12,17 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["DEFAULT_SYSTEM", "render_prompt", "text_of"]
+__all__ = ["DEFAULT_SYSTEM", "RENDERING", "REPAIR_MARKER", "render_prompt", "text_of"]
 
 DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+# The proxy appends its repair instruction to the system prompt; every template's instruction
+# starts with this. The embedded server renders that paragraph after the tools block, so a run
+# with repair on and one with it off share the policy + tools prefix in the prompt cache (~4,900
+# tokens reused instead of ~1,500). Only this server does it: other upstreams render as they do.
+REPAIR_MARKER = "Tool-call repair:"
+# Recorded in the study's provenance: what the embedded server's prompts look like.
+RENDERING = "qwen2.5-hermes; repair instruction after the tools block"
 
 _TOOLS_HEADER = (
     "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -71,8 +79,21 @@ def _system_turn(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | N
     system = text_of(messages[0].get("content")) if has_system else DEFAULT_SYSTEM
     if not tools:
         return f"<|im_start|>system\n{system}<|im_end|>\n"
+    system, instruction = _split_instruction(system)
     listed = "".join("\n" + _tojson(tool) for tool in tools)
-    return f"<|im_start|>system\n{system}{_TOOLS_HEADER}{listed}{_TOOLS_FOOTER}<|im_end|>\n"
+    after = f"\n\n{instruction}" if instruction else ""
+    return f"<|im_start|>system\n{system}{_TOOLS_HEADER}{listed}{_TOOLS_FOOTER}{after}<|im_end|>\n"
+
+
+def _split_instruction(system: str) -> tuple[str, str]:
+    """The system text without the proxy's repair instruction paragraph, and that paragraph."""
+    at = system.find(REPAIR_MARKER)
+    if at < 0 or (at > 0 and not system[:at].endswith("\n\n")):
+        return system, ""
+    end = system.find("\n\n", at)
+    instruction = system[at:] if end < 0 else system[at:end]
+    rest = system[:at].removesuffix("\n\n") + ("" if end < 0 else system[end:])
+    return rest, instruction
 
 
 def render_prompt(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from repairproxy.local.prompt import DEFAULT_SYSTEM, render_prompt
+from repairproxy.local.prompt import DEFAULT_SYSTEM, REPAIR_MARKER, render_prompt
+from repairproxy.reask import DEFAULT_TEMPLATE, with_repair_instruction
 
 TOOL = {
     "type": "function",
@@ -113,3 +114,23 @@ def test_later_system_message_is_its_own_turn() -> None:
     prompt = render_prompt(messages)
     assert "<|im_start|>system\nnote<|im_end|>\n" in prompt
     assert prompt.startswith(f"<|im_start|>system\n{DEFAULT_SYSTEM}")
+
+
+def test_repair_instruction_renders_after_the_tools_so_both_modes_share_the_prefix() -> None:
+    policy = "You are a retail agent.\n\nFollow the policy."
+    tools = [TOOL]
+    body = {"messages": [{"role": "system", "content": policy}, {"role": "user", "content": "hi"}]}
+    repaired = with_repair_instruction({**body, "tools": tools}, DEFAULT_TEMPLATE)
+    off = render_prompt(body["messages"], tools)
+    on = render_prompt(repaired["messages"], tools)
+    tools_end = off.index("<|im_end|>")  # the end of the system turn: policy + tools
+    assert on[:tools_end] == off[:tools_end]  # policy + tools: one cached prefix for both modes
+    instruction = DEFAULT_TEMPLATE.instruction
+    assert on[tools_end:].startswith(f"\n\n{instruction}<|im_end|>")
+    assert off[tools_end:].startswith("<|im_end|>")
+
+
+def test_a_marker_inside_a_paragraph_is_not_moved() -> None:
+    policy = f"Quote: {REPAIR_MARKER} is what the proxy writes."
+    prompt = render_prompt([{"role": "system", "content": policy}], [TOOL])
+    assert prompt.startswith(f"<|im_start|>system\n{policy}\n\n# Tools")
