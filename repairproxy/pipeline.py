@@ -48,7 +48,14 @@ from repairproxy.repair import (
 from repairproxy.settings import Settings
 from repairproxy.structured import FormatCache, OutputFormat
 from repairproxy.types import BudgetPolicy, OnExhausted, Outcome, RepairMode
-from repairproxy.validation import CallVerdict, Channel, CompiledTools, MessageVerdict, ToolsCache
+from repairproxy.validation import (
+    CallRules,
+    CallVerdict,
+    Channel,
+    CompiledTools,
+    MessageVerdict,
+    ToolsCache,
+)
 from repairproxy.wire.openai import ChatCompletion, ChatRequestBody, first_message
 
 __all__ = ["ChatOutcome", "ChatPipeline", "ChatRequest", "Send", "instructs", "json_object"]
@@ -242,6 +249,8 @@ class ChatPipeline:
     ) -> ChatOutcome:
         """Validate (and maybe repair) one answer; charge the episode; fill the record. With a
         response format, the text answer that comes out is then checked (never charged)."""
+        served = completion.get("model")
+        record.served_model = served if isinstance(served, str) and served else None
         outcome = await self._judge_calls(request, completion, send, record)
         if request.output is None:
             return outcome
@@ -331,7 +340,7 @@ class ChatPipeline:
         message = first_message(completion)
         if tools is None or message is None or _tool_choice_none(request.body):
             return ChatOutcome(completion, probed, None, (), 0)
-        verdict = tools.check_message(message)
+        verdict = tools.check_message(message, rules=CallRules.of_request(request.body))
         record.tool_calls = _calls_seen(verdict)
         record.caught = list(caught_calls(verdict))
         if verdict.ok or request.mode not in _CHANGES_ANSWERS:

@@ -11,7 +11,7 @@ import html
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -33,6 +33,26 @@ class DashboardSource(Protocol):
 REFRESH_SECONDS = 5
 TOP_NAMES = 10
 THIN_MARGIN = 0.5  # nats: margins below this are where quantization flips tool choices
+UPSTREAM_TILE = "upstream time, median"
+MARGIN_TILE = "thin tool-name margins"
+TILE_HINTS = {
+    "hallucination rate": "tool calls naming a tool the request did not declare, per tool call",
+    "repair success": "invalid answers the proxy fixed (promoted or re-asked), per repair",
+    "tool calls": "calls in the model's first answers, text calls included",
+    "episodes": "conversations seen (by episode header or conversation chaining)",
+    "budget exhausted": "episodes whose error budget reached 0",
+    "promoted text calls": "calls the model wrote as text, turned into real tool calls",
+    UPSTREAM_TILE: "median time the upstream took per request, from histogram buckets",
+    MARGIN_TILE: (
+        f"share of tool names chosen by less than {THIN_MARGIN} nats over the next declared name "
+        "(--margin-probe): where quantization flips which tool is called"
+    ),
+}
+_LEGEND = (
+    '<p class="legend">Hover a tile for what it counts. Thin margins: the log-probability gap '
+    f"between the tool the model named and the nearest other declared tool was under {THIN_MARGIN} "
+    "nats. Times are medians estimated from Prometheus histogram buckets.</p>"
+)
 
 
 @dataclass
@@ -40,6 +60,7 @@ class ModelSummary:
     """Counts for one model label since the proxy started."""
 
     model: str
+    served: str | None = None  # the model that answered, as the upstream names it
     requests: dict[str, float] = field(default_factory=dict)  # outcome -> count
     tool_calls: float = 0.0
     errors: dict[tuple[str, str], float] = field(default_factory=dict)  # (source, channel)
@@ -51,6 +72,7 @@ class ModelSummary:
     exhausted: float = 0.0
     margins: list[tuple[float, float]] = field(default_factory=list)  # (le, cumulative count)
     upstream: list[tuple[float, float]] = field(default_factory=list)
+    asked_as: list[str] = field(default_factory=list)  # the model labels summed into this card
 
     @property
     def hallucination_rate(self) -> float | None:
@@ -123,6 +145,8 @@ def summarize(metrics: DashboardSource) -> Summary:
                 of(labels).over_budget[int(labels["k"])] = value
             elif name == "episodes_budget_exhausted_total":
                 of(labels).exhausted = value
+            elif name == "served_model_info" and value:
+                of(labels).served = labels["served"]
             elif name == "active_episodes":
                 active = value
             elif name == "overhead_seconds_bucket":
@@ -133,7 +157,51 @@ def summarize(metrics: DashboardSource) -> Summary:
         if model in models:
             target = "margins" if name.startswith("tool_name") else "upstream"
             setattr(models[model], target, sorted(points))
-    return Summary(models, active, sorted(overhead))
+    return Summary(_by_served_model(models), active, sorted(overhead))
+
+
+def _by_served_model(models: dict[str, ModelSummary]) -> dict[str, ModelSummary]:
+    """One card per model that answered: labels that clients spelled differently ("anything",
+    "x") but the same upstream model served are summed under the served name."""
+    groups: dict[str, list[ModelSummary]] = {}
+    for summary in models.values():
+        groups.setdefault(summary.served or summary.model, []).append(summary)
+    return {name: _merged(name, parts) for name, parts in groups.items()}
+
+
+def _sum_into(target: dict[Any, float], source: dict[Any, float]) -> None:
+    for key, value in source.items():
+        target[key] = target.get(key, 0.0) + value
+
+
+def _sum_buckets(parts: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    total: dict[float, float] = {}
+    for points in parts:
+        _sum_into(total, dict(points))
+    return sorted(total.items())
+
+
+def _merged(name: str, parts: list[ModelSummary]) -> ModelSummary:
+    if len(parts) == 1 and parts[0].model == name:
+        return parts[0]
+    out = ModelSummary(name, served=parts[0].served)
+    out.asked_as = sorted(part.model for part in parts)
+    for part in parts:
+        for mine, theirs in (
+            (out.requests, part.requests),
+            (out.errors, part.errors),
+            (out.invented, part.invented),
+            (out.repairs, part.repairs),
+            (out.over_budget, part.over_budget),
+        ):
+            _sum_into(mine, theirs)
+        out.tool_calls += part.tool_calls
+        out.promoted += part.promoted
+        out.episodes += part.episodes
+        out.exhausted += part.exhausted
+    out.margins = _sum_buckets([part.margins for part in parts])
+    out.upstream = _sum_buckets([part.upstream for part in parts])
+    return out
 
 
 def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
@@ -162,6 +230,7 @@ h1{font-size:20px;margin:0 0 4px}h2{font-size:17px;margin:0 0 12px}
 h3{font-size:13px;margin:14px 0 6px;
 color:#57606a;text-transform:uppercase;letter-spacing:.04em}
 .sub{color:#57606a;margin:0 0 18px}
+.legend{color:#57606a;font-size:12px;margin:4px 0 12px}
 .model{background:#fff;border:1px solid #d0d7de;border-radius:8px;padding:16px 18px;margin:0 0 18px}
 .tiles{display:flex;gap:12px;flex-wrap:wrap;margin:0 0 14px}
 .tile{border:1px solid #d0d7de;border-radius:6px;padding:8px 10px;min-width:90px}
@@ -189,7 +258,8 @@ def _ms(value: float | None) -> str:
 
 def _tile(label: str, value: str, tone: str = "") -> str:
     text = f"<b>{html.escape(value)}</b><span>{html.escape(label)}</span>"
-    return f'<div class="tile {tone}">{text}</div>'
+    hint = html.escape(TILE_HINTS.get(label, ""), quote=True)
+    return f'<div class="tile {tone}" title="{hint}">{text}</div>'
 
 
 def _bars(rows: list[tuple[str, float, str]], scale: float, color: str) -> str:
@@ -241,6 +311,13 @@ def _ladder(summary: ModelSummary, ladder: tuple[int, ...]) -> str:
     return "".join(parts)
 
 
+def _asked_as(summary: ModelSummary) -> str:
+    if not summary.asked_as:
+        return ""
+    names = ", ".join(f"<code>{html.escape(name)}</code>" for name in summary.asked_as)
+    return f'<p class="sub">served model; clients asked for {names}</p>'
+
+
 def _names(summary: ModelSummary) -> str:
     top = sorted(summary.invented.items(), key=lambda item: (-item[1], item[0]))[:TOP_NAMES]
     if not top:
@@ -263,8 +340,8 @@ def _model_section(summary: ModelSummary, ladder: tuple[int, ...]) -> str:
             _tile("episodes", _num(summary.episodes)),
             _tile("budget exhausted", _num(summary.exhausted)),
             _tile("promoted text calls", _num(summary.promoted)),
-            _tile("upstream p50 (buckets)", _ms(quantile(0.5, summary.upstream))),
-            _tile(f"margins < {THIN_MARGIN} nats", _pct(summary.thin_margin_share)),
+            _tile(UPSTREAM_TILE, _ms(quantile(0.5, summary.upstream))),
+            _tile(MARGIN_TILE, _pct(summary.thin_margin_share)),
         ]
     )
     calls = summary.tool_calls
@@ -288,8 +365,8 @@ def _model_section(summary: ModelSummary, ladder: tuple[int, ...]) -> str:
     outcome_scale = max((count for _, count, _ in outcome_rows), default=0.0)
     repair_scale = max((count for _, count, _ in repair_rows), default=0.0)
     return (
-        f'<section class="model"><h2>{html.escape(summary.model)}</h2>'
-        f'<div class="tiles">{tiles}</div><div class="grid">'
+        f'<section class="model"><h2>{html.escape(summary.model)}</h2>{_asked_as(summary)}'
+        f'<div class="tiles">{tiles}</div>{_LEGEND}<div class="grid">'
         f"<div><h3>Channel mix (errors per tool call)</h3>"
         f"{_bars(channel_rows, channel_scale, '#cf222e')}"
         f"<h3>Repairs</h3>{_bars(repair_rows, repair_scale, '#1a7f37')}</div>"

@@ -163,6 +163,14 @@ class _Family:
         self.active_episodes = Gauge(
             "repairproxy_active_episodes", "Episodes the store holds now.", registry=registry
         )
+        self.served_model = Gauge(
+            "repairproxy_served_model_info",
+            "1 for each (model label, model the upstream's answer named) pair seen: which model "
+            "answered a client's model string (the dashboard names its cards by it).",
+            ("model", "served"),
+            registry=registry,
+            multiprocess_mode="max",
+        )
         self.connections_refused = counter(
             "connections_refused",
             "Client connections the server closed before the app saw a request "
@@ -178,6 +186,8 @@ class _ModelMetrics:
         self.max_tools = max_tools
         self._family = family
         self._model = model
+        self.label = model
+        self.served: str | None = None  # the first served model seen under this label
         self.requests = {
             (api, outcome): family.requests.labels(model, api.value, outcome.value)
             for api in API
@@ -300,6 +310,9 @@ class Metrics:
 
     def request_finished(self, record: RequestRecord) -> None:
         m = self._model(record.model)
+        if record.served_model is not None and m.served is None:
+            m.served = _label(record.served_model)
+            self._family.served_model.labels(m.label, m.served).set(1)
         m.requests[record.api, record.outcome].inc()
         if record.tool_calls:
             m.tool_calls.inc(record.tool_calls)

@@ -92,7 +92,8 @@ class RequestRecord:
     """Everything metrics need to know about one request; filled as the request goes."""
 
     api: API = API.CHAT
-    model: str | None = None
+    model: str | None = None  # as the client asked (the metrics' model label)
+    served_model: str | None = None  # as the upstream's answer names it
     stream: bool = False
     outcome: Outcome = Outcome.OK
     status: int = 0

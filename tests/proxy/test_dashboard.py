@@ -135,3 +135,22 @@ def test_proxy_serves_the_page_and_metrics_with_their_keys() -> None:
         with running_proxy(Settings(upstream=upstream.base_url)) as proxy:
             assert _status(f"{proxy.root_url}/metrics") == 200  # open by default
             assert _status(f"{proxy.root_url}/dashboard") == 200
+
+
+def test_cards_are_named_by_the_served_model_and_tiles_explain_themselves() -> None:
+    metrics = Metrics(Settings())
+    for asked in ("anything", "x"):
+        for record in scripted_workload(asked):
+            record.served_model = MODEL  # what the upstream's answers name
+            metrics.request_finished(record)
+    summary = summarize(metrics)
+    assert list(summary.models) == [MODEL]  # one card, not one per client spelling
+    card = summary.models[MODEL]
+    assert card.asked_as == ["anything", "x"]
+    assert card.hallucination_rate == Truth().hallucination_rate  # sums keep the ratio
+    assert card.tool_calls == 2 * summarize(fed()).models[MODEL].tool_calls
+    page = render_dashboard(metrics, now=0).decode()
+    assert f"<h2>{MODEL}</h2>" in page and "clients asked for" in page
+    assert 'title="tool calls naming a tool the request did not declare' in page
+    assert "(buckets)" not in page and "nats</span>" not in page
+    assert 'class="legend"' in page
