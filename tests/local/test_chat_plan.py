@@ -6,31 +6,9 @@ import pytest
 
 from repairproxy.local.chat import InvalidChatRequest, plan_chat
 from repairproxy.local.grammar import forced_call_grammar
+from tests.support.tools import FIND_USER_BY_EMAIL, GET_ORDER
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "find_user_id_by_email",
-            "parameters": {
-                "type": "object",
-                "properties": {"email": {"type": "string"}},
-                "required": ["email"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "get_order_details",
-            "parameters": {
-                "type": "object",
-                "properties": {"order_id": {"type": "string"}},
-                "required": ["order_id"],
-            },
-        },
-    },
-]
+TOOLS = [FIND_USER_BY_EMAIL, GET_ORDER]
 USER = [{"role": "user", "content": "hi"}]
 
 

@@ -10,9 +10,9 @@ import httpx
 import orjson
 import pytest
 
-from tests.proxy.conftest import TOOLS
 from tests.support.proxy_server import RunningProxy
 from tests.support.scripted_upstream import Reply, ScriptedUpstream, completion
+from tests.support.tools import TOOLS
 
 
 def _post(proxy: RunningProxy, body: dict[str, Any], **headers: str) -> httpx.Response:

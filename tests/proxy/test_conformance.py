@@ -24,7 +24,6 @@ import pytest
 
 from repairproxy.settings import Settings
 from repairproxy.upstream.http1 import ConnectionPool
-from tests.proxy.conftest import ORDER_TOOL
 from tests.support.proxy_server import RunningProxy, running_proxy
 from tests.support.servers import (
     COMPLETION,
@@ -35,6 +34,7 @@ from tests.support.servers import (
     stdlib_server,
     uvicorn_server,
 )
+from tests.support.tools import ORDER_TOOL
 
 _KINDS: dict[str, Callable[[], AbstractContextManager[str]]] = {
     "uvicorn": uvicorn_server,

@@ -19,9 +19,9 @@ import orjson
 import pytest
 
 from repairproxy.settings import Settings
-from tests.proxy.conftest import ORDER_TOOL
 from tests.support.proxy_server import RunningProxy, running_proxy
 from tests.support.servers import COMPLETION, SSE_EVENTS, raw_server, reset
+from tests.support.tools import ORDER_TOOL
 
 Play = Callable[[asyncio.StreamWriter, bytes], Awaitable[None]]
 _CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [ORDER_TOOL]}

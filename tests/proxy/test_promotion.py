@@ -19,24 +19,15 @@ from repairproxy.observe.record import CaughtCall
 from repairproxy.repair import RepairPolicy, repair_completion
 from repairproxy.types import OnExhausted, RepairMode
 from repairproxy.validation import Channel, CompiledTools, ToolsCache
-from tests.proxy.conftest import MESSAGES, StartProxy
-from tests.proxy.conftest import TOOLS as PROXY_TOOLS
+from tests.proxy.conftest import StartProxy
 from tests.support.proxy_server import RunningProxy
 from tests.support.scripted_upstream import ScriptedUpstream, tool_call
 from tests.support.scripted_upstream import completion as sse_completion
+from tests.support.tools import GET_ORDER, MESSAGES
+from tests.support.tools import TOOLS as PROXY_TOOLS
 
 TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_order_details",
-            "parameters": {
-                "type": "object",
-                "properties": {"order_id": {"type": "string"}},
-                "required": ["order_id"],
-            },
-        },
-    },
+    GET_ORDER,
     {
         "type": "function",
         "function": {

@@ -10,8 +10,9 @@ import pytest
 
 from repairproxy.app import create_app
 from repairproxy.settings import Settings
-from tests.proxy.conftest import MESSAGES, TOOLS, StartProxy
+from tests.proxy.conftest import StartProxy
 from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
+from tests.support.tools import MESSAGES, TOOLS
 
 
 def _post(url: str, messages: list[dict[str, object]], **headers: str) -> httpx.Response:

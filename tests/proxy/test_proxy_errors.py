@@ -12,7 +12,7 @@ import openai
 import orjson
 import pytest
 
-from tests.proxy.conftest import MESSAGES, TOOLS, StartProxy
+from tests.proxy.conftest import StartProxy
 from tests.support.proxy_server import RunningProxy
 from tests.support.scripted_upstream import (
     Reply,
@@ -21,6 +21,7 @@ from tests.support.scripted_upstream import (
     error_reply,
     tool_call,
 )
+from tests.support.tools import MESSAGES, TOOLS
 
 
 def _closed_port() -> int:

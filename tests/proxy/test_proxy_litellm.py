@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from tests.proxy.conftest import MESSAGES, TOOLS, StartProxy
+from tests.proxy.conftest import StartProxy
 from tests.support.proxy_server import RunningProxy
 from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
+from tests.support.tools import MESSAGES, TOOLS
 
 # litellm fetches a model price map from the network at import unless told not to.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

@@ -10,9 +10,9 @@ import openai
 import orjson
 import pytest
 
-from tests.proxy.conftest import MESSAGES, TOOLS
 from tests.support.proxy_server import RunningProxy
 from tests.support.scripted_upstream import Reply, ScriptedUpstream, completion, tool_call
+from tests.support.tools import MESSAGES, TOOLS
 
 # (answer the upstream gives, channels the header must name)
 CASES: dict[str, tuple[Reply, str]] = {

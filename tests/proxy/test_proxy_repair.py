@@ -9,10 +9,11 @@ import openai
 import orjson
 import pytest
 
-from tests.proxy.conftest import MESSAGES, TOOLS, StartProxy
+from tests.proxy.conftest import StartProxy
 from tests.proxy.test_proxy_openai import _collect_stream
 from tests.support.proxy_server import RunningProxy
 from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
+from tests.support.tools import MESSAGES, TOOLS
 
 GOOD = {"order_id": "#W1"}
 

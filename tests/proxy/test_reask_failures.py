@@ -10,7 +10,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.proxy.conftest import MESSAGES, TOOLS, StartProxy
+from tests.proxy.conftest import StartProxy
 from tests.support.scripted_upstream import (
     Reply,
     ScriptedUpstream,
@@ -18,6 +18,7 @@ from tests.support.scripted_upstream import (
     error_reply,
     tool_call,
 )
+from tests.support.tools import MESSAGES, TOOLS
 
 FAILURES = {
     "400": [error_reply(400, "This model's maximum context length is 4096 tokens.")],

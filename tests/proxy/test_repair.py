@@ -12,45 +12,19 @@ import pytest
 from repairproxy.errors import RepairExhaustedError, UpstreamTimeoutError, UpstreamUnavailableError
 from repairproxy.repair import (
     DEFAULT_TEMPLATE,
+    MAX_NAME_EDITS,
     RepairPolicy,
     RepairTemplate,
     build_repair_turn,
+    edit_distance,
     repair_completion,
     with_repair_instruction,
 )
 from repairproxy.types import OnExhausted, RepairMode
 from repairproxy.validation import Channel, CompiledTools, ToolsCache
+from tests.support.tools import CANCEL_ORDER, GET_ORDER
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_order_details",
-            "parameters": {
-                "type": "object",
-                "properties": {"order_id": {"type": "string"}},
-                "required": ["order_id"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "cancel_pending_order",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "order_id": {"type": "string"},
-                    "reason": {
-                        "type": "string",
-                        "enum": ["no longer needed", "ordered by mistake"],
-                    },
-                },
-                "required": ["order_id", "reason"],
-            },
-        },
-    },
-]
+TOOLS = [GET_ORDER, CANCEL_ORDER]
 
 BODY: dict[str, Any] = {
     "model": "m",
@@ -111,6 +85,8 @@ class ScriptedSend:
 
 VALID = call("get_order_details", '{"order_id": "#W1"}', "call_ok")
 HALLUCINATED = call("get_order_status", '{"order_id": "#W1"}', "call_bad")
+# Within MAX_NAME_EDITS of a declared tool: a misspelling constrained may force.
+MISSPELLED = call("get_order_detail", '{"order_id": "#W1"}', "call_typo")
 REPAIRED = call("get_order_details", '{"order_id": "#W1"}', "call_new")
 
 
@@ -364,9 +340,9 @@ async def test_zero_repairs_means_exhausted_at_once(tools: CompiledTools) -> Non
 
 @pytest.mark.anyio
 async def test_constrained_escalation_forces_the_closest_tool(tools: CompiledTools) -> None:
-    send = ScriptedSend(completion(HALLUCINATED), completion(REPAIRED))
+    send = ScriptedSend(completion(MISSPELLED), completion(REPAIRED))
     outcome = await _repair(
-        tools, completion(HALLUCINATED), send, mode=RepairMode.CONSTRAINED, max_repairs=3
+        tools, completion(MISSPELLED), send, mode=RepairMode.CONSTRAINED, max_repairs=3
     )
     assert outcome.attempts == 2 and not outcome.exhausted
     first, second = send.requests
@@ -375,10 +351,22 @@ async def test_constrained_escalation_forces_the_closest_tool(tools: CompiledToo
 
 
 @pytest.mark.anyio
+async def test_constrained_never_forces_a_tool_the_model_did_not_name(
+    tools: CompiledTools,
+) -> None:
+    # get_order_status is 5 edits from get_order_details: another tool, not a misspelling. The
+    # model may rightly decline in text (no declared tool fits), so nothing is forced.
+    assert edit_distance("getorderstatus", "getorderdetails") > MAX_NAME_EDITS
+    send = ScriptedSend(completion(HALLUCINATED), completion(HALLUCINATED), completion(REPAIRED))
+    await _repair(tools, completion(HALLUCINATED), send, mode=RepairMode.CONSTRAINED, max_repairs=3)
+    assert all("tool_choice" not in request for request in send.requests)
+
+
+@pytest.mark.anyio
 async def test_constrained_escalation_requires_a_call_when_targets_differ(
     tools: CompiledTools,
 ) -> None:
-    two = (HALLUCINATED, call("cancel_order", "{}", "c2"))
+    two = (MISSPELLED, call("cancel_ordr", "{}", "c2"))
     send = ScriptedSend(completion(*two), completion(REPAIRED))
     await _repair(tools, completion(*two), send, mode=RepairMode.CONSTRAINED)
     assert send.requests[1]["tool_choice"] == "required"
@@ -413,13 +401,16 @@ async def test_legacy_function_call_repair(tools: CompiledTools) -> None:
         }
         return {"choices": [{"index": 0, "message": message, "finish_reason": "function_call"}]}
 
-    send = ScriptedSend(answer("get_order", "{}"), answer("get_order_details", '{"order_id": "1"}'))
+    send = ScriptedSend(
+        answer("get_order_detail", "{}"), answer("get_order_details", '{"order_id": "1"}')
+    )
     policy = RepairPolicy(mode=RepairMode.CONSTRAINED)
-    outcome = await repair_completion(legacy, answer("get_order", "{}"), compiled, policy, send)
+    first = answer("get_order_detail", "{}")
+    outcome = await repair_completion(legacy, first, compiled, policy, send)
     assert outcome.attempts == 2 and not outcome.exhausted
     assert "usage" not in outcome.response
     reply = send.requests[0]["messages"][-1]
-    assert reply["role"] == "function" and reply["name"] == "get_order"
+    assert reply["role"] == "function" and reply["name"] == "get_order_detail"
     assert send.requests[1]["function_call"] == {"name": "get_order_details"}
     assert "tool_choice" not in send.requests[1]
 

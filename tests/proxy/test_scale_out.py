@@ -24,7 +24,6 @@ import pytest
 
 from repairproxy.errors import BudgetExhaustedError
 from repairproxy.settings import Settings
-from tests.proxy.conftest import ORDER_TOOL
 from tests.support.in_process import in_process_proxy
 from tests.support.mock_transport import MockTransport
 from tests.support.processes import (
@@ -36,6 +35,7 @@ from tests.support.processes import (
     redis_server,
 )
 from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
+from tests.support.tools import ORDER_TOOL
 
 ROOT = Path(__file__).resolve().parents[2]
 NGINX_CONF = ROOT / "docker" / "nginx.conf"

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from repairproxy.settings import Settings, settings_from_args
-from tests.proxy.conftest import MESSAGES, TOOLS
 from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
+from tests.support.tools import MESSAGES, TOOLS
 
 ROOT = Path(__file__).resolve().parents[2]
 

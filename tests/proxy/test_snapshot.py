@@ -18,10 +18,10 @@ import orjson
 import pytest
 
 from repairproxy.settings import Settings
-from tests.proxy.conftest import MESSAGES, TOOLS
 from tests.support.in_process import in_process_proxy
 from tests.support.mock_transport import MockTransport
 from tests.support.scripted_upstream import completion, tool_call
+from tests.support.tools import MESSAGES, TOOLS
 
 pytestmark = pytest.mark.anyio
 

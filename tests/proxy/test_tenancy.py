@@ -18,11 +18,12 @@ import pytest
 
 from repairproxy.settings import Settings
 from repairproxy.types import RepairMode
-from tests.proxy.conftest import MESSAGES, TOOLS, StartProxy
+from tests.proxy.conftest import StartProxy
 from tests.support.processes import ROOT, free_port
 from tests.support.proxy_server import RunningProxy, running_proxy
 from tests.support.responses_upstream import ResponsesUpstream, function_call, message
 from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
+from tests.support.tools import MESSAGES, TOOLS
 
 KEY_A = "sk-tenant-a-0123456789"
 KEY_B = "sk-tenant-b-9876543210"
