@@ -136,6 +136,7 @@ class RepairProxyApp:
             metrics if settings.metrics_port is None else None,
             # Several workers: the page sums them all, as /metrics does.
             dashboard=metrics.dashboard_view() if metrics is not None else None,
+            responses_store=stores.responses,
         )
         proxy.draining = self.draining
         return proxy
@@ -238,7 +239,8 @@ def _store_error_counter(metrics: Any, settings: Settings) -> Callable[[str], No
         ("operation",),
         registry=metrics.registry,
     )
-    children = {op: counter.labels(op) for op in ("update", "get", "link", "lookup")}
+    operations = ("update", "get", "link", "lookup", "response_put", "response_get")
+    children = {op: counter.labels(op) for op in (*operations, "response_delete")}
     return lambda operation: children[operation].inc()
 
 

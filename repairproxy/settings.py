@@ -215,6 +215,15 @@ class Settings:
             parse=int,
         ),
     )
+    max_responses_memory: int = field(
+        default=64 * 1024 * 1024,
+        metadata=_opt(
+            "bytes the in-process store of delivered Responses answers may hold (what "
+            "previous_response_id continues; LRU; with Redis, the most one answer may take; "
+            "default 64 MiB)",
+            parse=int,
+        ),
+    )
     episode_idle_ttl: float = field(
         default=3600.0, metadata=_opt("seconds an idle episode is kept (default 3600)", parse=float)
     )

@@ -1,10 +1,17 @@
 """``POST /v1/responses`` framed over HTTP: one JSON answer, or a Responses event stream whose
-function-call items are held until the pipeline has judged the whole answer.
+function-call items are held until the pipeline has judged the whole answer; and ``GET`` /
+``DELETE /v1/responses/{id}`` (and ``/input_items``) for the answers the proxy delivered.
 
 The decisions are the chat pipeline's (``pipeline.py``), reached through the adapter in
-``responses_api.py``; this module only moves bytes and keeps the client's response chain intact:
-the id returned is that of the upstream response the delivered answer came from, which the
-upstream stored, so a later ``previous_response_id`` built on it works upstream.
+``wire/responses.py``. Chains are the proxy's own: every delivered answer goes into the
+Responses store (``episodes/responses_store.py``) under the id the client saw, and a
+``previous_response_id`` found there is rebuilt into the whole input, sent upstream with
+``store: false`` (the current request's ``instructions`` only, as OpenAI does), so a promoted or
+repaired answer continues exactly the conversation the client saw. An answer the proxy changed
+gets an id of its own (a stream keeps the id its ``response.created`` announced); a gated stream
+is renumbered, so sequence numbers rise by one whatever was held or replaced. An upstream that
+serves chat completions only (``--upstream-apis`` without ``responses``) is asked in chat and the
+judged answer is translated back (a stream then arrives whole once judged).
 """
 
 from __future__ import annotations
@@ -12,23 +19,34 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
+from urllib.parse import parse_qs
 
 import orjson
 
 from repairproxy.asgi.exchange import Exchange
-from repairproxy.asgi.gate import SSEParser, call_opening
+from repairproxy.asgi.gate import MAX_HELD_CONTENT_CHARS, SSEParser, call_opening
 from repairproxy.asgi.responder import Responder
+from repairproxy.episodes.budget import EpisodeRef
+from repairproxy.episodes.responses_store import (
+    ResponsesStore,
+    StoredResponse,
+    input_items,
+    resend_items,
+)
 from repairproxy.errors import (
     BadRequestError,
+    NotFoundError,
     UpstreamBadAnswerError,
     UpstreamStatusError,
     UpstreamUnavailableError,
 )
-from repairproxy.pipeline import ChatPipeline, ChatRequest, instructs, json_object
+from repairproxy.pipeline import ChatOutcome, ChatPipeline, ChatRequest, instructs, json_object
 from repairproxy.types import API, HeaderList, Outcome, Scope
 from repairproxy.upstream.client import Upstream, UpstreamReply, response_headers, timed
 from repairproxy.wire.openai import ChatCompletion
 from repairproxy.wire.responses import (
+    from_chat_completion,
+    new_response_id,
     response_events,
     responses_request,
     to_chat_body,
@@ -36,12 +54,19 @@ from repairproxy.wire.responses import (
     to_response,
 )
 
-__all__ = ["RESPONSES_PATH", "ResponsesCall", "error_event"]
+__all__ = ["RESPONSES_PATH", "ResponsesCall", "error_event", "stored_response"]
 
 RESPONSES_PATH = "/v1/responses"
+_CHAT_PATH = "/v1/chat/completions"
+_SSE_HEADERS: HeaderList = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+]
+_JSON_HEADERS: HeaderList = [(b"content-type", b"application/json")]
 # Events that say nothing about the answer's content: released at once.
 _PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})
 _FAILED = frozenset({"response.failed", "response.incomplete", "error"})
+_LIFECYCLE_FIELD = "response"  # the field of lifecycle events that holds the response object
 
 
 def _response_of(content: bytes, status: int) -> dict[str, Any]:
@@ -92,23 +117,32 @@ class ResponsesCall:
         ex: Exchange,
         scope: Scope,
         headers: Mapping[str, str],
+        store: ResponsesStore,
     ) -> None:
         self.upstream = upstream
         self.pipeline = pipeline
         self.ex = ex
         self.headers = headers
+        self.store = store
         self.query: bytes = scope["query_string"]
         self.out_headers = upstream.outbound_headers(scope["headers"], keep_encoding=False)
         self.body: dict[str, Any] = {}
         self.forward: dict[str, Any] = {}
         self.request: ChatRequest | None = None
+        self.tenant = ""
+        self.conversation: list[Any] = []  # the whole input of this turn, earlier turns included
+        self.rebuilt = False  # previous_response_id came from the store: the input was rebuilt
+        self.translate = "responses" not in pipeline.settings.native_apis()
+        self.response_id: str | None = None  # the id the client sees (a stream: its first)
+        self._sequence = 0
         self._answers: dict[str | None, dict[str, Any]] = {}  # upstream responses by id
 
     # -- before the upstream ----------------------------------------------------------------------
 
     async def prepare(self, raw: bytes) -> ChatRequest:
-        """Parse, find the episode (a header, else ``previous_response_id``, else the history),
-        count the history's error results, and build the body that goes upstream."""
+        """Parse, rebuild a stored chain, find the episode (a header, else the stored turn or
+        ``previous_response_id``, else the history), count the history's error results, and
+        build the body that goes upstream."""
         ex, pipeline = self.ex, self.pipeline
         ex.record.api = API.RESPONSES
         body = json_object(raw)
@@ -116,28 +150,65 @@ class ResponsesCall:
             if body.get(name) is not None and not isinstance(body[name], kinds):
                 raise BadRequestError(f"'{name}' has the wrong type", param=name)
         self.body = body
-        request = pipeline.parse_body(to_chat_body(body), raw, self.headers, ex.record)
+        self.tenant = tenant = pipeline.budget.tenant_of(self.headers)
+        previous = body.get("previous_response_id")
+        stored = await self.store.get(tenant, previous) if isinstance(previous, str) else None
+        new_items = input_items(body.get("input"))
+        view, upstream_body = body, body
+        if stored is not None:
+            history = stored.conversation()
+            self.rebuilt = True
+            self.conversation = [*history, *new_items]
+            view = {k: v for k, v in body.items() if k != "previous_response_id"}
+            view["input"] = self.conversation
+            upstream_body = {**view, "input": [*resend_items(history), *new_items]}
+            upstream_body["store"] = False
+        else:
+            self.conversation = new_items
+            if self.translate and isinstance(previous, str):
+                raise _unknown_previous(previous)  # a chat upstream has no store to ask
+        request = pipeline.parse_body(to_chat_body(view), raw, self.headers, ex.record)
         ex.mode = request.mode.value
-        linked = await pipeline.episode_of_response(self.headers, body.get("previous_response_id"))
+        if stored is None:
+            linked = await pipeline.episode_of_response(self.headers, previous)
+        elif stored.episode_id and pipeline.settings.episode_header not in self.headers:
+            linked = EpisodeRef(stored.episode_id, False, False, tenant=tenant)
+        else:
+            linked = None
         try:
             await pipeline.admit(request, self.headers, ex.record, episode=linked)
         finally:
             ex.episode_id, ex.snapshot = request.episode_id, request.snapshot
-        forward = body
+        self.request = request
+        if self.translate:
+            self._prepare_chat(request)
+            return request
+        forward = upstream_body
         if request.tools is not None and instructs(request.mode):
             instruction = pipeline.policies[request.mode].template.instruction
-            current = body.get("instructions")
+            current = upstream_body.get("instructions")
             if not (isinstance(current, str) and instruction in current):
                 text = f"{current}\n\n{instruction}" if isinstance(current, str) and current else ""
-                forward = {**body, "instructions": text or instruction}
+                forward = {**upstream_body, "instructions": text or instruction}
         self.forward = forward
         request.forward_raw = raw if forward is body else orjson.dumps(forward)
-        self.request = request
         return request
+
+    def _prepare_chat(self, request: ChatRequest) -> None:
+        """The chat completion a chat-only upstream is asked for: never streamed (the answer is
+        judged whole, then framed as Responses events)."""
+        self.pipeline.prepare_forward(request)
+        forward = dict(request.forward or request.body)
+        forward["stream"] = False
+        forward.pop("stream_options", None)
+        request.forward = cast(Any, forward)
+        request.forward_raw = orjson.dumps(forward)
 
     async def _reask(self, chat_body: dict[str, Any]) -> dict[str, Any]:
         """The pipeline's re-ask, sent as a Responses request; answered as a chat completion."""
         assert self.request is not None
+        if self.translate:
+            return await self.upstream.complete(chat_body, self.out_headers, self.ex.timer)
         history = len(self.request.body.get("messages") or ())
         payload = orjson.dumps(responses_request(self.forward, history, chat_body))
         reply = await self.upstream.request(
@@ -149,12 +220,10 @@ class ResponsesCall:
         self._answers[_id_key(response.get("id"))] = response
         return to_chat_completion(response)
 
-    async def _judge(self, response: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """The answer to deliver (a Responses object) and whether it differs from ``response``."""
+    async def _decide(self, completion: ChatCompletion) -> ChatOutcome:
+        """The pipeline's verdict on one chat-shaped answer, its figures kept on the exchange."""
         assert self.request is not None
         ex, request = self.ex, self.request
-        self._answers[_id_key(response.get("id"))] = response
-        completion = cast(ChatCompletion, to_chat_completion(response))
         try:
             outcome = await self.pipeline.judge(request, completion, self._reask, ex.record)
         finally:
@@ -163,16 +232,68 @@ class ResponsesCall:
             ex.repairs = ex.record.repair_attempts
         ex.channels, ex.repair_failed = outcome.caught, outcome.repair_failed
         await self.pipeline.remember(request, outcome.answer)
+        return outcome
+
+    async def _judge(
+        self, response: dict[str, Any], streamed: Mapping[int, Any] | None = None
+    ) -> tuple[dict[str, Any], bool]:
+        """The answer to deliver (a Responses object) and whether it differs from ``response``.
+
+        ``streamed``: the items a stream already sent whole (prose), by output index; a changed
+        answer keeps them and puts its calls after them, so the completed output is what the
+        client saw."""
+        self._answers[_id_key(response.get("id"))] = response
+        outcome = await self._decide(cast(ChatCompletion, to_chat_completion(response)))
         final = response
         if outcome.changed:
             base = self._answers.get(_id_key(outcome.answer.get("id")), response)
             final = to_response(cast(dict[str, Any], outcome.answer), base)
-        await self.pipeline.remember_response(request, final.get("id"))
-        return final, outcome.changed
+            if streamed:
+                fresh = [i for i in final["output"] if i.get("type") != "message"]
+                final["output"] = [*(streamed[k] for k in sorted(streamed)), *fresh]
+            final["id"] = self.response_id or new_response_id()
+        final = self._as_delivered(final)
+        await self._keep(final)
+        return final, outcome.changed or self.rebuilt
+
+    def _as_delivered(self, response: dict[str, Any]) -> dict[str, Any]:
+        """``response`` as the client sees it: the stream's one id, and for a rebuilt chain the
+        fields the client sent (not the ``store: false`` whole input that went upstream)."""
+        if self.response_id is not None and response.get("id") != self.response_id:
+            response = {**response, "id": self.response_id}
+        if self.rebuilt:
+            response = {
+                **response,
+                "previous_response_id": self.body.get("previous_response_id"),
+                "store": self.body.get("store", True),
+            }
+        return response
+
+    async def _keep(self, final: Mapping[str, Any]) -> None:
+        """Store the delivered answer for the next turn (unless the client said ``store:
+        false``), and point its id at the episode."""
+        assert self.request is not None
+        response_id = final.get("id")
+        if not isinstance(response_id, str):
+            return
+        await self.pipeline.remember_response(self.request, response_id)
+        if self.body.get("store") is False:
+            return
+        model = self.body.get("model")
+        record = StoredResponse(
+            self.conversation,
+            dict(final),
+            self.request.episode_id,
+            model if isinstance(model, str) else None,
+        )
+        await self.store.put(self.tenant, response_id, record)
 
     # -- buffered ---------------------------------------------------------------------------------
 
     async def buffered(self, responder: Responder) -> None:
+        if self.translate:
+            await self._translated(responder, stream=False)
+            return
         ex = self.ex
         assert self.request is not None
         reply = await self.upstream.request(
@@ -194,9 +315,42 @@ class ResponsesCall:
         responder.first_byte_at = time.perf_counter()
         await responder.whole(reply.status_code, headers, content)
 
+    # -- a chat-only upstream ---------------------------------------------------------------------
+
+    async def _translated(self, responder: Responder, *, stream: bool) -> None:
+        """Ask the upstream in chat, judge, answer in Responses (JSON, or the whole event
+        stream at once: there is nothing to release before the verdict)."""
+        ex = self.ex
+        assert self.request is not None
+        reply = await self.upstream.request(
+            "POST", _CHAT_PATH, self.out_headers, self.request.forward_raw, ex.timer, self.query
+        )
+        if not 200 <= reply.status_code < 300:
+            ex.record.outcome = Outcome.UPSTREAM_ERROR
+            await self._whole(responder, reply, reply.content)  # chat errors are OpenAI-shaped
+            return
+        outcome = await self._decide(_completion_of(reply))
+        echoed = {**self.body, "input": None}
+        final = from_chat_completion(
+            cast(Mapping[str, Any], outcome.answer), echoed, new_response_id()
+        )
+        await self._keep(final)
+        ex.status = 200
+        headers = [*(_SSE_HEADERS if stream else _JSON_HEADERS), *ex.proxy_headers()]
+        responder.first_byte_at = time.perf_counter()
+        if not stream:
+            await responder.whole(200, headers, orjson.dumps(final))
+            return
+        await responder.start(200, headers)
+        frames = b"".join(self._frame(event) for event in response_events(final))
+        await responder.body(frames, more=False)
+
     # -- streamed ---------------------------------------------------------------------------------
 
     async def stream(self, responder: Responder) -> None:
+        if self.translate:
+            await self._translated(responder, stream=True)
+            return
         ex, upstream = self.ex, self.upstream
         assert self.request is not None
         async with upstream.stream(
@@ -216,77 +370,105 @@ class ResponsesCall:
             with upstream.reading():
                 await self._relay(timed(response.iter_body(), ex.timer), responder, headers)
 
+    def _frame(self, payload: Mapping[str, Any]) -> bytes:
+        """One event as it leaves: the next sequence number, the response's one id."""
+        event = dict(payload)
+        event["sequence_number"] = self._sequence
+        self._sequence += 1
+        inner = event.get(_LIFECYCLE_FIELD)
+        if isinstance(inner, dict) and "output" in inner:
+            event[_LIFECYCLE_FIELD] = self._as_delivered(inner)
+        return _sse(event)
+
     async def _relay(
         self, chunks: AsyncIterator[bytes], responder: Responder, headers: HeaderList
     ) -> None:
         """Release the preamble and prose at once; hold function calls (and text that could be
-        a call written as text) until ``response.completed``, then judge the whole answer."""
+        a call written as text, up to ``MAX_HELD_CONTENT_CHARS``) until the terminal event,
+        then judge the whole answer. A gated (or rebuilt) stream is re-framed: one id, sequence
+        numbers counted here; nothing follows its terminal event."""
         ex = self.ex
         gated = self.request is not None and self.request.tools is not None
+        rewrite = gated or self.rebuilt
         parser = SSEParser()
-        held: list[tuple[bytes, Any]] = []  # (raw event, its output index)
+        held: list[tuple[dict[str, Any], Any]] = []  # (event, its output index)
         final: dict[str, Any] | None = None
         failed = False
-        sequence = 0
-        prose: dict[int, bool] = {}  # output index -> its text is plain prose (released)
+        prose: set[int] = set()  # output indices whose events flow (plain prose)
+        streamed: dict[int, Any] = {}  # prose items sent whole, by output index
         text: dict[int, str] = {}
+        length: dict[int, int] = {}
         opening: dict[int, bool | None] = {}  # output index -> its text opens a call, if decided
 
-        async def release(raw: bytes) -> None:
+        async def release(payload: dict[str, Any], raw: bytes) -> None:
             if not responder.started:
                 await responder.start(200, [*headers, *ex.proxy_headers(verdict=False)])
                 responder.first_byte_at = time.perf_counter()
-            await responder.body(raw)
+            await responder.body(self._frame(payload) if rewrite else raw)
 
         async for chunk in chunks:
             for event in parser.feed(chunk):
                 payload = _payload(event.data)
                 kind = payload.get("type")
-                if isinstance(payload.get("sequence_number"), int):
-                    sequence = payload["sequence_number"] + 1
-                if kind == "response.completed" and isinstance(payload.get("response"), dict):
-                    final = payload["response"]
+                if not payload:
+                    if not rewrite:
+                        await release(payload, event.raw)
+                    continue  # a comment or keep-alive: nothing of the answer
+                inner = payload.get(_LIFECYCLE_FIELD)
+                if kind == "response.created" and isinstance(inner, dict) and rewrite:
+                    self.response_id = _id_key(inner.get("id")) or new_response_id()
+                if kind == "response.completed" and isinstance(inner, dict):
+                    final = inner
                 failed = failed or kind in _FAILED
-                if not gated or kind in _PREAMBLE or failed:
-                    await release(event.raw)
+                if not gated or kind in _PREAMBLE:
+                    await release(payload, event.raw)
                     continue
                 index = payload.get("output_index")
                 if (
-                    kind == "response.output_text.delta"
+                    not failed
+                    and kind == "response.output_text.delta"
                     and isinstance(index, int)
-                    and not prose.get(index)
-                    and opening.get(index) is None
+                    and index not in prose
+                    and all(h[1] == index for h in held)  # no earlier item still held
                 ):
-                    # Read again only while undecided (short or blank): linear in the stream.
-                    text[index] = text.get(index, "") + str(payload.get("delta", ""))
-                    opening[index] = call_opening(text[index])
-                    if opening[index] is False:
-                        prose[index] = True  # plain prose: this item's events flow from now on
-                        for raw, _ in [h for h in held if h[1] == index]:
-                            await release(raw)
-                        held = [h for h in held if h[1] != index]
-                if isinstance(index, int) and prose.get(index):
-                    await release(event.raw)
+                    delta = str(payload.get("delta", ""))
+                    length[index] = length.get(index, 0) + len(delta)
+                    if opening.get(index) is None:
+                        # Read again only while undecided (short or blank): linear in the stream.
+                        text[index] = text.get(index, "") + delta
+                        opening[index] = call_opening(text[index])
+                    if opening[index] is False or length[index] > MAX_HELD_CONTENT_CHARS:
+                        prose.add(index)  # this item's events flow from now on
+                        for earlier, _ in held:
+                            await release(earlier, b"")
+                        held = []
+                if isinstance(index, int) and index in prose and not failed:
+                    if kind == "response.output_item.done":
+                        streamed[index] = payload.get("item")
+                    await release(payload, event.raw)
                     continue
-                held.append((event.raw, index))
-        for event in parser.flush():
-            held.append((event.raw, None))
-        tail = [raw for raw, _ in held]
-        if failed or not gated:
-            if failed:
+                held.append((payload, index))
+        leftovers = [event.raw for event in parser.flush()]
+        if not gated:
+            if final is not None and not failed:
+                await self._keep(self._as_delivered(final))
+            elif failed:
                 ex.record.outcome = Outcome.UPSTREAM_ERROR
-            elif final is not None and self.request is not None:
-                await self.pipeline.remember_response(self.request, final.get("id"))
-            await self._finish(responder, headers, tail)
+            await self._finish(responder, headers, [] if rewrite else leftovers)
+            return
+        if failed:
+            # Unjudged, as the upstream sent it, in order: the terminal event last.
+            ex.record.outcome = Outcome.UPSTREAM_ERROR
+            await self._finish(responder, headers, [self._frame(p) for p, _ in held])
             return
         if final is None:
             raise UpstreamUnavailableError("the upstream's event stream ended before completing")
-        answer, changed = await self._judge(final)
+        answer, changed = await self._judge(final, streamed)
         if changed:
-            # Message items already streamed as prose are not sent again; the closing
-            # response.completed still carries the whole answer.
-            events = response_events(answer, sequence, skip_messages=bool(prose))
-            tail = [_sse(event) for event in events[2:]]
+            events = response_events(answer, skip=set(streamed))[2:]
+            tail = [self._frame(event) for event in events]
+        else:
+            tail = [self._frame(p) for p, _ in held]
         await self._finish(responder, headers, tail)
 
     async def _finish(self, responder: Responder, headers: HeaderList, tail: list[bytes]) -> None:
@@ -295,9 +477,95 @@ class ResponsesCall:
         if not responder.started:
             await responder.start(200, [*headers, *self.ex.proxy_headers()])
             responder.first_byte_at = time.perf_counter()
-        else:
-            tail.insert(max(len(tail) - 1, 0), self.ex.trailer_comment())
+        elif tail:
+            tail.insert(len(tail) - 1, self.ex.trailer_comment())
         await responder.body(b"".join(tail), more=False)
+
+
+def _unknown_previous(previous: str) -> NotFoundError:
+    return NotFoundError(
+        f"Previous response with id '{previous[:128]}' not found.", param="previous_response_id"
+    )
+
+
+def _completion_of(reply: UpstreamReply) -> ChatCompletion:
+    """A chat-only upstream's 2xx answer, which must be a chat completion."""
+    try:
+        completion = orjson.loads(reply.content)
+    except orjson.JSONDecodeError:
+        completion = None
+    if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
+        raise UpstreamBadAnswerError(
+            f"the upstream answered {reply.status_code} with a body that is not a chat completion"
+        )
+    return cast(ChatCompletion, completion)
+
+
+# -- GET / DELETE /v1/responses/{id} ----------------------------------------------------------
+
+
+def _listed_item(item: Any, index: int, response_id: str) -> Any:
+    """An input item as ``/input_items`` lists it: with an id, text as content parts."""
+    if not isinstance(item, Mapping):
+        return item
+    listed = dict(item)
+    listed.setdefault("id", f"item_{index}_{response_id[-12:]}")
+    if listed.get("type", "message") == "message":
+        listed["type"] = "message"
+        content = listed.get("content")
+        if isinstance(content, str):
+            kind = "output_text" if listed.get("role") == "assistant" else "input_text"
+            listed["content"] = [{"type": kind, "text": content}]
+    return listed
+
+
+async def stored_response(
+    store: ResponsesStore, tenant: str, method: str, path: str, query: bytes
+) -> tuple[int, dict[str, Any]] | None:
+    """The answer to ``GET`` / ``DELETE /v1/responses/{id}`` or ``GET .../input_items`` for an
+    id this tenant was given by the proxy; None when the store does not hold it."""
+    response_id, _, rest = path[len(RESPONSES_PATH) + 1 :].partition("/")
+    if not response_id or rest not in ("", "input_items") or method not in ("GET", "DELETE"):
+        return None
+    if method == "DELETE" and rest:
+        return None
+    record = await store.get(tenant, response_id)
+    if record is None:
+        return None
+    if method == "DELETE":
+        await store.delete(tenant, response_id)
+        return 200, {"id": response_id, "object": "response", "deleted": True}
+    if not rest:
+        return 200, record.response
+    params = parse_qs(query.decode("latin-1"))
+    order = (params.get("order") or ["desc"])[0]
+    if order not in ("asc", "desc"):
+        raise BadRequestError("'order' must be asc or desc", param="order")
+    try:
+        limit = int((params.get("limit") or ["20"])[0])
+    except ValueError:
+        limit = -1
+    if not 1 <= limit <= 100:
+        raise BadRequestError("'limit' must be an integer from 1 to 100", param="limit")
+    items = [_listed_item(item, i, response_id) for i, item in enumerate(record.input)]
+    if order == "desc":
+        items.reverse()
+    after = params.get("after")
+    if after:
+        ids = [item.get("id") if isinstance(item, Mapping) else None for item in items]
+        items = items[ids.index(after[0]) + 1 :] if after[0] in ids else []
+    page = items[:limit]
+
+    def id_of(item: Any) -> Any:
+        return item.get("id") if isinstance(item, Mapping) else None
+
+    return 200, {
+        "object": "list",
+        "data": page,
+        "first_id": id_of(page[0]) if page else None,
+        "last_id": id_of(page[-1]) if page else None,
+        "has_more": len(items) > limit,
+    }
 
 
 def _payload(data: bytes | None) -> dict[str, Any]:

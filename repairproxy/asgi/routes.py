@@ -30,8 +30,9 @@ from repairproxy.asgi.responder import (
     header_map,
     read_body,
 )
-from repairproxy.asgi.responses import RESPONSES_PATH, ResponsesCall
+from repairproxy.asgi.responses import RESPONSES_PATH, ResponsesCall, stored_response
 from repairproxy.asgi.responses import error_event as responses_error_event
+from repairproxy.episodes.responses_store import MemoryResponsesStore, ResponsesStore
 from repairproxy.errors import (
     AuthenticationError,
     BadRequestError,
@@ -102,8 +103,13 @@ class Proxy:
         metrics: Metrics | None = None,
         *,
         dashboard: DashboardSource | None = None,
+        responses_store: ResponsesStore | None = None,
     ) -> None:
         self.settings = settings
+        # The Responses answers the proxy delivered (previous_response_id, GET/DELETE by id).
+        self.responses_store: ResponsesStore = responses_store or MemoryResponsesStore(
+            settings.max_responses_memory, settings.episode_idle_ttl
+        )
         self.upstream = upstream
         self.pipeline = pipeline
         self.observer = observer
@@ -128,6 +134,8 @@ class Proxy:
                 await self._chat(scope, receive, responder, ex)
             elif path == RESPONSES_PATH and method == "POST":
                 await self._responses(scope, receive, responder, ex)
+            elif path.startswith(RESPONSES_PATH + "/") and method in ("GET", "DELETE"):
+                await self._stored_response(scope, receive, responder, ex)
             elif path.startswith("/v1/"):
                 await self._passthrough(scope, receive, responder, ex)
             elif path == "/healthz":
@@ -204,12 +212,36 @@ class Proxy:
         self, scope: Scope, receive: Receive, responder: Responder, ex: Exchange
     ) -> None:
         headers, raw = await self._validated_request(scope, receive, ex)
-        call = ResponsesCall(self.upstream, self.pipeline, ex, scope, headers)
+        call = ResponsesCall(
+            self.upstream, self.pipeline, ex, scope, headers, self.responses_store
+        )
         request = await call.prepare(raw)
         ex.warn_missing_header = request.episode is not None and request.episode.warn_missing_header
         await cancel_on_disconnect(
             call.stream(responder) if request.stream else call.buffered(responder), receive
         )
+
+    async def _stored_response(
+        self, scope: Scope, receive: Receive, responder: Responder, ex: Exchange
+    ) -> None:
+        """A Responses id the proxy delivered is served from its store (this tenant's only);
+        any other is the upstream's, relayed, unless client keys are set (then unknown: the
+        upstream's store is one namespace for every tenant)."""
+        headers = header_map(scope)
+        self._authenticate(headers, self._api_keys)
+        tenant = self.pipeline.budget.tenant_of(headers)
+        path, method = scope["path"], scope["method"]
+        found = await stored_response(
+            self.responses_store, tenant, method, path, scope["query_string"]
+        )
+        if found is not None:
+            ex.status = found[0]
+            await responder.whole(found[0], [_JSON], orjson.dumps(found[1]))
+        elif self.settings.api_keys or "responses" not in self.settings.native_apis():
+            response_id = path[len(RESPONSES_PATH) + 1 :].partition("/")[0]
+            raise NotFoundError(f"Response with id '{response_id[:128]}' not found.")
+        else:
+            await self._passthrough(scope, receive, responder, ex)
 
     # -- other routes -----------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from repairproxy.episodes.budget import EpisodeStore, MemoryEpisodeStore
 from repairproxy.episodes.chaining import ChainIndex
+from repairproxy.episodes.responses_store import MemoryResponsesStore, ResponsesStore
 from repairproxy.settings import Settings
 
 if TYPE_CHECKING:
@@ -47,8 +48,11 @@ class Stores:
         *,
         count: Callable[[], int] | None = None,
         client: Redis | None = None,
+        responses: ResponsesStore | None = None,
     ) -> None:
         self.episodes = episodes
+        # Delivered Responses answers (responses_store.py); in the process unless given.
+        self.responses: ResponsesStore = responses or MemoryResponsesStore(64 * 1024 * 1024)
         self.chains = chains
         self.health = health  # guard.StoreHealth for a shared store
         self._count = count
@@ -108,13 +112,15 @@ def open_stores(
             tenant_quota=settings.max_episode_memory // keys if keys > 1 else None,
             on_evict=count_eviction,
         )
-        return Stores(memory, count=memory.__len__)
+        responses = MemoryResponsesStore(settings.max_responses_memory, settings.episode_idle_ttl)
+        return Stores(memory, count=memory.__len__, responses=responses)
     if not is_redis_url(spec):
         raise ValueError(
             f"--episode-store must be memory or a redis://, rediss:// or unix:// URL, not {spec!r}"
         )
     from repairproxy.episodes.guard import GuardedChainIndex, GuardedEpisodeStore, StoreHealth
     from repairproxy.episodes.redis_store import RedisChainIndex, RedisEpisodeStore, redis_client
+    from repairproxy.episodes.responses_store import GuardedResponsesStore, RedisResponsesStore
 
     client = redis_client(spec, max_connections=max(settings.max_connections, 16))
     health = StoreHealth(
@@ -128,4 +134,8 @@ def open_stores(
         GuardedChainIndex(RedisChainIndex(client, ttl), health),
         health,
         client=client,
+        responses=GuardedResponsesStore(
+            RedisResponsesStore(client, ttl, max_record_bytes=settings.max_responses_memory),
+            health,
+        ),
     )

@@ -12,18 +12,23 @@ promotion, repair, budget and metrics are the chat pipeline's own:
     judged chat answer --to_response--> Responses answer (the id of the upstream response it
                                         came from, so ``previous_response_id`` keeps working)
 
-``previous_response_id`` links turns server-side; without an episode header it is also the
-episode link (each answered response id points to its episode).
+``previous_response_id`` chains are the proxy's own (``episodes/responses_store.py``): the
+routes rebuild the whole input from what was delivered, so the adapter only ever sees whole
+conversations. For upstreams that serve chat completions only, ``from_chat_completion`` turns
+a judged chat answer into a Responses object, and ``response_events`` streams it.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "from_chat_completion",
     "from_chat_messages",
+    "new_response_id",
     "response_events",
     "responses_request",
     "to_chat_body",
@@ -85,20 +90,24 @@ def _messages_of(items: Any) -> list[dict[str, Any]]:
             continue
         kind = item.get("type", "message")
         if kind == "message":
-            messages.append(
-                {"role": item.get("role", "user"), "content": _text_of(item.get("content"))}
-            )
+            role = item.get("role", "user")
+            # "developer" is the Responses name of the system role (chat servers know "system").
+            role = "system" if role == "developer" else role
+            messages.append({"role": role, "content": _text_of(item.get("content"))})
         elif kind == "function_call":
             call = {
                 "id": item.get("call_id"),
                 "type": "function",
                 "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
             }
+            # One assistant turn: its text and the calls after it are one chat message, as the
+            # answer was when the proxy delivered it (so the conversation chain recognises it).
             last = messages[-1] if messages else None
             if last is not None and last.get("role") == "assistant" and "tool_calls" in last:
                 last["tool_calls"].append(call)
-            elif last is not None and last.get("role") == "assistant" and not last.get("content"):
+            elif last is not None and last.get("role") == "assistant":
                 last["tool_calls"] = [call]
+                last["content"] = last.get("content") or None
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
@@ -124,9 +133,11 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     tools = _chat_tools(body.get("tools"))
     if tools is not None:
         chat["tools"] = tools
-    for key in ("tool_choice", "temperature", "top_p", "stream"):
+    for key in ("tool_choice", "temperature", "top_p", "stream", "parallel_tool_calls"):
         if key in body:
             chat[key] = _chat_tool_choice(body[key]) if key == "tool_choice" else body[key]
+    if isinstance(body.get("max_output_tokens"), int):
+        chat["max_tokens"] = body["max_output_tokens"]
     response_format = _chat_response_format(body.get("text"))
     if response_format is not None:
         chat["response_format"] = response_format
@@ -239,6 +250,66 @@ def _item_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
+def new_response_id() -> str:
+    """A response id of the proxy's own (an answer it changed, or one it translated)."""
+    return f"resp_{secrets.token_hex(24)}"
+
+
+def from_chat_completion(
+    completion: Mapping[str, Any], request: Mapping[str, Any], response_id: str
+) -> dict[str, Any]:
+    """A chat completion (from a chat-only upstream, judged) as the Responses answer to
+    ``request``: the request's echoed fields, the message and function-call items, usage."""
+    choices = completion.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], Mapping) else {}
+    message = dict(choice.get("message") or {})
+    calls = []
+    for call in message.get("tool_calls") or ():
+        if isinstance(call, Mapping):
+            call_id = call.get("id")
+            calls.append({**call, "id": call_id if isinstance(call_id, str) else _item_id("call")})
+    if calls:
+        message["tool_calls"] = calls
+    answer = {**completion, "choices": [{**choice, "message": message}]}
+    raw_usage = completion.get("usage")
+    usage: Mapping[str, Any] = raw_usage if isinstance(raw_usage, Mapping) else {}
+    created = completion.get("created")
+    base: dict[str, Any] = {
+        "id": response_id,
+        "object": "response",
+        "created_at": created if isinstance(created, int) else int(time.time()),
+        "status": "completed",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": request.get("instructions"),
+        "max_output_tokens": request.get("max_output_tokens"),
+        "metadata": request.get("metadata") or {},
+        "model": completion.get("model") or request.get("model"),
+        "output": [],
+        "parallel_tool_calls": request.get("parallel_tool_calls", True),
+        "previous_response_id": request.get("previous_response_id"),
+        "store": request.get("store", True),
+        "temperature": request.get("temperature"),
+        "text": request.get("text") or {"format": {"type": "text"}},
+        "tool_choice": request.get("tool_choice", "auto"),
+        "tools": request.get("tools") or [],
+        "top_p": request.get("top_p"),
+        "truncation": "disabled",
+        "usage": {
+            "input_tokens": usage.get("prompt_tokens", 0),
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": usage.get("completion_tokens", 0),
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.get("total_tokens", 0),
+        },
+    }
+    response = to_response(answer, base)
+    if choice.get("finish_reason") == "length":
+        response["status"] = "incomplete"
+        response["incomplete_details"] = {"reason": "max_output_tokens"}
+    return response
+
+
 def to_response(answer: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
     """A judged chat answer as a Responses answer, built on the upstream response it came from:
     non-message items (reasoning) kept, message and function-call items from the answer."""
@@ -293,10 +364,11 @@ def to_response(answer: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str,
 
 
 def response_events(
-    response: Mapping[str, Any], first_sequence: int = 0, *, skip_messages: bool = False
+    response: Mapping[str, Any], first_sequence: int = 0, *, skip: Container[int] = ()
 ) -> list[dict[str, Any]]:
-    """A whole Responses answer as the event stream a streaming client parses (``skip_messages``:
-    without the events of message items, when their text already went out)."""
+    """A whole Responses answer as the event stream a streaming client parses (``skip``: the
+    output indices whose events already went out), ending with its terminal event
+    (``response.completed``, or ``response.incomplete`` for an answer cut short)."""
     events: list[dict[str, Any]] = []
 
     def emit(kind: str, **fields: Any) -> None:
@@ -306,7 +378,7 @@ def response_events(
     emit("response.created", response=started)
     emit("response.in_progress", response=started)
     for index, item in enumerate(response.get("output") or ()):
-        if skip_messages and item.get("type") == "message":
+        if index in skip:
             continue
         if item.get("type") == "message":
             emit("response.output_item.added", output_index=index, item={**item, "content": []})
@@ -331,5 +403,6 @@ def response_events(
         else:
             emit("response.output_item.added", output_index=index, item=item)
         emit("response.output_item.done", output_index=index, item=item)
-    emit("response.completed", response=dict(response))
+    incomplete = response.get("status") == "incomplete"
+    emit("response.incomplete" if incomplete else "response.completed", response=dict(response))
     return events

@@ -3,8 +3,10 @@
 A test pushes the output items ``POST /v1/responses`` should answer with, in order; the server
 wraps each in a response object with a fresh id, stores it (``store`` defaults to true, as
 OpenAI's does) and answers ``previous_response_id`` only for ids it stored (400 otherwise, as
-OpenAI and vLLM do). ``"stream": true`` gets the event stream the official SDK parses (text and
-arguments split over several deltas). Every request is recorded.
+OpenAI and vLLM do). Like OpenAI, it refuses a ``function_call_output`` whose ``call_id`` no
+``function_call`` earlier in the conversation (stored chain + input) carries: 400 ``No tool call
+found for function call output with call_id ...``. ``"stream": true`` gets the event stream
+the official SDK parses (text and arguments split over several deltas). Every request is recorded.
 
     with ResponsesUpstream() as upstream:
         upstream.push([function_call("get_order", {"order_id": "#W1"})])
@@ -103,12 +105,26 @@ def _events(response: dict[str, Any]) -> list[bytes]:
     return out
 
 
+def _unanswerable_call_id(items: list[Any]) -> str | None:
+    """The first function_call_output whose call_id no earlier function_call carries."""
+    seen: set[Any] = set()
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "function_call":
+            seen.add(item.get("call_id"))
+        elif item.get("type") == "function_call_output" and item.get("call_id") not in seen:
+            return str(item.get("call_id"))
+    return None
+
+
 @dataclass
 class _State:
     script: list[list[dict[str, Any]]] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     stored: dict[str, dict[str, Any]] = field(default_factory=dict)
+    histories: dict[str, list[Any]] = field(default_factory=dict)  # id -> chain items
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -135,10 +151,28 @@ class _Handler(BaseHTTPRequestHandler):
                 error = {"message": f"Previous response with id '{previous}' not found."}
                 self._send(400, {"error": {**error, "type": "invalid_request_error"}})
                 return
+            raw_input = request.get("input")
+            items = (
+                [{"type": "message", "role": "user", "content": raw_input}]
+                if isinstance(raw_input, str)
+                else list(raw_input or [])
+            )
+            history = [*state.histories.get(previous, []), *items]
+            unknown = _unanswerable_call_id(history)
+            if unknown is not None:
+                error = {
+                    "message": f"No tool call found for function call output with call_id "
+                    f"{unknown}.",
+                    "type": "invalid_request_error",
+                    "param": "input",
+                }
+                self._send(400, {"error": error})
+                return
             output = state.script.pop(0) if state.script else [message("script exhausted")]
             response = _response(output, request)
             if request.get("store", True):
                 state.stored[response["id"]] = response
+                state.histories[response["id"]] = [*history, *output]
         if request.get("stream"):
             self._stream(_events(response))
         else:
