@@ -1172,6 +1172,166 @@ def _pythonic_list(source: str) -> list[tuple[str, dict[str, Any]]] | None:
     return calls or None
 
 
+def _lfm2_list(source: str) -> list[tuple[str, dict[str, Any]]] | None:
+    """LFM2's pythonic list: Python's grammar first, then a tolerant reading of what it refuses
+    (raw newlines and NUL bytes in strings, quotes left unescaped inside a string, ``07``)."""
+    strict = _pythonic_list(source)
+    if strict is not None:
+        return strict
+    try:
+        return _TolerantPythonic(source.strip()).calls()
+    except (_Malformed, IndexError, RecursionError):
+        return None
+
+
+_PY_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)")
+_PY_NAME = re.compile(r"[A-Za-z_][\w.]*")
+_PY_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", "'": "'", '"': '"'}
+
+
+class _TolerantPythonic:
+    """A forgiving reader of ``[f(k=literal, ...), ...]``: a quote closes its string only where
+    what follows can continue the call (``,``, ``:``, closing brackets, the end), so a quote the
+    model forgot to escape stays inside the string."""
+
+    __slots__ = ("position", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.position = 0
+
+    def _space(self) -> None:
+        while self.position < len(self.text) and self.text[self.position].isspace():
+            self.position += 1
+
+    def _expect(self, character: str) -> None:
+        self._space()
+        if not self.text.startswith(character, self.position):
+            raise _Malformed
+        self.position += 1
+
+    def calls(self) -> list[tuple[str, dict[str, Any]]]:
+        self._expect("[")
+        calls = []
+        while True:
+            self._space()
+            if self.text.startswith("]", self.position):
+                self.position += 1
+                break
+            calls.append(self._call())
+            self._space()
+            if self.text.startswith(",", self.position):
+                self.position += 1
+        self._space()
+        if self.position != len(self.text) or not calls:
+            raise _Malformed
+        return calls
+
+    def _call(self) -> tuple[str, dict[str, Any]]:
+        self._space()
+        name = _PY_NAME.match(self.text, self.position)
+        if name is None:
+            raise _Malformed
+        self.position = name.end()
+        self._expect("(")
+        arguments: dict[str, Any] = {}
+        while True:
+            self._space()
+            if self.text.startswith(")", self.position):
+                self.position += 1
+                return name.group(), arguments
+            key = _PY_NAME.match(self.text, self.position)
+            if key is None:
+                raise _Malformed
+            self.position = key.end()
+            self._expect("=")
+            arguments[key.group()] = self._value(0)
+            self._space()
+            if self.text.startswith(",", self.position):
+                self.position += 1
+
+    def _value(self, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise _Malformed
+        self._space()
+        text = self.text
+        character = text[self.position]
+        if character in "'\"":
+            return self._string(character)
+        if character in "[({":
+            return self._container(character, depth)
+        number = _PY_NUMBER.match(text, self.position)
+        if number is not None and number.group():
+            self.position = number.end()
+            token = number.group()
+            if _INTEGER.fullmatch(token.lstrip("+")):
+                return int(token)
+            value = float(token)
+            if not math.isfinite(value):
+                raise _Malformed
+            return value
+        name = _PY_NAME.match(text, self.position)
+        if name is None or name.group() not in _NAMED_CONSTANTS:
+            raise _Malformed
+        self.position = name.end()
+        return _NAMED_CONSTANTS[name.group()]
+
+    def _container(self, opener: str, depth: int) -> Any:
+        closer = {"[": "]", "(": ")", "{": "}"}[opener]
+        self.position += 1
+        items: list[Any] = []
+        pairs: dict[str, Any] = {}
+        while True:
+            self._space()
+            if self.text.startswith(closer, self.position):
+                self.position += 1
+                return pairs if opener == "{" and (pairs or not items) else items
+            value = self._value(depth + 1)
+            self._space()
+            if opener == "{" and self.text.startswith(":", self.position):
+                self.position += 1
+                if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                    raise _Malformed
+                pairs[str(value)] = self._value(depth + 1)
+            else:
+                items.append(value)
+            self._space()
+            if self.text.startswith(",", self.position):
+                self.position += 1
+            elif not self.text.startswith(closer, self.position):
+                raise _Malformed
+
+    def _string(self, quote: str) -> str:
+        text = self.text
+        position = self.position + 1
+        pieces: list[str] = []
+        while True:
+            if position >= len(text):
+                raise _Malformed
+            character = text[position]
+            if character == "\\" and position + 1 < len(text):
+                following = text[position + 1]
+                pieces.append(_PY_ESCAPES.get(following, "\\" + following))
+                position += 2
+                continue
+            if character == quote and self._closes(position + 1):
+                self.position = position + 1
+                return "".join(pieces)
+            pieces.append(character)
+            position += 1
+
+    def _closes(self, position: int) -> bool:
+        """Whether a quote ending at ``position`` can close its string: what follows goes on."""
+        text = self.text
+        closed = False
+        while position < len(text) and (text[position].isspace() or text[position] in ")]}"):
+            closed = closed or not text[position].isspace()
+            position += 1
+        if position == len(text):
+            return True
+        return text[position] == "," or (text[position] == ":" and not closed)
+
+
 def _pythonic_lines(source: str) -> list[tuple[str, dict[str, Any]]] | None:
     """Calls one per line (OLMo 3, Granite pythonic)."""
     try:
@@ -1229,8 +1389,11 @@ def _pythonic_wrapped(
 
 
 def _pythonic_bare(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
-    """``[f(a=1), g(b=2)]`` in the text, no markers (pythonic, Llama 4 stripped, LFM2 stripped)."""
-    del schemas
+    """``[f(a=1), g(b=2)]`` in the text, no markers (pythonic, Llama 4 stripped, LFM2 stripped).
+
+    What Python's grammar refuses is read tolerantly (as LFM2's) only when every name is a
+    declared tool; a list repeated verbatim right after itself is the model echoing its call.
+    """
     text = scanner.text
     if "(" not in text or "[" not in text:
         return []
@@ -1246,12 +1409,18 @@ def _pythonic_bare(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatc
             continue
         consumed = end
         scanner.count(end - start)
-        calls = _pythonic_list(text[start:end])
+        source = text[start:end]
+        calls = _pythonic_list(source)
         if calls is None:
-            continue
+            calls = _lfm2_list(source)
+            if calls is None or not all(_declared(name, schemas) for name, _ in calls):
+                continue
+        stop = end
+        if text.startswith(source, end):
+            stop = consumed = end + len(source)
         matches.append(
             NativeMatch(
-                "pythonic", start, end, _make_calls((n, a, start, end, False) for n, a in calls)
+                "pythonic", start, stop, _make_calls((n, a, start, end, False) for n, a in calls)
             )
         )
     return matches
@@ -1732,7 +1901,7 @@ RECOGNISERS: Mapping[str, Recogniser] = MappingProxyType(
             "llama4_pythonic", "<|python_start|>", "<|python_end|>", _pythonic_list
         ),
         "lfm2": _pythonic_wrapped(
-            "lfm2", "<|tool_call_start|>", "<|tool_call_end|>", _pythonic_list
+            "lfm2", "<|tool_call_start|>", "<|tool_call_end|>", _lfm2_list
         ),
         "olmo3": _pythonic_wrapped(
             "olmo3", "<function_calls>", "</function_calls>", _pythonic_lines

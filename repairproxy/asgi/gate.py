@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from repairproxy.native import opening_markers
 from repairproxy.textcalls import JSON_FENCE_LANGUAGES
 
 __all__ = [
@@ -52,7 +53,11 @@ _SEPARATOR = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 # Content held while it could still be a call written as text, at most this many characters:
 # a longer answer is flushed (and, if it was a call after all, still promoted, its text kept).
 MAX_HELD_CONTENT_CHARS = 16_384
-_TAG_OPENERS = ("<tool_call>", "<function=")
+# Tags and each model family's native opening markers (``native.opening_markers``): content
+# beginning with one is held; a prefix of one is held until the next characters tell.
+_TAG_OPENERS = ("<tool_call>", "<function=", *opening_markers())
+# A pythonic call list opens ``[name(``: held while it could still be one.
+_PYTHONIC_OPENING = re.compile(r"\[\s*[A-Za-z_][\w.]*(\s*)(\(?)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,7 +381,16 @@ def call_opening(text: str) -> bool | None:
     stripped = text.lstrip()
     if not stripped:
         return None
+    if any(stripped.startswith(opener) for opener in _TAG_OPENERS):
+        return True
     first, rest = stripped[0], stripped[1:].lstrip()
+    if first == "[" and rest and (rest[0].isalpha() or rest[0] == "_"):
+        pythonic = _PYTHONIC_OPENING.match(stripped)
+        if pythonic is not None and pythonic.group(2):
+            return True
+        if pythonic is not None and pythonic.end() == len(stripped):
+            return None  # ``[get_wea``: the name may still be followed by ``(``
+        return None if any(opener.startswith(stripped) for opener in _TAG_OPENERS) else False
     if first in "{[":
         if not rest:
             return None
