@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repairproxy.textcalls import message_text, promote_calls
-from repairproxy.validation import Channel, ToolsCache, text_calls_allowed
+from repairproxy.repair import promote
+from repairproxy.textcalls import message_text
+from repairproxy.validation import CallRules, Channel, ToolsCache, text_calls_allowed
 
 __all__ = ["Promotion", "main", "promote_answer"]
 
@@ -62,38 +63,29 @@ def promote_answer(
     """The proxy's buffered promotion of ``content`` for ``request`` (its tools and constraints).
 
     Mirrors the pipeline's step: ``tool_choice: none`` leaves text as text; otherwise the
-    message is validated against the declared tools and every call written as text whose group
-    validates is promoted (``repairproxy.repair.promote``). ``messages`` (the conversation so
-    far) are passed for promotion rules that look at it; today's code does not.
+    message is validated against the declared tools under the request's rules
+    (``validation.CallRules``: the conversation ``messages``, a named ``tool_choice``,
+    ``required``, ``parallel_tool_calls``) and promoted by ``repairproxy.repair.promote``.
     """
-    del messages  # today's promotion does not read the conversation
     if not text_calls_allowed(request):
         return Promotion((), content, False)
     tools = ToolsCache().compile(request)
     if tools is None:
         return Promotion((), content, False)
     message = {"role": "assistant", "content": content}
-    verdict = tools.check_message(message)
-    in_text = [call for call in verdict.calls if call.text_call is not None]
-    groups: dict[tuple[int, int], list[Any]] = {}
-    for call in in_text:
-        assert call.text_call is not None
-        groups.setdefault((call.text_call.start, call.text_call.end), []).append(call)
-    chosen = [
-        call.text_call
-        for group in groups.values()
-        if all(call.inner is Channel.VALID for call in group)
-        for call in group
-    ]
-    if not chosen:
-        return Promotion((), content, bool(in_text))
-    promoted = promote_calls(message, chosen)
+    rules = CallRules.of_request({**request, "messages": list(messages)})
+    verdict = tools.check_message(message, rules=rules)
+    flagged = any(call.channel is not Channel.VALID for call in verdict.calls)
+    promoted, count = promote(message, verdict)
+    if not count:
+        return Promotion((), content, flagged)
     calls = tuple(
         (entry["function"]["name"], _decoded(entry["function"]["arguments"]))
         for entry in promoted.get("tool_calls") or ()
     )
     rest = message_text(promoted) if promoted.get("content") is not None else None
-    return Promotion(calls, rest, len(chosen) < len(in_text))
+    left = tools.check_message(promoted, rules=rules)
+    return Promotion(calls, rest, not left.ok)
 
 
 def _decoded(arguments: Any) -> Any:

@@ -42,6 +42,7 @@ from repairproxy.reask import (
 from repairproxy.textcalls import fresh_call_id, message_text, promote_calls
 from repairproxy.types import OnExhausted, RepairMode
 from repairproxy.validation import (
+    CallRules,
     CallVerdict,
     Channel,
     CompiledTools,
@@ -51,12 +52,14 @@ from repairproxy.validation import (
 
 __all__ = [
     "DEFAULT_TEMPLATE",
+    "MAX_NAME_EDITS",
     "RepairOutcome",
     "RepairPolicy",
     "RepairTemplate",
     "SendFn",
     "build_repair_turn",
     "caught_calls",
+    "edit_distance",
     "escalated_tool_choice",
     "promote",
     "repair_completion",
@@ -139,13 +142,45 @@ def _declared_mentions(text: str, tools: CompiledTools) -> list[str]:
     return list(found)
 
 
+# ``constrained`` forces a tool the model did not name only when the name it wrote is this many
+# single-character edits (insert, delete, substitute; case and separators ignored) from it: a
+# misspelling, not another tool. Anything further is left to the model, which may decline.
+MAX_NAME_EDITS = 2
+
+
+def edit_distance(a: str, b: str, bound: int = MAX_NAME_EDITS) -> int:
+    """Levenshtein distance of ``a`` and ``b``, or ``bound + 1`` once it is certainly above it."""
+    if abs(len(a) - len(b)) > bound:
+        return bound + 1
+    previous = list(range(len(b) + 1))
+    for i, char in enumerate(a, 1):
+        current = [i]
+        for j, other in enumerate(b, 1):
+            current.append(
+                min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char != other))
+            )
+        if min(current) > bound:
+            return bound + 1
+        previous = current
+    return previous[-1]
+
+
+def _near(name: str | None, tool: str | None) -> bool:
+    if not name or not tool:
+        return False
+    normal = re.compile(r"[^a-z0-9]")
+    a, b = normal.sub("", name.lower()), normal.sub("", tool.lower())
+    return edit_distance(a, b) <= MAX_NAME_EDITS
+
+
 def _intended_tool(call: CallVerdict, tools: CompiledTools, mentions: Sequence[str]) -> str | None:
-    """The tool the model named when it named a declared one, else the closest by spelling."""
+    """The declared tool the model named (in the call, else in its text), or one within
+    ``MAX_NAME_EDITS`` of the name it wrote; None when it named none (nothing is forced)."""
     if call.name is not None and tools.schema_for(call.name) is not None:
         return call.name
     if mentions:
         return mentions[0]
-    return call.closest_tool
+    return call.closest_tool if _near(call.name, call.closest_tool) else None
 
 
 def escalated_tool_choice(
@@ -159,9 +194,10 @@ def escalated_tool_choice(
     """The ``tool_choice`` to force on this attempt (constrained mode, attempt >= 2), else None.
 
     The tool every failed call points at, when it is one: the declared tool the model named (in
-    the call, or else in the answer's text), otherwise the closest declared name; ``"required"``
-    when they point at different tools. Nothing for an empty answer (text may be the right
-    answer) or when the client said ``tool_choice: "none"``.
+    the call, or else in the answer's text), otherwise a declared name within ``MAX_NAME_EDITS``
+    of the one it wrote; ``"required"`` when they point at different declared tools. Nothing
+    when a failed call points at no declared tool (the model may rightly answer in text: no
+    listed tool fits), for an empty answer, or when the client said ``tool_choice: "none"``.
     """
     if policy.mode is not RepairMode.CONSTRAINED or attempt < 2:
         return None
@@ -180,7 +216,9 @@ def escalated_tool_choice(
         for call in failed
         if call.channel is not Channel.EMPTY_OUTPUT
     }
-    if len(intended) == 1 and None not in intended:
+    if None in intended:
+        return None
+    if len(intended) == 1:
         (name,) = intended
         return {"type": "function", "function": {"name": name}}
     return "required"
@@ -188,7 +226,7 @@ def escalated_tool_choice(
 
 def _closest_or_name(call: CallVerdict) -> str | None:
     if call.channel in (Channel.UNKNOWN_TOOL, Channel.TOOL_CALL_IN_CONTENT):
-        return call.closest_tool
+        return call.closest_tool if _near(call.name, call.closest_tool) else None
     return call.name
 
 
@@ -198,7 +236,9 @@ def _closest_or_name(call: CallVerdict) -> str | None:
 def promote(message: Mapping[str, Any], verdict: MessageVerdict) -> tuple[Mapping[str, Any], int]:
     """``message`` with every call written as text that validates promoted to a tool call.
 
-    Calls written together (one JSON list, one tag) are promoted together or not at all.
+    Only candidate calls reach a verdict (prose that narrates, declines or quotes a call does
+    not), and a call that conflicts with the request (``CallVerdict.conflict``) is never
+    promoted. Calls written together (one JSON list, one tag) are promoted together or not at all.
     Returns the message (the same object when nothing was promoted) and how many were promoted.
     """
     text_calls = [v for v in verdict.calls if v.text_call is not None]
@@ -211,7 +251,7 @@ def promote(message: Mapping[str, Any], verdict: MessageVerdict) -> tuple[Mappin
     chosen = [
         call.text_call
         for group in spans.values()
-        if all(call.inner is Channel.VALID for call in group)
+        if all(call.promotable for call in group)
         for call in group
         if call.text_call is not None
     ]
@@ -417,7 +457,10 @@ async def _repair_choice(
         empty = MessageVerdict(())
         return _ChoiceRepair(dict(choice), top, empty, empty)
     text_ok = text_calls_allowed(body)
-    first_verdict = tools.check_message(message, text_calls=text_ok)
+    # The original request's rules hold for every re-ask: its repair turns quote the model's own
+    # call back, which must not make the re-issued call "quoted from the conversation".
+    rules = CallRules.of_request(body)
+    first_verdict = tools.check_message(message, text_calls=text_ok, rules=rules)
     state = _ChoiceRepair(dict(choice), top, first_verdict, first_verdict)
     state.caught.extend(first_verdict.error_channels)
     if first_verdict.ok or not policy.promotes or not text_ok:
@@ -425,7 +468,7 @@ async def _repair_choice(
         return state
 
     last_choice: Mapping[str, Any] = choice
-    message, state.promoted = _promoted(message, first_verdict, tools, state)
+    message, state.promoted = _promoted(message, first_verdict, tools, state, rules)
     history: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
     previous: tuple[Any, ...] = ()
@@ -468,10 +511,10 @@ async def _repair_choice(
         history.extend(turn)
         kept.extend(newly_kept)
         state.reask_usages.append(reply.get("usage"))
-        verdict = tools.check_message(reply_message)
+        verdict = tools.check_message(reply_message, rules=rules)
         state.caught.extend(verdict.error_channels)
         state.verdict = verdict
-        message, promoted = _promoted(reply_message, verdict, tools, state)
+        message, promoted = _promoted(reply_message, verdict, tools, state, rules)
         state.promoted += promoted
         last_choice, state.top = reply_choices[0], reply
 
@@ -490,7 +533,8 @@ async def _repair_choice(
     if "index" in choice or last_choice is not choice:  # a re-ask's answer is always choice 0
         state.choice["index"] = choice.get("index", 0)
     final_message = state.choice["message"]
-    state.verdict = tools.check_message(final_message)  # what the client actually receives
+    # What the client actually receives.
+    state.verdict = tools.check_message(final_message, rules=rules)
     return state
 
 
@@ -499,11 +543,12 @@ def _promoted(
     verdict: MessageVerdict,
     tools: CompiledTools,
     state: _ChoiceRepair,
+    rules: CallRules,
 ) -> tuple[Mapping[str, Any], int]:
     """Step 0: promote text calls that validate; the verdict in ``state`` follows the message."""
     promoted, count = promote(message, verdict)
     if count:
-        state.verdict = tools.check_message(promoted)
+        state.verdict = tools.check_message(promoted, rules=rules)
     return promoted, count
 
 

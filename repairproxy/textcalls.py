@@ -1,17 +1,43 @@
-"""Tool calls written as text: every shape the proxy recognises, found, parsed and promoted here.
+"""Tool calls written as text: every shape the proxy recognises, found, parsed, judged and promoted.
 
 Small and quantized open models often write their call in the answer's text instead of the
 structured ``tool_calls`` field, and the upstream's parser misses it: bare JSON
 (``{"name": ..., "arguments": ...}`` or a list of them), ``<tool_call>`` blocks, fenced JSON,
-``<function=NAME><parameter=K>v</parameter></function>`` XML, or the legacy ``function_call`` shape.
-``find_text_calls`` returns each call with its span; ``promote_calls`` turns chosen calls into real
-``tool_calls`` entries and cuts their text out of the content, keeping the prose around them.
-What is a *valid* call is validation's business: this module knows shapes, not tools.
+``<function=NAME><parameter=K>v</parameter></function>`` XML, the legacy ``function_call`` shape,
+and each model family's native format (``repairproxy/native.py``, consulted when present).
+``find_text_calls`` is the one entry point that finds them all, with their spans.
+
+Promotion makes the agent *execute* what the text says, so a shape is not enough: the text around
+it must say the answer *is* the call. ``read_text_calls`` sorts every call shape found by any
+recogniser into one of three outcomes:
+
+* **promoted** (a candidate, kept in ``TextCallReading.calls``): the call stands alone, or ends the
+  answer, in a call shape; prose before it ("Let me look that up.") and a reasoning block before it
+  do not change that. Validation then promotes it when it names a declared tool with valid
+  arguments and does not conflict with the request.
+* **not a call** (``TextCallReading.prose``, with the reason): prose follows it (it is narrated,
+  quoted, declined or conditioned: "I called {...} and ...", "I will not run {...} unless ..."),
+  it sits inside a sentence, the sentence leading into it declines, conditions, narrates or
+  exemplifies ("If you confirm, I'll call: {...}"), it sits inside a reasoning block (``<think>``,
+  ``<seed:think>``, ...) or a code fence whose language is not JSON or a tool-call tag
+  (```` ```python ````), or it appears verbatim in a tool result or user message of the request
+  (an injection). Delivered as text: no re-ask, not a failure.
+* **ambiguous**: a candidate that conflicts with the request (``tool_choice`` names another
+  function; ``parallel_tool_calls: false`` and more than one call; ``tool_choice: "required"``
+  and no valid call). Validation marks these (``CallVerdict.conflict``); they are counted as
+  ``tool_call_in_content``, re-asked in ``reflexive``, and never promoted.
+
+A call identical to one made earlier in the conversation is still a call (agents repeat look-ups);
+only JSON copied from a tool result or a user message is not. ``promote_calls`` turns chosen calls
+into real ``tool_calls`` entries and cuts their text out of the content, keeping the prose.
+What is a *valid* call is validation's business: this module knows shapes and text, not tools.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
+import importlib
 import re
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,8 +49,10 @@ import orjson
 __all__ = [
     "JSON_FENCE_LANGUAGES",
     "MAX_JSON_SCANS",
+    "NotACall",
     "Shape",
     "TextCall",
+    "TextCallReading",
     "calls_in_value",
     "encode_arguments",
     "find_call_in_text",
@@ -33,6 +61,9 @@ __all__ = [
     "json_value_end",
     "message_text",
     "promote_calls",
+    "quoted_texts",
+    "read_text_calls",
+    "reasoning_spans",
 ]
 
 # Scanning free text for JSON values tries at most this many opening brackets (bounds the cost).
@@ -48,6 +79,7 @@ class Shape(enum.StrEnum):
     TAGGED = "tool_call_tag"  # <tool_call>...</tool_call> (hermes)
     FENCED = "fenced_json"  # ```json ... ```
     XML = "function_xml"  # <function=NAME><parameter=K>v</parameter></function>
+    NATIVE = "native"  # a model family's own format (repairproxy/native.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,13 +339,53 @@ def _gaps(spans: Sequence[tuple[int, int]], length: int) -> list[tuple[int, int]
     return gaps
 
 
-def find_text_calls(text: str) -> tuple[TextCall, ...]:
-    """Every tool call written in ``text``, in order of appearance (empty when there is none).
+@functools.cache
+def _native_recogniser() -> Callable[..., Iterable[Any]] | None:
+    """The model families' native recognisers (``native.find_native_calls``), when installed."""
+    try:
+        module = importlib.import_module(f"{__package__}.native")
+    except ModuleNotFoundError:
+        return None
+    found = getattr(module, "find_native_calls", None)
+    return found if callable(found) else None
 
-    Tags first (their bodies may hold anything), then ``<function=...>`` XML outside tags, fenced
-    JSON, and last bare JSON in what is left. JSON that is not a call shape is prose.
+
+def _native_calls(text: str, tools: Mapping[str, Mapping[str, Any]] | None) -> list[TextCall]:
+    """The native recognisers' matches as text calls: the calls of one match share its span."""
+    native = _native_recogniser()
+    if native is None:
+        return []
+    calls: list[TextCall] = []
+    for match in native(text, tools):
+        source = text[match.start : match.end]
+        calls.extend(
+            TextCall(
+                call.name,
+                call.arguments,
+                match.start,
+                match.end,
+                Shape.NATIVE,
+                source,
+                call.string_values,
+            )
+            for call in match.calls
+        )
+    return calls
+
+
+def find_text_calls(
+    text: str, tools: Mapping[str, Mapping[str, Any]] | None = None
+) -> tuple[TextCall, ...]:
+    """Every call shape written in ``text``, in order of appearance (empty when there is none).
+
+    The one entry point for every recogniser. Tags first (their bodies may hold anything), then
+    ``<function=...>`` XML outside tags, fenced JSON, bare JSON in what is left; then each model
+    family's native format (``native``, when present) where those found nothing readable (a native
+    reading replaces a tag whose body could not be read). JSON that is not a call shape is prose.
+    ``tools`` (name -> parameters schema) lets a native format that writes every value as text
+    type them. This finds shapes only: ``read_text_calls`` judges which ones are calls.
     """
-    if "{" not in text and "<" not in text:
+    if "{" not in text and "<" not in text and "[" not in text:
         return ()
     found: list[TextCall] = []
     if "<tool_call>" in text:
@@ -327,10 +399,226 @@ def find_text_calls(text: str) -> tuple[TextCall, ...]:
     if "```" in text:
         for gap_start, gap_end in _gaps([(c.start, c.end) for c in found], len(text)):
             found.extend(_fenced_calls(text, gap_start, gap_end))
-    for gap_start, gap_end in _gaps([(c.start, c.end) for c in found], len(text)):
-        found.extend(_bare_json_calls(text, gap_start, gap_end))
+    if "{" in text:
+        for gap_start, gap_end in _gaps([(c.start, c.end) for c in found], len(text)):
+            found.extend(_bare_json_calls(text, gap_start, gap_end))
+    native = _native_calls(text, tools)
+    if native:
+        readable = [call for call in found if call.name is not None and call.arguments is not None]
+        unreadable = [call for call in found if call not in readable]
+        # Where a tag's body could not be read, a native reading replaces it only when it names
+        # a declared tool (``<tool_call>garbage</tool_call>`` is not GLM's call to "garbage").
+        added = [
+            call
+            for call in _outside(readable, native)
+            if _outside(unreadable, [call]) or (tools is not None and call.name in tools)
+        ]
+        found = [*readable, *_outside(added, unreadable), *added]
     found.sort(key=lambda call: call.start)
     return tuple(found[:MAX_TEXT_CALLS])
+
+
+def _outside(kept: Sequence[TextCall], calls: Iterable[TextCall]) -> list[TextCall]:
+    """``calls`` that do not overlap a call already ``kept`` (a native reading wins)."""
+    spans = [(call.start, call.end) for call in kept]
+    return [c for c in calls if not any(c.start < end and start < c.end for start, end in spans)]
+
+
+# --- which call shapes are calls -----------------------------------------------------------------
+
+# Reasoning blocks: whatever they hold is the model thinking, never an action.
+_REASONING_TAGS = r"think|thinking|thought|reasoning|seed:think"
+_REASONING = re.compile(rf"<({_REASONING_TAGS})>.*?(?:</\1>|\Z)", re.DOTALL | re.IGNORECASE)
+_REASONING_OPEN = re.compile(rf"<(?:{_REASONING_TAGS})>", re.IGNORECASE)
+_REASONING_CLOSE = re.compile(rf"</(?:{_REASONING_TAGS})>", re.IGNORECASE)
+# Any fence, with its language; an unterminated one runs to the end of the text.
+_ANY_FENCE = re.compile(r"```[ \t]*([^\s`]*)[^\n`]*(?:\n.*?)?(?:```|\Z)", re.DOTALL)
+# Words that make the sentence leading into a call say it is not being made now: it is declined,
+# conditioned, narrated (already done) or an example. Checked on that one sentence only.
+_NOT_NOW = re.compile(
+    r"\b(?:not|never|cannot|can't|won't|wouldn't|shouldn't|don't|didn't|refus\w*|unable|"
+    r"without|unless|if|once|should|would|could|were|whether|in case|might|"
+    r"called|ran|executed|did|was|already|earlier|previous\w*|last|"
+    r"example|e\.g|for instance|such as|looks? like|format|syntax|template|pasted|says|said|"
+    r"quot\w*)\b|n't\b",
+    re.IGNORECASE,
+)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n")
+
+
+class NotACall(enum.StrEnum):
+    """Why a call shape in the text is prose, not a call (delivered as text, never re-asked)."""
+
+    REASONING = "inside_reasoning"  # inside <think>...</think> and the like
+    CODE = "inside_code_fence"  # inside a fence whose language is not JSON or a tool-call tag
+    QUOTED = "quoted_from_conversation"  # verbatim in a tool result or a user message
+    IN_SENTENCE = "inside_sentence"  # prose before it on its line ("I would send {...}")
+    FOLLOWED = "followed_by_prose"  # prose after it on its line, or a next sentence that declines
+    LEAD_IN = "lead_in_not_now"  # the sentence before it declines, conditions, narrates
+
+
+@dataclass(frozen=True, slots=True)
+class TextCallReading:
+    """The call shapes of one answer's text: the candidate calls, and the ones that are prose."""
+
+    calls: tuple[TextCall, ...]
+    prose: tuple[tuple[TextCall, NotACall], ...] = ()
+
+
+def reasoning_spans(text: str) -> list[tuple[int, int]]:
+    """Where the text's reasoning blocks are; a closing tag with no opening one (the chat
+    template opened the block in the prompt) makes everything before it reasoning."""
+    if "<" not in text:
+        return []
+    spans = [match.span() for match in _REASONING.finditer(text)]
+    close = _REASONING_CLOSE.search(text)
+    if close is not None:
+        opening = _REASONING_OPEN.search(text, 0, close.start())
+        if opening is None:
+            spans = [(0, close.end()), *(s for s in spans if s[0] >= close.end())]
+    return spans
+
+
+def _code_spans(text: str) -> list[tuple[int, int]]:
+    if "```" not in text:
+        return []
+    return [
+        match.span()
+        for match in _ANY_FENCE.finditer(text)
+        if match.group(1).lower() not in JSON_FENCE_LANGUAGES
+    ]
+
+
+def _inside(call: TextCall, spans: Sequence[tuple[int, int]]) -> bool:
+    return any(start <= call.start and call.end <= end for start, end in spans)
+
+
+def quoted_texts(messages: Any) -> tuple[str, ...]:
+    """The texts of a conversation's tool results and user messages: JSON copied from them into
+    an answer is an injection, not a call."""
+    if not isinstance(messages, list):
+        return ()
+    texts = []
+    for message in messages:
+        if isinstance(message, Mapping) and message.get("role") in ("tool", "function", "user"):
+            text = message_text(message)
+            if "{" in text or "<" in text or "[" in text:
+                texts.append(text)
+    return tuple(texts)
+
+
+def _call_key(name: str | None, arguments: Any) -> tuple[str, str]:
+    try:
+        canonical = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:
+        canonical = repr(arguments)
+    if isinstance(arguments, str):
+        canonical = arguments
+    return str(name), canonical
+
+
+def _quoted(calls: Sequence[TextCall], quoted: Sequence[str]) -> set[int]:
+    """Indices of ``calls`` that repeat a call written in a tool result or user message."""
+    if not quoted:
+        return set()
+    copied = {i for i, call in enumerate(calls) if any(_core(call) in text for text in quoted)}
+    if len(copied) < len(calls):
+        keys = {_call_key(c.name, c.arguments) for text in quoted for c in find_text_calls(text)}
+        copied.update(
+            i for i, call in enumerate(calls) if _call_key(call.name, call.arguments) in keys
+        )
+    return copied
+
+
+def _core(call: TextCall) -> str:
+    """The call's own text without a wrapper around it (a tag, a fence), to find it verbatim."""
+    source = call.source
+    if call.shape in (Shape.TAGGED, Shape.FENCED):
+        inner = source.find("{")
+        last = source.rfind("}")
+        if 0 <= inner < last:
+            return source[inner : last + 1]
+    return source.strip()
+
+
+def read_text_calls(
+    text: str,
+    *,
+    conversation: Any = None,
+    tools: Mapping[str, Mapping[str, Any]] | None = None,
+) -> TextCallReading:
+    """Every call shape of ``text``, sorted into candidate calls and prose (see the module doc).
+
+    ``conversation``: the request's messages; JSON copied from their tool results and user
+    messages is not a call (read only when the answer holds a candidate). Whatever recogniser
+    found a shape, the same rules apply to it.
+    """
+    found = find_text_calls(text, tools)
+    if not found:
+        return TextCallReading(())
+    prose: list[tuple[TextCall, NotACall]] = []
+    reasoning = reasoning_spans(text)
+    code = _code_spans(text)
+    candidates: list[TextCall] = []
+    for call in found:
+        if _inside(call, reasoning):
+            prose.append((call, NotACall.REASONING))
+        elif _inside(call, code):
+            prose.append((call, NotACall.CODE))
+        else:
+            candidates.append(call)
+    copied = _quoted(candidates, quoted_texts(conversation)) if candidates else set()
+    prose.extend((call, NotACall.QUOTED) for i, call in enumerate(candidates) if i in copied)
+    candidates = [call for i, call in enumerate(candidates) if i not in copied]
+    if candidates:
+        candidates = _standing(text, candidates, reasoning, prose)
+    prose.sort(key=lambda item: item[0].start)
+    return TextCallReading(tuple(candidates), tuple(prose))
+
+
+def _standing(
+    text: str,
+    calls: Sequence[TextCall],
+    reasoning: Sequence[tuple[int, int]],
+    prose: list[tuple[TextCall, NotACall]],
+) -> list[TextCall]:
+    """The calls that stand on their own lines, with no sentence around them saying they are not
+    made now; every other one goes to ``prose`` with its reason."""
+    visible = list(text)
+    blanked = [*reasoning, *((call.start, call.end) for call in calls)]
+    for start, end in blanked:  # neither reasoning nor calls are prose: blank them out
+        visible[start:end] = " " * (end - start)
+    rest = "".join(visible)
+    kept: list[TextCall] = []
+    verdicts: dict[tuple[int, int], NotACall | None] = {}
+    for call in calls:
+        span = (call.start, call.end)
+        if span not in verdicts:
+            verdicts[span] = _standing_reason(rest, *span)
+        reason = verdicts[span]
+        if reason is None:
+            kept.append(call)
+        else:
+            prose.append((call, reason))
+    return kept
+
+
+def _standing_reason(rest: str, start: int, end: int) -> NotACall | None:
+    """Why the call at ``start:end`` is not a call, read from the prose ``rest`` around it."""
+    line_start = rest.rfind("\n", 0, start) + 1
+    line_end = rest.find("\n", end)
+    before = rest[line_start:start].strip()
+    if before and before[-1] not in ".!?:":
+        return NotACall.IN_SENTENCE
+    if rest[end : len(rest) if line_end < 0 else line_end].strip():
+        return NotACall.FOLLOWED
+    leading = [s for s in _SENTENCE_END.split(rest[:start]) if s.strip()]
+    if leading and _NOT_NOW.search(leading[-1]):
+        return NotACall.LEAD_IN
+    following = [s for s in _SENTENCE_END.split(rest[end:]) if s.strip()]
+    if following and _NOT_NOW.search(following[0]):
+        return NotACall.FOLLOWED
+    return None
 
 
 def find_call_in_text(text: str) -> tuple[str | None] | None:

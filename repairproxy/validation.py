@@ -21,13 +21,19 @@ import jsonschema_rs
 import orjson
 
 from repairproxy.errors import InvalidToolsError
-from repairproxy.textcalls import TextCall, find_call_in_text, find_text_calls, message_text
+from repairproxy.textcalls import (
+    TextCall,
+    find_call_in_text,
+    message_text,
+    read_text_calls,
+)
 
 __all__ = [
     "COMPILED_BYTES_PER_JSON_BYTE",
     "COMPILED_BYTES_PER_TOOL",
     "DEFAULT_MAX_TOOLS",
     "DEFAULT_TOOLS_CACHE_BYTES",
+    "CallRules",
     "CallVerdict",
     "Channel",
     "CompiledTools",
@@ -78,6 +84,15 @@ class CallVerdict:
     inner: Channel | None = None
     # The arguments as the model sent them (kept for invalid calls only, to quote them back).
     arguments: Any = None
+    # A call written as text that conflicts with the request (another tool than the one
+    # tool_choice names, a second call under parallel_tool_calls false, no call under
+    # "required"): why. Such a call is never promoted, whatever its inner channel.
+    conflict: str | None = None
+
+    @property
+    def promotable(self) -> bool:
+        """A call written as text that can become a real tool call as it is."""
+        return self.text_call is not None and self.inner is Channel.VALID and not self.conflict
 
     @property
     def form(self) -> str:
@@ -146,6 +161,43 @@ def _closed(schema: Mapping[str, Any]) -> dict[str, Any]:
     ):
         closed["additionalProperties"] = False
     return closed
+
+
+@dataclass(frozen=True, slots=True)
+class CallRules:
+    """What the request allows an answer's calls to be (see ``textcalls``: the three outcomes).
+
+    ``forced``: the function ``tool_choice`` names; ``required``: ``tool_choice: "required"``;
+    ``single``: ``parallel_tool_calls: false``;
+    ``conversation``: the request's messages, whose tool results and user messages hold JSON
+    that, copied into an answer, is not a call.
+    """
+
+    forced: str | None = None
+    required: bool = False
+    single: bool = False
+    conversation: Any = None
+
+    @classmethod
+    def of_request(cls, body: Mapping[str, Any]) -> CallRules:
+        choice = body.get("tool_choice")
+        forced: str | None = None
+        if isinstance(choice, Mapping):
+            function = choice.get("function")
+            name = function.get("name") if isinstance(function, Mapping) else choice.get("name")
+            forced = name if isinstance(name, str) else None
+        legacy = body.get("function_call")
+        if forced is None and isinstance(legacy, Mapping) and isinstance(legacy.get("name"), str):
+            forced = legacy["name"]
+        return cls(
+            forced,
+            choice == "required",
+            body.get("parallel_tool_calls") is False,
+            body.get("messages"),
+        )
+
+
+_NO_RULES = CallRules()
 
 
 class CompiledTools:
@@ -311,15 +363,31 @@ class CompiledTools:
         )
 
     def check_message(
-        self, message: Mapping[str, Any], *, text_calls: bool = True
+        self,
+        message: Mapping[str, Any],
+        *,
+        text_calls: bool = True,
+        rules: CallRules | None = None,
     ) -> MessageVerdict:
         """Classify every call of an assistant message, or the message itself when it has none.
 
         Calls written in the text are classified too, one verdict each (``tool_call_in_content``,
         with their inner channel), unless ``text_calls`` is False (the client sent
-        ``tool_choice: "none"``: text is text). A text call repeating a structured call of the same
-        message is only commentary and is not counted.
+        ``tool_choice: "none"``: text is text). Only candidate calls count: a call shape that is
+        prose (narrated, declined, quoted from the conversation, in reasoning or code; see
+        ``textcalls.read_text_calls``) is text. ``rules`` (the request's ``CallRules``) mark the
+        text calls that conflict with the request, and make an answer without any call under
+        ``tool_choice: "required"`` one ``tool_call_in_content`` verdict. A text call repeating
+        a structured call of the same message is only commentary and is not counted.
         """
+        verdict = self._check_message(message, text_calls, rules or _NO_RULES)
+        if rules is None or not text_calls:
+            return verdict
+        return _with_rules(verdict, rules)
+
+    def _check_message(
+        self, message: Mapping[str, Any], text_calls: bool, rules: CallRules
+    ) -> MessageVerdict:
         tool_calls = message.get("tool_calls")
         structured: tuple[CallVerdict, ...] = ()
         if isinstance(tool_calls, list) and tool_calls:
@@ -338,7 +406,7 @@ class CompiledTools:
             seen = _structured_keys(message)
             in_text = tuple(
                 verdict
-                for verdict in self._check_text(text)
+                for verdict in self._check_text(text, rules)
                 if verdict.text_call is not None and _text_call_key(verdict.text_call) not in seen
             )
             return MessageVerdict(structured + in_text)
@@ -358,11 +426,13 @@ class CompiledTools:
             )
         if not text_calls:
             return MessageVerdict(())
-        return MessageVerdict(self._check_text(text))
+        return MessageVerdict(self._check_text(text, rules))
 
-    def _check_text(self, text: str) -> tuple[CallVerdict, ...]:
+    def _check_text(self, text: str, rules: CallRules) -> tuple[CallVerdict, ...]:
         verdicts = []
-        for index, call in enumerate(find_text_calls(text)):
+        for index, call in enumerate(
+            read_text_calls(text, conversation=rules.conversation, tools=self._schemas).calls
+        ):
             arguments = call.arguments
             schema = self._schemas.get(call.name) if call.name is not None else None
             if call.string_values and isinstance(arguments, dict) and schema is not None:
@@ -399,6 +469,42 @@ class CompiledTools:
         return self.check_call(
             function.get("name"), function.get("arguments"), index=index, call_id=call_id
         )
+
+
+def _with_rules(verdict: MessageVerdict, rules: CallRules) -> MessageVerdict:
+    """``verdict`` with the text calls that conflict with the request marked (see CallRules)."""
+    if rules.forced is None and not rules.required and not rules.single:
+        return verdict
+    calls = list(verdict.calls)
+    if rules.required and not calls:
+        calls.append(
+            CallVerdict(
+                0,
+                None,
+                None,
+                Channel.TOOL_CALL_IN_CONTENT,
+                "The request requires a tool call (tool_choice is 'required') and the answer "
+                "made none.",
+                conflict="tool_choice is 'required'",
+            )
+        )
+        return MessageVerdict(tuple(calls))
+    several = rules.single and len(calls) > 1
+    for position, call in enumerate(calls):
+        if call.text_call is None or call.channel is not Channel.TOOL_CALL_IN_CONTENT:
+            continue
+        conflict: str | None = None
+        if rules.forced is not None and call.name != rules.forced:
+            conflict = f"tool_choice names {_short(rules.forced)!r}"
+        elif several:
+            conflict = "parallel_tool_calls is false: at most one call"
+        if conflict is not None:
+            calls[position] = dataclasses.replace(
+                call,
+                conflict=conflict,
+                diagnosis=f"{call.diagnosis} It conflicts with the request: {conflict}.",
+            )
+    return MessageVerdict(tuple(calls))
 
 
 def _canonical(arguments: Any) -> str:

@@ -366,7 +366,7 @@ async def test_constrained_never_forces_a_tool_the_model_did_not_name(
 async def test_constrained_escalation_requires_a_call_when_targets_differ(
     tools: CompiledTools,
 ) -> None:
-    two = (MISSPELLED, call("cancel_ordr", "{}", "c2"))
+    two = (MISSPELLED, call("cancel_pending_ordr", "{}", "c2"))
     send = ScriptedSend(completion(*two), completion(REPAIRED))
     await _repair(tools, completion(*two), send, mode=RepairMode.CONSTRAINED)
     assert send.requests[1]["tool_choice"] == "required"
