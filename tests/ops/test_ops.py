@@ -11,8 +11,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
+
+from tests.support.compose_schema import PACKAGE, compose_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "grafana" / "dashboards" / "repairproxy.json"
@@ -54,12 +57,23 @@ def walk(node: Any) -> list[dict[str, Any]]:
     return found
 
 
-def test_compose_config_is_valid() -> None:
-    rendered = yaml.safe_load(run(tool("docker-compose"), "-f", "docker/compose.yaml", "config"))
-    services = rendered["services"]
+def test_compose_file_follows_the_compose_specification() -> None:
+    schema = compose_schema()
+    if schema is None:
+        pytest.skip(f"the Compose schema ({PACKAGE}) is not cached and npm cannot fetch it")
+    compose = load_yaml(ROOT / "docker/compose.yaml")
+    validator = jsonschema.Draft201909Validator(schema)
+    errors = [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(compose)]
+    assert not errors
+    services = compose["services"]
     assert set(services) == {"vllm", "proxy", "proxy-2", "redis", "lb", "prometheus", "grafana"}
     vllm = " ".join(services["vllm"]["command"])
-    assert "--quantization=awq" in vllm and "AWQ" in vllm
+    assert "--quantization=${QUANTIZATION:-awq}" in vllm and "AWQ" in vllm
+    # The check has teeth: a misspelt key is refused.
+    broken = {**compose, "services": {**services, "proxy": {**services["proxy"], "restrat": "no"}}}
+    assert any(
+        e.path and list(e.path)[:2] == ["services", "proxy"] for e in validator.iter_errors(broken)
+    )
 
 
 def test_prometheus_config_and_rules_check() -> None:
