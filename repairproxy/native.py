@@ -1900,9 +1900,7 @@ RECOGNISERS: Mapping[str, Recogniser] = MappingProxyType(
         "llama4_pythonic": _pythonic_wrapped(
             "llama4_pythonic", "<|python_start|>", "<|python_end|>", _pythonic_list
         ),
-        "lfm2": _pythonic_wrapped(
-            "lfm2", "<|tool_call_start|>", "<|tool_call_end|>", _lfm2_list
-        ),
+        "lfm2": _pythonic_wrapped("lfm2", "<|tool_call_start|>", "<|tool_call_end|>", _lfm2_list),
         "olmo3": _pythonic_wrapped(
             "olmo3", "<function_calls>", "</function_calls>", _pythonic_lines
         ),
