@@ -1,0 +1,202 @@
+"""The module that decides the answer, driven directly: parse -> admit -> forward -> judge, with a
+scripted fake ``send`` for the re-asks (as ``test_repair.py`` drives the loop) and a memory store.
+
+No route, no transport: what these pin is the decision itself (which mode, what goes upstream,
+what the client gets back, what the episode is charged and what the record says)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, cast
+
+import orjson
+import pytest
+
+from repairproxy.episodes.budget import ErrorBudget, MemoryEpisodeStore
+from repairproxy.errors import BadRequestError, BudgetExhaustedError, RepairExhaustedError
+from repairproxy.observe.record import RepairResultKind, RequestRecord
+from repairproxy.pipeline import ChatOutcome, ChatPipeline, ChatRequest
+from repairproxy.repair import DEFAULT_TEMPLATE, RepairPolicy
+from repairproxy.settings import Settings
+from repairproxy.types import BudgetPolicy, OnExhausted, Outcome, RepairMode
+from repairproxy.validation import ToolsCache
+from repairproxy.wire.openai import ChatCompletion
+from tests.support.tools import CANCEL_ORDER, GET_ORDER
+
+pytestmark = pytest.mark.anyio
+
+EPISODE = {"x-episode-id": "ep-1"}
+BODY: dict[str, Any] = {
+    "model": "m",
+    "tools": [GET_ORDER, CANCEL_ORDER],
+    "messages": [
+        {"role": "system", "content": "You are a retail agent."},
+        {"role": "user", "content": "Where is order #W1?"},
+    ],
+}
+
+
+def call(name: str, arguments: str, call_id: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def completion(*calls: dict[str, Any], content: str | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = list(calls)
+    return {
+        "id": "chatcmpl-x",
+        "object": "chat.completion",
+        "model": "served-m",
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    }
+
+
+VALID = call("get_order_details", '{"order_id": "#W1"}', "call_ok")
+HALLUCINATED = call("get_order_status", '{"order_id": "#W1"}', "call_bad")
+
+
+class ScriptedSend:
+    """The re-ask seam: scripted completions in order; every request it was given, kept."""
+
+    def __init__(self, *responses: dict[str, Any]) -> None:
+        self.responses = list(responses)
+        self.requests: list[dict[str, Any]] = []
+
+    async def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.requests.append(copy.deepcopy(request))
+        return self.responses.pop(0)
+
+
+def pipeline(**overrides: Any) -> ChatPipeline:
+    settings = Settings(**{"upstream": "http://mock/v1", "repair": "reflexive", **overrides})
+    policies = {
+        mode: RepairPolicy(
+            mode=mode,
+            max_repairs=settings.max_repairs,
+            on_exhausted=settings.on_exhausted,
+            template=DEFAULT_TEMPLATE,
+        )
+        for mode in RepairMode
+    }
+    budget = ErrorBudget(MemoryEpisodeStore(), default_budget=settings.budget)
+    return ChatPipeline(settings, ToolsCache(), budget, policies)
+
+
+async def decide(
+    chat: ChatPipeline,
+    first: dict[str, Any],
+    send: ScriptedSend,
+    *,
+    headers: dict[str, str] | None = None,
+    body: dict[str, Any] | None = None,
+) -> tuple[ChatRequest, ChatOutcome, RequestRecord]:
+    """One request through every step, as the chat route calls them."""
+    headers = EPISODE if headers is None else headers
+    record = RequestRecord()
+    request = chat.parse(orjson.dumps(body or BODY), headers, record)
+    await chat.admit(request, headers, record)
+    chat.prepare_forward(request)
+    outcome = await chat.judge(request, cast(ChatCompletion, first), send, record)
+    return request, outcome, record
+
+
+async def test_a_valid_answer_passes_unchanged_and_charges_nothing() -> None:
+    first = completion(VALID)
+    request, outcome, record = await decide(pipeline(), first, ScriptedSend())
+    assert outcome.answer == first and not outcome.changed
+    assert outcome.caught == () and outcome.repairs == 0
+    assert record.outcome is Outcome.OK and record.tool_calls == 1 and record.caught == []
+    assert record.model == "m" and record.served_model == "served-m"
+    assert request.snapshot is not None and request.snapshot.errors == 0
+    assert record.episode is not None and record.episode.explicit and record.episode.new
+
+
+async def test_the_instruction_goes_upstream_in_reflexive_and_not_in_off() -> None:
+    record = RequestRecord()
+    for mode, instructed in ((RepairMode.REFLEXIVE, True), (RepairMode.OFF, False)):
+        chat = pipeline(repair=mode.value)
+        request = chat.parse(orjson.dumps(BODY), {}, record)
+        chat.prepare_forward(request)
+        assert request.forward is not None
+        system = request.forward["messages"][0]["content"]
+        assert (DEFAULT_TEMPLATE.instruction in system) is instructed
+        # Off forwards the client's bytes as they came.
+        assert (request.forward_raw == orjson.dumps(BODY)) is not instructed
+
+
+async def test_a_hallucinated_call_is_re_asked_and_the_fixed_answer_returned() -> None:
+    send = ScriptedSend(completion(VALID))
+    streamed = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
+    request, outcome, record = await decide(
+        pipeline(), completion(HALLUCINATED), send, body=streamed
+    )
+    assert record.stream and len(send.requests) == 1
+    reask = send.requests[0]
+    # Re-asks are buffered, whatever the client asked.
+    assert reask.get("stream") is not True and "stream_options" not in reask
+    assert reask["messages"][-1]["role"] == "tool"
+    assert "get_order_status" in reask["messages"][-1]["content"]
+    answer = outcome.answer["choices"][0]["message"]
+    assert answer["tool_calls"][0]["function"]["name"] == "get_order_details"
+    assert outcome.changed and outcome.repairs == 1 and outcome.caught == ("unknown_tool",)
+    assert record.outcome is Outcome.REPAIRED and record.repair_attempts == 1
+    assert [r.result for r in record.repairs] == [RepairResultKind.FIXED]
+    # The first answer's error is charged to the episode, even though the client never saw it.
+    assert request.snapshot is not None and request.snapshot.errors == 1
+
+
+async def test_repair_off_observes_and_forwards_the_invalid_answer() -> None:
+    first = completion(HALLUCINATED)
+    send = ScriptedSend()
+    request, outcome, record = await decide(pipeline(repair="off"), first, send)
+    assert send.requests == [] and outcome.answer == first
+    assert outcome.caught == ("unknown_tool",) and outcome.repairs == 0
+    assert record.outcome is Outcome.OK and [c.channel for c in record.caught] == ["unknown_tool"]
+    assert request.snapshot is not None and request.snapshot.errors == 1
+
+
+async def test_exhausted_repair_with_on_exhausted_error_raises_and_still_charges() -> None:
+    chat = pipeline(max_repairs=1, on_exhausted=OnExhausted.ERROR.value)
+    send = ScriptedSend(completion(HALLUCINATED))
+    record = RequestRecord()
+    request = chat.parse(orjson.dumps(BODY), EPISODE, record)
+    await chat.admit(request, EPISODE, record)
+    chat.prepare_forward(request)
+    with pytest.raises(RepairExhaustedError):
+        await chat.judge(request, cast(ChatCompletion, completion(HALLUCINATED)), send, record)
+    assert record.outcome is Outcome.REPAIR_EXHAUSTED and record.repair_attempts == 1
+    assert [r.result for r in record.repairs] == [RepairResultKind.FAILED]
+    assert request.snapshot is not None and request.snapshot.errors == 1
+
+
+async def test_a_spent_budget_rejects_an_explicit_episode_before_the_upstream() -> None:
+    chat = pipeline(repair="off", budget=1, on_budget_exhausted=BudgetPolicy.REJECT.value)
+    await decide(chat, completion(HALLUCINATED), ScriptedSend())  # spends the one error
+    record = RequestRecord()
+    request = chat.parse(orjson.dumps(BODY), EPISODE, record)
+    with pytest.raises(BudgetExhaustedError):
+        await chat.admit(request, EPISODE, record)
+    assert record.outcome is Outcome.BUDGET_REJECTED
+    assert request.forward is None  # never prepared: nothing went upstream
+
+
+async def test_per_request_mode_and_budget_headers_are_parsed_or_refused() -> None:
+    chat = pipeline()
+    record = RequestRecord()
+    headers = {"x-repairproxy-repair": " Off ", "x-repairproxy-budget": "3"}
+    request = chat.parse(orjson.dumps(BODY), headers, record)
+    assert request.mode is RepairMode.OFF and request.budget == 3
+    for bad in ({"x-repairproxy-repair": "fix-it"}, {"x-repairproxy-budget": "²"}):
+        with pytest.raises(BadRequestError):
+            chat.parse(orjson.dumps(BODY), bad, record)
+
+
+async def test_tool_choice_none_leaves_text_alone() -> None:
+    body = {**BODY, "tool_choice": "none"}
+    first = completion(content='{"name": "get_order_details", "arguments": {"order_id": "#W1"}}')
+    send = ScriptedSend()
+    _, outcome, record = await decide(pipeline(), first, send, body=body)
+    assert send.requests == [] and outcome.answer == first and outcome.first_verdict is None
+    assert record.caught == [] and record.outcome is Outcome.OK
