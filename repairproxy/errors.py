@@ -1,4 +1,5 @@
-"""The one exception tree of repairproxy, and its mapping to OpenAI-shaped error responses.
+"""The one exception tree of repairproxy, and its mapping to OpenAI-shaped error responses
+(Anthropic-shaped on ``/v1/messages``: ``to_anthropic``).
 
     RepairProxyError                  base; carries status, type, code, param
     ├── BadRequestError               400 invalid_request_error
@@ -23,11 +24,13 @@ Each class also names the request ``outcome`` metrics count it under.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from repairproxy.types import Outcome
 
 __all__ = [
+    "ANTHROPIC_ERROR_TYPES",
     "AuthenticationError",
     "BadRequestError",
     "BudgetExhaustedError",
@@ -42,7 +45,29 @@ __all__ = [
     "UpstreamStatusError",
     "UpstreamTimeoutError",
     "UpstreamUnavailableError",
+    "anthropic_error_body",
 ]
+
+# Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
+ANTHROPIC_ERROR_TYPES: Mapping[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """An error in Anthropic's shape: ``{"type": "error", "error": {"type", "message"}}``."""
+    kind = ANTHROPIC_ERROR_TYPES.get(status)
+    if kind is None:
+        kind = "api_error" if status >= 500 else "invalid_request_error"
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
 
 class RepairProxyError(Exception):
     status_code: int = 500
@@ -56,6 +81,11 @@ class RepairProxyError(Exception):
         self.param = param
         if code is not None:
             self.code = code
+
+    def to_anthropic(self) -> dict[str, Any]:
+        """The same error in Anthropic's shape, for ``/v1/messages``:
+        ``{"type": "error", "error": {"type", "message"}}`` (the type named by the status)."""
+        return anthropic_error_body(self.status_code, self.message)
 
     def to_openai(self) -> dict[str, Any]:
         """The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""

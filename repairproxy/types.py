@@ -30,10 +30,11 @@ HeaderList = list[tuple[bytes, bytes]]
 
 
 class API(enum.StrEnum):
-    """Which OpenAI surface a request came through (a metrics label)."""
+    """Which API surface a request came through (a metrics label)."""
 
     CHAT = "chat"
     RESPONSES = "responses"
+    MESSAGES = "messages"  # Anthropic's Messages API
 
 
 class Outcome(enum.StrEnum):

@@ -2,8 +2,10 @@
 
 ``POST /v1/chat/completions`` reads the body, asks the pipeline (``pipeline.py``) what to forward,
 and hands the answer's framing (JSON or SSE) to ``chat_http.ChatCall``. Every other ``/v1/*``
-route is relayed as it is, except ``POST /v1/responses``, which goes through the same pipeline
-via ``responses_http.ResponsesCall`` (the log line marks relayed routes ``validated: false``).
+route is relayed as it is, except ``POST /v1/responses`` and ``POST /v1/messages``, which go
+through the same pipeline via ``asgi.responses.ResponsesCall`` and ``asgi.messages.MessagesCall``
+(the log line marks relayed routes ``validated: false``; errors on ``/v1/messages*`` are
+Anthropic-shaped).
 Plain ASGI, not Starlette endpoints: a stream's headers must wait for the verdict, and a
 framework's per-request cost would be most of the latency budget.
 """
@@ -23,6 +25,8 @@ import orjson
 from repairproxy.asgi.chat import CHAT_PATH, ChatCall
 from repairproxy.asgi.exchange import Exchange
 from repairproxy.asgi.gate import DONE_EVENT
+from repairproxy.asgi.messages import MESSAGES_PATH, MessagesCall
+from repairproxy.asgi.messages import error_event as messages_error_event
 from repairproxy.asgi.responder import (
     ClientDisconnectedError,
     Responder,
@@ -59,7 +63,7 @@ _JSON = (b"content-type", b"application/json")
 _NOT_URL_SAFE = re.compile(rb"[\x00-\x20\x7f-\xff]")
 
 
-_VALIDATED = frozenset({CHAT_PATH, RESPONSES_PATH})
+_VALIDATED = frozenset({CHAT_PATH, RESPONSES_PATH, MESSAGES_PATH})
 
 
 def _raw_target(scope: Scope) -> str:
@@ -88,6 +92,11 @@ def _has_dot_segment(raw: bytes) -> bool:
         if any(part in (".", "..") for part in path.replace("\\", "/").split("/")):
             return True
     return False
+
+
+def _is_messages(path: str) -> bool:
+    """Anthropic's routes, whose errors are Anthropic-shaped (count_tokens included)."""
+    return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
 
 
 class Proxy:
@@ -136,6 +145,8 @@ class Proxy:
                 await self._responses(scope, receive, responder, ex)
             elif path.startswith(RESPONSES_PATH + "/") and method in ("GET", "DELETE"):
                 await self._stored_response(scope, receive, responder, ex)
+            elif path == MESSAGES_PATH and method == "POST":
+                await self._messages(scope, receive, responder, ex)
             elif path.startswith("/v1/"):
                 await self._passthrough(scope, receive, responder, ex)
             elif path == "/healthz":
@@ -221,6 +232,18 @@ class Proxy:
             call.stream(responder) if request.stream else call.buffered(responder), receive
         )
 
+    async def _messages(
+        self, scope: Scope, receive: Receive, responder: Responder, ex: Exchange
+    ) -> None:
+        headers, raw = await self._validated_request(scope, receive, ex)
+        native = "messages" in self.settings.native_apis()
+        call = MessagesCall(self.upstream, self.pipeline, ex, scope, headers, native=native)
+        request = await call.prepare(raw)
+        ex.warn_missing_header = request.episode is not None and request.episode.warn_missing_header
+        await cancel_on_disconnect(
+            call.stream_answer(responder) if call.stream else call.buffered(responder), receive
+        )
+
     async def _stored_response(
         self, scope: Scope, receive: Receive, responder: Responder, ex: Exchange
     ) -> None:
@@ -291,6 +314,8 @@ class Proxy:
             return
         given = headers.get("authorization", "")
         token = given[7:].strip().encode() if given[:7].lower() == "bearer " else b""
+        if not token:  # Anthropic's clients send the key as x-api-key
+            token = headers.get("x-api-key", "").strip().encode()
         # Compare against every key, always, so timing does not reveal which prefix matched.
         matched = False
         for key in keys:
@@ -310,11 +335,14 @@ class Proxy:
         self, responder: Responder, ex: Exchange, error: RepairProxyError
     ) -> None:
         ex.status = error.status_code
-        payload = orjson.dumps(error.to_openai())
+        anthropic = _is_messages(ex.path)
+        payload = orjson.dumps(error.to_anthropic() if anthropic else error.to_openai())
         if responder.started:
             # Too late for a status code: tell a streaming client in-band, as OpenAI does.
             if ex.path == RESPONSES_PATH:
                 frame = responses_error_event(error.to_openai())
+            elif anthropic:
+                frame = messages_error_event(error.status_code, error.message)
             else:
                 frame = b"data: " + payload + b"\n\n" + DONE_EVENT
             with contextlib.suppress(Exception):  # the client may be gone already

@@ -303,7 +303,7 @@ class Upstream:
                 or name in named
             ):
                 continue
-            if name == b"authorization" and self._drop_client_auth:
+            if (name == b"authorization" or name == b"x-api-key") and self._drop_client_auth:
                 continue
             if name == b"accept-encoding" and not keep_encoding:
                 continue

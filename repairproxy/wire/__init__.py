@@ -1,5 +1,5 @@
-"""Wire shapes: the OpenAI chat types the proxy reads, and the Responses adapter that maps
-Responses requests and answers onto the chat shape."""
+"""Wire shapes: the OpenAI chat types the proxy reads, and the Responses and Messages (Anthropic)
+adapters that map those APIs' requests and answers onto the chat shape."""
 
 from repairproxy._exports import lazy_exports
 
@@ -14,6 +14,8 @@ __all__, __getattr__ = lazy_exports(
         "ToolCall": "openai",
         "first_message": "openai",
         "message_text": "openai",
+        "messages_request": "messages",
+        "to_message": "messages",
         "responses_request": "responses",
         "to_chat_body": "responses",
         "to_response": "responses",

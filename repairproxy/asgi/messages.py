@@ -1,0 +1,497 @@
+"""``POST /v1/messages`` framed over HTTP: one JSON answer, or Anthropic's event stream whose
+``tool_use`` blocks are held until the pipeline has judged the whole answer.
+
+The decisions are the chat pipeline's (``pipeline.py``), reached through the adapter in
+``wire/messages.py``. Two upstream kinds (``Settings.native_apis``): one that serves
+``/v1/messages`` gets the request in its own shape, re-asks included; one that serves chat
+completions only (the embedded model, llama.cpp) gets the chat view, and its answer is turned into
+a Messages answer here, streamed as the events a Messages stream has. The answer keeps the first
+upstream message's id; its usage counts every attempt. Text flows at once unless it could open a
+call written as text; ``ping`` events keep a stream alive while a held call is repaired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from typing import Any, TypeVar, cast
+
+import orjson
+
+from repairproxy.asgi.exchange import Exchange
+from repairproxy.asgi.gate import SSEParser, call_opening
+from repairproxy.asgi.responder import Responder
+from repairproxy.errors import (
+    BadRequestError,
+    UpstreamBadAnswerError,
+    UpstreamStatusError,
+    UpstreamUnavailableError,
+)
+from repairproxy.pipeline import ChatPipeline, ChatRequest, instructs, json_object
+from repairproxy.types import API, HeaderList, Outcome, Scope
+from repairproxy.upstream.client import Upstream, UpstreamReply, response_headers, timed
+from repairproxy.wire.messages import (
+    error_body,
+    from_chat_completion,
+    message_events,
+    messages_request,
+    to_chat_body,
+    to_chat_completion,
+    to_message,
+    with_system_instruction,
+)
+from repairproxy.wire.openai import ChatCompletion
+
+__all__ = ["MESSAGES_PATH", "PING_SECONDS", "MessagesCall", "error_event", "sse"]
+
+MESSAGES_PATH = "/v1/messages"
+CHAT_PATH = "/v1/chat/completions"
+# While a held call is re-asked, the client gets a ping this often (Anthropic pings idle streams).
+PING_SECONDS = 5.0
+_PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+_FLOWING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+_JSON = (b"content-type", b"application/json")
+_SSE = (b"content-type", b"text/event-stream; charset=utf-8")
+_T = TypeVar("_T")
+
+
+def sse(event: Mapping[str, Any]) -> bytes:
+    """One Messages stream event: its ``event:`` line, then its data."""
+    return (
+        b"event: " + str(event.get("type")).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    )
+
+
+def error_event(status: int, message: str) -> bytes:
+    """An error once a Messages stream has started: one ``error`` event in Anthropic's shape."""
+    return sse(error_body(status, message))
+
+
+def _message_of(content: bytes, status: int) -> dict[str, Any]:
+    try:
+        message = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        message = None
+    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+        raise UpstreamBadAnswerError(
+            f"the upstream answered {status} with a body that is not a Messages answer"
+        )
+    return message
+
+
+def _completion_of(content: bytes, status: int) -> dict[str, Any]:
+    try:
+        completion = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        completion = None
+    if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
+        raise UpstreamBadAnswerError(
+            f"the upstream answered {status} with a body that is not a chat completion"
+        )
+    return completion
+
+
+def _anthropic_error(reply: UpstreamReply) -> UpstreamReply:
+    """A chat upstream's error answer in Anthropic's shape (status kept, message carried over)."""
+    try:
+        body = orjson.loads(reply.content)
+    except orjson.JSONDecodeError:
+        body = None
+    message = f"the upstream answered {reply.status_code}"
+    if isinstance(body, dict):
+        inner = body.get("error")
+        found = inner.get("message") if isinstance(inner, dict) else body.get("message")
+        if isinstance(found, str):
+            message = found
+    headers = [(n, v) for n, v in reply.headers if n.lower() != b"content-type"]
+    content = orjson.dumps(error_body(reply.status_code, message))
+    return UpstreamReply(reply.status_code, [*headers, _JSON], content)
+
+
+def _payload(data: bytes | None) -> dict[str, Any]:
+    if not data:
+        return {}
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+class _Block:
+    """One content block of a streamed answer, assembled from its events."""
+
+    __slots__ = ("parts", "signature", "start", "stopped")
+
+    def __init__(self, start: Mapping[str, Any]) -> None:
+        self.start = dict(start)
+        self.parts: list[str] = []
+        self.signature = ""
+        self.stopped = False
+
+    @property
+    def kind(self) -> Any:
+        return self.start.get("type")
+
+    def add(self, delta: Mapping[str, Any]) -> None:
+        kind = delta.get("type")
+        if kind == "text_delta":
+            self.parts.append(str(delta.get("text", "")))
+        elif kind == "input_json_delta":
+            self.parts.append(str(delta.get("partial_json", "")))
+        elif kind == "thinking_delta":
+            self.parts.append(str(delta.get("thinking", "")))
+        elif kind == "signature_delta":
+            self.signature += str(delta.get("signature", ""))
+
+    def whole(self) -> dict[str, Any]:
+        joined = "".join(self.parts)
+        if self.kind == "text":
+            return {**self.start, "text": str(self.start.get("text", "")) + joined}
+        if self.kind == "tool_use":
+            if not joined.strip():
+                return {**self.start, "input": self.start.get("input") or {}}
+            try:
+                value: Any = orjson.loads(joined)
+            except orjson.JSONDecodeError:
+                value = joined  # broken JSON: the judge sees it as such
+            return {**self.start, "input": value}
+        if self.kind == "thinking":
+            signature = self.signature or self.start.get("signature", "")
+            return {**self.start, "thinking": joined, "signature": signature}
+        return dict(self.start)
+
+
+class MessagesCall:
+    """One ``/v1/messages`` request in flight."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        pipeline: ChatPipeline,
+        ex: Exchange,
+        scope: Scope,
+        headers: Mapping[str, str],
+        *,
+        native: bool,
+    ) -> None:
+        self.upstream = upstream
+        self.pipeline = pipeline
+        self.ex = ex
+        self.headers = headers
+        self.native = native
+        self.query: bytes = scope["query_string"]
+        self.out_headers = upstream.outbound_headers(scope["headers"], keep_encoding=False)
+        if not native:  # Anthropic's headers mean nothing to a chat upstream
+            self.out_headers = [
+                (n, v) for n, v in self.out_headers if not n.startswith(b"anthropic-")
+            ]
+        self.body: dict[str, Any] = {}
+        self.forward: dict[str, Any] = {}
+        self.request: ChatRequest | None = None
+        self.stream = False
+        self._first: dict[str, Any] | None = None  # the first upstream answer (id, thinking)
+
+    # -- before the upstream ----------------------------------------------------------------------
+
+    async def prepare(self, raw: bytes) -> ChatRequest:
+        """Parse, find the episode (a header, else the history), count the history's error
+        results, and build the body that goes upstream."""
+        ex, pipeline = self.ex, self.pipeline
+        ex.record.api = API.MESSAGES
+        body = json_object(raw)
+        for name, kinds in (("messages", (list,)), ("tools", (list,)), ("system", (str, list))):
+            if body.get(name) is not None and not isinstance(body[name], kinds):
+                raise BadRequestError(f"'{name}' has the wrong type", param=name)
+        if not isinstance(body.get("messages"), list):
+            raise BadRequestError("'messages' is required", param="messages")
+        self.body = body
+        self.stream = body.get("stream") is True
+        chat = to_chat_body(body)
+        chat.pop("stream", None)  # re-asks and translated requests are answered whole
+        request = pipeline.parse_body(chat, raw, self.headers, ex.record)
+        ex.record.stream = self.stream
+        ex.mode = request.mode.value
+        try:
+            await pipeline.admit(request, self.headers, ex.record)
+        finally:
+            ex.episode_id, ex.snapshot = request.episode_id, request.snapshot
+        if self.native:
+            forward = body
+            if request.tools is not None and instructs(request.mode):
+                instruction = pipeline.policies[request.mode].template.instruction
+                forward = with_system_instruction(body, instruction)
+            self.forward = forward
+            request.forward = request.body
+            request.forward_raw = raw if forward is body else orjson.dumps(forward)
+        else:
+            pipeline.prepare_forward(request)
+            if request.forward_raw is raw:  # unchanged: still the Messages bytes, not chat's
+                request.forward_raw = orjson.dumps(request.body)
+        self.request = request
+        return request
+
+    async def _reask(self, chat_body: dict[str, Any]) -> dict[str, Any]:
+        """The pipeline's re-ask: in Messages' shape to a native upstream, else as it is."""
+        assert self.request is not None
+        if not self.native:
+            reply = await self.upstream.request(
+                "POST", CHAT_PATH, self.out_headers, orjson.dumps(chat_body), self.ex.timer
+            )
+            if not 200 <= reply.status_code < 300:
+                raise UpstreamStatusError(_anthropic_error(reply))
+            return _completion_of(reply.content, reply.status_code)
+        history = len(self.request.body.get("messages") or ())
+        template = self.pipeline.policies[self.request.mode].template
+        payload = messages_request(
+            self.forward, history, chat_body, template.render("valid_sibling")
+        )
+        reply = await self.upstream.request(
+            "POST",
+            MESSAGES_PATH,
+            self.out_headers,
+            orjson.dumps(payload),
+            self.ex.timer,
+            self.query,
+        )
+        if not 200 <= reply.status_code < 300:
+            raise UpstreamStatusError(reply)
+        return to_chat_completion(_message_of(reply.content, reply.status_code))
+
+    async def _judge(self, completion: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """The Messages answer to deliver and whether it differs from the upstream's first."""
+        assert self.request is not None
+        ex, request = self.ex, self.request
+        try:
+            outcome = await self.pipeline.judge(
+                request, cast(ChatCompletion, completion), self._reask, ex.record
+            )
+        finally:
+            ex.snapshot = request.snapshot
+            ex.channels = tuple(c.channel for c in ex.record.caught)
+            ex.repairs = ex.record.repair_attempts
+        ex.channels, ex.repair_failed = outcome.caught, outcome.repair_failed
+        answer = cast(dict[str, Any], outcome.answer)
+        if self._first is not None:
+            final = to_message(answer, self._first) if outcome.changed else self._first
+        else:
+            final = from_chat_completion(answer, self.body.get("model"))
+        # Remember what the client will send back: its chat view, so chaining finds it.
+        await self.pipeline.remember(request, cast(ChatCompletion, to_chat_completion(final)))
+        return final, outcome.changed or self._first is None
+
+    # -- buffered ---------------------------------------------------------------------------------
+
+    async def _first_answer(self) -> tuple[UpstreamReply, dict[str, Any] | None]:
+        """The upstream's answer to the forwarded request and its chat view (None: not 2xx)."""
+        assert self.request is not None
+        path = MESSAGES_PATH if self.native else CHAT_PATH
+        reply = await self.upstream.request(
+            "POST", path, self.out_headers, self.request.forward_raw, self.ex.timer, self.query
+        )
+        if not 200 <= reply.status_code < 300:
+            self.ex.record.outcome = Outcome.UPSTREAM_ERROR
+            return (reply if self.native else _anthropic_error(reply)), None
+        if self.native:
+            self._first = _message_of(reply.content, reply.status_code)
+            return reply, to_chat_completion(self._first)
+        return reply, _completion_of(reply.content, reply.status_code)
+
+    async def buffered(self, responder: Responder) -> None:
+        reply, completion = await self._first_answer()
+        if completion is None:
+            await self._whole(responder, reply, reply.content)
+            return
+        final, changed = await self._judge(completion)
+        content = orjson.dumps(final) if changed else reply.content
+        await self._whole(responder, reply, content)
+
+    async def _whole(self, responder: Responder, reply: UpstreamReply, content: bytes) -> None:
+        self.ex.status = reply.status_code
+        headers = response_headers(reply.headers)
+        headers.extend(self.ex.proxy_headers())
+        responder.first_byte_at = time.perf_counter()
+        await responder.whole(reply.status_code, headers, content)
+
+    # -- streamed ---------------------------------------------------------------------------------
+
+    async def stream_answer(self, responder: Responder) -> None:
+        if not self.native:
+            await self._translated_stream(responder)
+            return
+        ex, upstream = self.ex, self.upstream
+        assert self.request is not None
+        async with upstream.stream(
+            "POST", MESSAGES_PATH, self.out_headers, self.request.forward_raw, ex.timer, self.query
+        ) as response:
+            headers = response_headers(response.headers)
+            content_type = response.header(b"content-type") or b""
+            if response.status_code != 200 or b"text/event-stream" not in content_type:
+                with upstream.reading():
+                    content = await response.read()
+                if response.status_code >= 300:
+                    ex.record.outcome = Outcome.UPSTREAM_ERROR
+                reply = UpstreamReply(response.status_code, response.headers, content)
+                await self._whole(responder, reply, content)
+                return
+            ex.status = 200
+            with upstream.reading():
+                await self._relay(timed(response.iter_body(), ex.timer), responder, headers)
+
+    async def _translated_stream(self, responder: Responder) -> None:
+        """A chat upstream is asked for the whole answer; the client gets it as Messages events."""
+        reply, completion = await self._first_answer()
+        if completion is None:
+            await self._whole(responder, reply, reply.content)
+            return
+        final, _ = await self._judge(completion)
+        self.ex.status = 200
+        events = b"".join(sse(event) for event in message_events(final))
+        headers: HeaderList = [_SSE, (b"cache-control", b"no-cache"), *self.ex.proxy_headers()]
+        await responder.start(200, headers)
+        responder.first_byte_at = time.perf_counter()
+        await responder.body(events, more=False)
+
+    async def _pinging(self, responder: Responder, work: Awaitable[_T]) -> _T:
+        """``work``'s result; a stream already under way gets a ``ping`` every PING_SECONDS."""
+        if not responder.started:
+            return await work
+        task = asyncio.ensure_future(work)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=PING_SECONDS)
+                if done:
+                    return task.result()
+                await responder.body(_PING)
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+    async def _relay(
+        self, chunks: AsyncIterator[bytes], responder: Responder, headers: HeaderList
+    ) -> None:
+        """Release ``message_start``, pings, thinking and prose at once, in block order; hold
+        ``tool_use`` blocks (and text that could be a call written as text) and the closing
+        events until ``message_stop``, then judge the whole answer."""
+        ex = self.ex
+        gated = self.request is not None and self.request.tools is not None
+        parser = SSEParser()
+        blocks: dict[int, _Block] = {}
+        pending: dict[int, list[bytes]] = {}  # held events of blocks not yet flowing
+        flowable: set[int] = set()
+        flowing = 0  # blocks 0 .. flowing-1 were released and flow as they come
+        tail: list[bytes] = []  # message_delta, message_stop and anything unindexed
+        start: dict[str, Any] | None = None
+        closing: dict[str, Any] = {}
+        usage: dict[str, Any] = {}
+        failed = completed = False
+
+        async def release(raw: bytes) -> None:
+            if not responder.started:
+                await responder.start(200, [*headers, *ex.proxy_headers(verdict=False)])
+                responder.first_byte_at = time.perf_counter()
+            await responder.body(raw)
+
+        async for chunk in chunks:
+            for event in parser.feed(chunk):
+                payload = _payload(event.data)
+                kind = payload.get("type")
+                index = payload.get("index")
+                if kind == "message_start" and isinstance(payload.get("message"), dict):
+                    start = payload["message"]
+                    if isinstance(start.get("usage"), dict):
+                        usage.update(start["usage"])
+                elif kind == "content_block_start" and isinstance(index, int):
+                    block = _Block(payload.get("content_block") or {})
+                    blocks[index] = block
+                    if block.kind != "text" and block.kind != "tool_use":
+                        flowable.add(index)  # thinking and server-tool blocks are not calls
+                elif kind == "content_block_delta" and isinstance(index, int) and index in blocks:
+                    block = blocks[index]
+                    block.add(payload.get("delta") or {})
+                    if (
+                        block.kind == "text"
+                        and index not in flowable
+                        and call_opening("".join(block.parts)) is False
+                    ):
+                        flowable.add(index)  # plain prose: this block flows from now on
+                elif kind == "content_block_stop" and isinstance(index, int) and index in blocks:
+                    blocks[index].stopped = True
+                elif kind == "message_delta":
+                    if isinstance(payload.get("delta"), dict):
+                        closing.update(payload["delta"])
+                    if isinstance(payload.get("usage"), dict):
+                        usage.update(payload["usage"])
+                elif kind == "message_stop":
+                    completed = True
+                failed = failed or kind == "error"
+                if not gated or failed:
+                    for raw in [*(p for i in sorted(pending) for p in pending[i]), *tail]:
+                        await release(raw)
+                    pending.clear()
+                    tail.clear()
+                    await release(event.raw)
+                    continue
+                if kind in ("message_start", "ping"):
+                    await release(event.raw)  # says nothing about the answer's content
+                    continue
+                if isinstance(index, int):
+                    if index < flowing:
+                        await release(event.raw)
+                    else:
+                        pending.setdefault(index, []).append(event.raw)
+                else:
+                    tail.append(event.raw)
+                while flowing in flowable:
+                    for raw in pending.pop(flowing, ()):
+                        await release(raw)
+                    flowing += 1
+        for event in parser.flush():
+            tail.append(event.raw)
+        held = [*(p for i in sorted(pending) for p in pending[i]), *tail]
+        if failed or not gated:
+            if failed:
+                ex.record.outcome = Outcome.UPSTREAM_ERROR
+            await self._finish(responder, headers, held)
+            return
+        if start is None or not completed:
+            raise UpstreamUnavailableError("the upstream's event stream ended before message_stop")
+        first = {
+            **start,
+            "content": [blocks[i].whole() for i in sorted(blocks)],
+            "stop_reason": closing.get("stop_reason", start.get("stop_reason")),
+            "stop_sequence": closing.get("stop_sequence", start.get("stop_sequence")),
+            "usage": usage,
+        }
+        self._first = first
+        final, changed = await self._pinging(responder, self._judge(to_chat_completion(first)))
+        if changed:
+            held = [sse(event) for event in self._rest(final, first, flowing)]
+        await self._finish(responder, headers, held)
+
+    @staticmethod
+    def _rest(final: dict[str, Any], first: dict[str, Any], streamed: int) -> list[dict[str, Any]]:
+        """The events still to send for ``final`` when ``first``'s first ``streamed`` blocks
+        already went out: its blocks after those (or its calls, when its beginning differs)."""
+        content = list(final.get("content") or ())
+        sent = [b.get("type") for b in (first.get("content") or ())[:streamed]]
+        if [b.get("type") for b in content[:streamed]] == sent:
+            rest = content[streamed:]
+        else:
+            rest = [b for b in content if b.get("type") == "tool_use"]
+        shown = {**final, "content": [*([{}] * streamed), *rest]}
+        return message_events(shown, first_block=streamed, preamble=False)
+
+    async def _finish(self, responder: Responder, headers: HeaderList, tail: list[bytes]) -> None:
+        """The held events; a stream whose headers already left gets the verdict as an SSE
+        comment just before its last event."""
+        if not responder.started:
+            await responder.start(200, [*headers, *self.ex.proxy_headers()])
+            responder.first_byte_at = time.perf_counter()
+        else:
+            tail.insert(max(len(tail) - 1, 0), self.ex.trailer_comment())
+        await responder.body(b"".join(tail), more=False)

@@ -1,0 +1,227 @@
+"""A scripted Anthropic Messages API upstream: a real HTTP server on 127.0.0.1.
+
+A test pushes the content blocks ``POST /v1/messages`` should answer with, in order (or an error
+reply); the server wraps each in a message with a fresh id. ``"stream": true`` gets the event stream
+the official ``anthropic`` SDK parses (``event:`` lines, a ping, text and ``input_json_delta``
+split over several deltas). ``POST /v1/messages/count_tokens`` answers a fixed count. Every
+request and its headers are recorded.
+
+    with MessagesUpstream() as upstream:
+        upstream.push([tool_use("get_order", {"order_id": "#W1"})])
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import orjson
+
+__all__ = ["COUNTED_TOKENS", "MessagesUpstream", "text", "thinking", "tool_use"]
+
+COUNTED_TOKENS = 42
+_ids = itertools.count(1)
+
+
+def text(value: str) -> dict[str, Any]:
+    return {"type": "text", "text": value}
+
+
+def thinking(value: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": value, "signature": "sig-" + str(next(_ids))}
+
+
+def tool_use(name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
+    """A ``tool_use`` block; a string ``arguments`` is streamed as it is (broken JSON when it
+    does not parse; the non-streamed answer then carries it as a string input)."""
+    return {"type": "tool_use", "id": f"toolu_{next(_ids):04d}", "name": name, "input": arguments}
+
+
+def _message(content: list[dict[str, Any]], request: dict[str, Any]) -> dict[str, Any]:
+    calls = any(block["type"] == "tool_use" for block in content)
+    return {
+        "id": f"msg_{next(_ids):04d}",
+        "type": "message",
+        "role": "assistant",
+        "model": request.get("model", "scripted-model"),
+        "content": content,
+        "stop_reason": "tool_use" if calls else "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 20, "output_tokens": 5},
+    }
+
+
+def _halves(value: str) -> list[str]:
+    return [value[: len(value) // 2], value[len(value) // 2 :]] if value else []
+
+
+def _events(message: dict[str, Any]) -> list[bytes]:
+    out: list[bytes] = []
+
+    def emit(kind: str, **fields: Any) -> None:
+        payload = {"type": kind, **fields}
+        out.append(b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n")
+
+    usage = message["usage"]
+    started = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "usage": {**usage, "output_tokens": 1},
+    }
+    emit("message_start", message=started)
+    emit("ping")
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            emit("content_block_start", index=index, content_block={"type": "text", "text": ""})
+            for piece in _halves(block["text"]):
+                emit(
+                    "content_block_delta", index=index, delta={"type": "text_delta", "text": piece}
+                )
+        elif block["type"] == "thinking":
+            start = {"type": "thinking", "thinking": "", "signature": ""}
+            emit("content_block_start", index=index, content_block=start)
+            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
+            emit("content_block_delta", index=index, delta=delta)
+            delta = {"type": "signature_delta", "signature": block["signature"]}
+            emit("content_block_delta", index=index, delta=delta)
+        else:
+            emit("content_block_start", index=index, content_block={**block, "input": {}})
+            raw = block["input"]
+            arguments = raw if isinstance(raw, str) else orjson.dumps(raw).decode()
+            for piece in _halves(arguments):
+                delta = {"type": "input_json_delta", "partial_json": piece}
+                emit("content_block_delta", index=index, delta=delta)
+        emit("content_block_stop", index=index)
+    delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+    emit("message_delta", delta=delta, usage={"output_tokens": usage["output_tokens"]})
+    emit("message_stop")
+    return out
+
+
+@dataclass
+class _State:
+    script: list[Any] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    answered: list[str] = field(default_factory=list)  # ids of the messages answered
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        request = orjson.loads(self.rfile.read(length) or b"{}")
+        state = self.server.state
+        with state.lock:
+            state.requests.append(request)
+            state.headers.append({k.lower(): v for k, v in self.headers.items()})
+            state.paths.append(self.path)
+            if self.path.startswith("/v1/messages/count_tokens"):
+                self._send(200, {"input_tokens": COUNTED_TOKENS})
+                return
+            if not self.path.startswith("/v1/messages"):
+                self._send(404, {"detail": "Not Found"})
+                return
+            scripted = state.script.pop(0) if state.script else [text("script exhausted")]
+        if isinstance(scripted, tuple):  # (status, body): an error answer
+            self._send(*scripted)
+            return
+        message = _message(scripted, request)
+        with state.lock:
+            state.answered.append(message["id"])
+        if request.get("stream"):
+            self._stream(_events(message))
+        else:
+            self._send(200, message)
+
+    def _send(self, status: int, body: Any) -> None:
+        payload = orjson.dumps(body)
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def _stream(self, events: list[bytes]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for event in events:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    state: _State
+
+
+class MessagesUpstream:
+    """Starts on construction; leave the ``with`` block to stop."""
+
+    def __init__(self) -> None:
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.state = _State()
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def push(self, *answers: list[dict[str, Any]]) -> None:
+        with self._server.state.lock:
+            self._server.state.script.extend(answers)
+
+    def push_error(self, status: int, body: Any) -> None:
+        with self._server.state.lock:
+            self._server.state.script.append((status, body))
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        with self._server.state.lock:
+            return list(self._server.state.requests)
+
+    @property
+    def headers(self) -> list[dict[str, str]]:
+        with self._server.state.lock:
+            return list(self._server.state.headers)
+
+    @property
+    def answered(self) -> list[str]:
+        with self._server.state.lock:
+            return list(self._server.state.answered)
+
+    @property
+    def paths(self) -> list[str]:
+        with self._server.state.lock:
+            return list(self._server.state.paths)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> MessagesUpstream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
