@@ -19,6 +19,8 @@ from evals.logs import AssistantMessage, SimulationRun, ToolMessage, UserMessage
 from repairproxy.types import RepairMode
 from repairproxy.validation import Channel, CompiledTools
 
+CHARGED = frozenset({str(Channel.UNKNOWN_TOOL), str(Channel.SCHEMA_VIOLATION)})
+
 __all__ = [
     "CHANNEL_WORDS",
     "EpisodeCounts",
@@ -208,12 +210,24 @@ def _proxy_line(view: TurnView, repair: str) -> str:
         steps.append("repair is off: forwarded as it was")
     elif not steps:
         steps.append("left it as it was")
-    outcome = (
-        f"the agent still got an invalid answer ({', '.join(dict.fromkeys(view.delivered))})"
-        if view.delivered
-        else "the agent got a valid answer"
-    )
-    return f"caught {what}; {', '.join(steps)}; {outcome}"
+    return f"caught {what}; {', '.join(steps)}; {_delivered_line(view)}"
+
+
+def _delivered_line(view: TurnView) -> str:
+    """What the agent got, in words that never call a call "valid" when it then failed: the
+    proxy checks names and arguments; whether the call succeeds is the environment's answer."""
+    if view.delivered:
+        return f"the agent still got an invalid answer ({', '.join(dict.fromkeys(view.delivered))})"
+    ran = [result for _, result in view.results if result is not None]
+    failed = [result for result in ran if result.error]
+    if failed:
+        why = _one_line(failed[0].content, 60)
+        return f"the agent got a well-formed call; it ran and failed ({why!r})"
+    if ran:
+        return "the agent got a well-formed call; it ran"
+    if view.results:
+        return "the agent got a well-formed call (not run)"
+    return "the agent got a text answer"
 
 
 _CALL_START = re.compile(r"(```(?:json)?\s*)?(\{\s*\"name\"|<tool_call>|<function=)")
@@ -267,6 +281,25 @@ def _turn_lines(view: TurnView, repair: str) -> list[str]:
     return lines
 
 
+STOP_MARKERS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")  # τ²-bench's user signals
+
+
+def _user_text(content: str | None) -> str:
+    text = content or ""
+    ended = any(marker in text for marker in STOP_MARKERS)
+    for marker in STOP_MARKERS:
+        text = text.replace(marker, "")
+    shown = _one_line(text, 110)
+    if ended:
+        return f"{shown} (and ends the conversation)" if shown else "(ends the conversation)"
+    return shown
+
+
+def _own_charges(view: TurnView) -> int:
+    """Budget units the turn's own first answer charged (τ²-bench would have run those calls)."""
+    return sum(1 for channel in view.caught if channel in CHARGED)
+
+
 def render_transcript(views: Sequence[TurnView], *, repair: str, budget: int) -> list[str]:
     """A few lines per agent turn (one for plain talk); a run of exchanges the conversation
     already had is folded into one line; the budget is shown when it changes."""
@@ -282,7 +315,7 @@ def render_transcript(views: Sequence[TurnView], *, repair: str, budget: int) ->
             lines.append(f"{span} the same exchanges again ({len(folded)} agent turn(s))")
             folded.clear()
 
-    for view in views:
+    for position, view in enumerate(views):
         reply = view.user_reply.content if view.user_reply is not None else ""
         key = (" ".join((view.message.content or "").split()), " ".join((reply or "").split()))
         if _plain(view) and key in seen:
@@ -291,12 +324,20 @@ def render_transcript(views: Sequence[TurnView], *, repair: str, budget: int) ->
         fold()
         seen.add(key)
         lines.extend(_turn_lines(view, repair))
+        # The budget line follows what charged it: this answer's own invented names or bad
+        # arguments are charged on this request; a failed tool result is charged when the next
+        # request carries it, so that part is shown here, after the result, from the next report.
         remaining = view.report.get("budget_remaining")
+        after = views[position + 1].report if position + 1 < len(views) else {}
+        if isinstance(after.get("budget_remaining"), int) and isinstance(remaining, int):
+            next_own = _own_charges(views[position + 1])
+            remaining = max(after["budget_remaining"] + next_own, 0)
+            remaining = min(remaining, view.report.get("budget_remaining", remaining))
         if remaining is not None and remaining != shown_budget:
             lines.append(f"    budget  {remaining} of {budget} left")
             shown_budget = remaining
         if view.user_reply is not None:
-            lines.append(f"  user: {_one_line(view.user_reply.content, 110)}")
+            lines.append(f"  user: {_user_text(view.user_reply.content)}")
     fold()
     return lines
 

@@ -105,3 +105,20 @@ def test_with_repair_off_the_text_call_reaches_the_agent() -> None:
     line = verdict(run, counts, repair="off")
     assert line.startswith("NOT SOLVED (reward 0)")
     assert "with repair off, 1 invalid answer(s) reached the agent" in line
+
+
+def test_a_promoted_call_that_fails_is_told_as_failed_and_its_charge_follows_the_result() -> None:
+    run = _episode(0.0, repaired=True)
+    run.messages[3] = ToolMessage(id="call_1", content="Error: user not found", error=True)
+    later = run.messages[4]
+    assert isinstance(later, AssistantMessage) and later.repairproxy is not None
+    later.repairproxy["budget_remaining"] = 9  # the next request carried the failed result
+    views = turn_views(run, _compiled(), RAW)
+    lines = render_transcript(views, repair="reflexive", budget=10)
+    text = "\n".join(lines)
+    assert "valid answer" not in text
+    assert "it ran and failed ('Error: user not found')" in text
+    ran = next(i for i, line in enumerate(lines) if line.startswith("    ran "))
+    assert lines[ran + 1] == "    budget  9 of 10 left"  # right after the result that charged it
+    assert "10 of 10" not in text
+    assert "###STOP###" not in text and "user: No, thanks. (and ends the conversation)" in text
