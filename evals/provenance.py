@@ -46,7 +46,10 @@ def git(*args: str) -> str:
 
 
 def repair_template_info(proxy_args: Sequence[str]) -> dict[str, Any]:
-    from repairproxy.repair import RepairTemplate
+    """The repair texts a cell ran with: ``--repair-template``'s file, else the proxy's default
+    (repair-v3: its re-asks may be declined in plain text, which changes what the reflexive and
+    constrained arms mean; version and sha256 say which texts a number came from)."""
+    from repairproxy.reask import DEFAULT_TEMPLATE_FILE, RepairTemplate
 
     path: Path | None = None
     for index, arg in enumerate(proxy_args):
@@ -57,7 +60,7 @@ def repair_template_info(proxy_args: Sequence[str]) -> dict[str, Any]:
     if path is None:
         import repairproxy
 
-        path = Path(repairproxy.__file__).parent / "templates" / "repair_v1.txt"
+        path = Path(repairproxy.__file__).parent / DEFAULT_TEMPLATE_FILE
     try:
         template = RepairTemplate.from_file(path)
     except (OSError, ValueError) as exc:

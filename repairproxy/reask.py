@@ -19,6 +19,7 @@ from repairproxy.validation import CallVerdict, Channel, CompiledTools, MessageV
 
 __all__ = [
     "DEFAULT_TEMPLATE",
+    "DEFAULT_TEMPLATE_FILE",
     "MAX_QUOTE_CHARS",
     "OPTIONAL_SECTIONS",
     "REPEAT_TEMPERATURE_FACTOR",
@@ -44,8 +45,9 @@ TEMPLATE_SECTIONS = (
     "empty_output",
 )
 # Sections a template may leave out (repair-v1 has none of them); without them a call written as
-# text gets the tool_call_in_content text, and a repeated answer its channel's own text.
-OPTIONAL_SECTIONS = ("text_unknown_tool", "text_invalid_arguments", "repeated")
+# text gets the tool_call_in_content text (a call that conflicts with the request too), and a
+# repeated answer its channel's own text.
+OPTIONAL_SECTIONS = ("text_unknown_tool", "text_invalid_arguments", "conflict", "repeated")
 # Every placeholder a section may use; a template using another one is rejected when loaded.
 _PLACEHOLDERS = dict.fromkeys(
     (
@@ -106,8 +108,11 @@ class RepairTemplate:
         return self.sections["instruction"]
 
 
+# The default texts: repair-v3, whose every re-ask lets the model answer in plain text when no
+# declared tool fits (repair-v2, repair-v1 stay for the study's earlier arms: --repair-template).
+DEFAULT_TEMPLATE_FILE = "templates/repair_v3.txt"
 DEFAULT_TEMPLATE = RepairTemplate.parse(
-    importlib.resources.files("repairproxy").joinpath("templates/repair_v2.txt").read_text("utf-8")
+    importlib.resources.files("repairproxy").joinpath(DEFAULT_TEMPLATE_FILE).read_text("utf-8")
 )
 
 
@@ -192,6 +197,8 @@ _TEXT_SECTIONS = {
 
 def _section_for(verdict: CallVerdict, template: RepairTemplate) -> str:
     """A call written as text gets the text for what was wrong inside it, if the template has it."""
+    if verdict.conflict is not None and template.has("conflict"):
+        return "conflict"
     if verdict.text_call is not None and verdict.name and verdict.inner is not None:
         wanted = _TEXT_SECTIONS.get(verdict.inner)
         if wanted is not None and template.has(wanted):
@@ -321,8 +328,10 @@ def build_repair_turn(
             call_verdict, tools, template, attempt, max_repairs, repeated=repeated
         )
 
-    structured = [v for v in verdict.calls if v.text_call is None]
-    in_text = [v for v in verdict.calls if v.text_call is not None]
+    # A conflict with the request that no call carries ("required" and no call) is answered
+    # like a call written as text: in the user turn.
+    structured = [v for v in verdict.calls if v.text_call is None and v.conflict is None]
+    in_text = [v for v in verdict.calls if v.text_call is not None or v.conflict is not None]
     replies: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
     if "tool_calls" in turn:

@@ -694,7 +694,7 @@ async def test_a_repair_v1_template_still_repairs_text_calls_and_repeats(
     v1 = RepairTemplate.from_file(
         Path(__file__).parents[2].joinpath("repairproxy/templates/repair_v1.txt")
     )
-    assert v1.version == "repair-v1" and DEFAULT_TEMPLATE.version == "repair-v2"
+    assert v1.version == "repair-v1" and DEFAULT_TEMPLATE.version == "repair-v3"
     text = '{"name": "get_order_status", "arguments": {"order_id": "#W1"}}'
     send = ScriptedSend(completion(content=text), completion(REPAIRED))
     outcome = await _repair(tools, completion(content=text), send, template=v1)
@@ -702,3 +702,34 @@ async def test_a_repair_v1_template_still_repairs_text_calls_and_repeats(
     for request in send.requests:
         diagnosis = request["messages"][-1]["content"]
         assert "wrote a tool call as text" in diagnosis and "repair-v1" in diagnosis
+
+
+# --- declining a re-ask --------------------------------------------------------------------------
+
+
+def test_the_default_texts_let_a_re_ask_be_declined_in_plain_text() -> None:
+    assert DEFAULT_TEMPLATE.version == "repair-v3"
+    assert "answer the user in plain text" in DEFAULT_TEMPLATE.instruction
+    for section in ("unknown_tool", "text_unknown_tool", "tool_call_in_content", "conflict"):
+        assert "plain text" in DEFAULT_TEMPLATE.sections[section], section
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", [RepairMode.REFLEXIVE, RepairMode.CONSTRAINED])
+@pytest.mark.parametrize("on_exhausted", list(OnExhausted))
+async def test_a_declined_re_ask_is_delivered_as_text(
+    tools: CompiledTools, mode: RepairMode, on_exhausted: OnExhausted
+) -> None:
+    """The model re-asked about an undeclared tool answers in text: that text is the answer,
+    not an error, whatever on_exhausted says (it is a valid answer)."""
+    declined = completion(content="I can't send emails: none of my tools does that.")
+    send = ScriptedSend(declined)
+    first = completion(call("send_email", '{"to": "bob@example.com"}', "call_mail"))
+    outcome = await repair_completion(
+        BODY, first, tools, RepairPolicy(mode=mode, on_exhausted=on_exhausted), send
+    )
+    assert outcome.attempts == 1 and not outcome.exhausted
+    message = outcome.response["choices"][0]["message"]
+    assert message["content"] == "I can't send emails: none of my tools does that."
+    assert not message.get("tool_calls")
+    assert "tool_choice" not in send.requests[0]
