@@ -10,6 +10,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from repairproxy.episodes.budget import BudgetSnapshot, EpisodeRef, ErrorBudget, MemoryEpisodeStore
 from repairproxy.episodes.chaining import (
@@ -19,8 +21,10 @@ from repairproxy.episodes.chaining import (
     conversation_keys,
 )
 from repairproxy.validation import CallVerdict, Channel, CompiledTools
-from tests.proxy import conftest
+from tests.proxy.conftest import StartProxy
 from tests.support.scripted_upstream import Reply, ScriptedUpstream, completion, tool_call
+from tests.support.tools import MESSAGES
+from tests.support.tools import TOOLS as ROUTE_TOOLS
 
 CALL = {
     "id": "call_1",
@@ -454,12 +458,12 @@ def _agent_turns(
 ) -> list[tuple[str, int]]:
     """One agent conversation: (episode id, episode errors) per turn, as the headers say."""
     seen: list[tuple[str, int]] = []
-    messages: list[Any] = list(conftest.MESSAGES)
+    messages: list[Any] = list(MESSAGES)
     with openai.OpenAI(base_url=proxy_url, api_key="k", max_retries=0) as client:
         for reply in replies:
             upstream.push(reply)
             raw = client.chat.completions.with_raw_response.create(
-                model="scripted-model", messages=messages, tools=conftest.TOOLS, stream=stream
+                model="scripted-model", messages=messages, tools=ROUTE_TOOLS, stream=stream
             )
             seen.append(
                 (
@@ -495,7 +499,7 @@ def _agent_turns(
                 ids_names = [(c.id, c.function.name) for c in message.tool_calls or []]
             messages.append(message)
             for call_id, name in ids_names:
-                declared = name in {t["function"]["name"] for t in conftest.TOOLS}
+                declared = name in {t["function"]["name"] for t in ROUTE_TOOLS}
                 content = (
                     '{"status": "delivered"}' if declared else f"Error: Tool '{name}' not found."
                 )
@@ -507,7 +511,7 @@ def _agent_turns(
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_sequential_runs_through_the_proxy_chain_without_the_header(
-    stream: bool, upstream: ScriptedUpstream, start_proxy: conftest.StartProxy
+    stream: bool, upstream: ScriptedUpstream, start_proxy: StartProxy
 ) -> None:
     """Two runs of one task, one after the other, no X-Episode-ID, reject policy on: each run is
     one episode with its own count, and a spent chained episode is never refused (not explicit)."""
@@ -526,3 +530,97 @@ def test_sequential_runs_through_the_proxy_chain_without_the_header(
         # The hallucinated call is charged once, its environment error absorbed; spent, not refused.
         assert [errors for _, errors in run] == [1, 1, 1, 1]
     assert runs[0][0][0] != runs[1][0][0]
+
+
+# --- properties over generated histories ---------------------------------------------------------
+
+_words = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
+_arguments = st.dictionaries(
+    st.text("abcxyz", min_size=1, max_size=3),
+    st.one_of(st.integers(-5, 5), _words, st.lists(st.integers(0, 3), max_size=2)),
+    max_size=3,
+)
+
+
+@st.composite
+def _calls(draw: st.DrawFn) -> list[dict[str, Any]]:
+    names = draw(st.lists(st.sampled_from(["f", "g", "get_order_details"]), min_size=1, max_size=2))
+    return [
+        {
+            "id": f"call_{index}_{draw(st.integers(0, 999))}",
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(draw(_arguments))},
+        }
+        for index, name in enumerate(names)
+    ]
+
+
+@st.composite
+def _message(draw: st.DrawFn) -> dict[str, Any]:
+    role = draw(st.sampled_from(["user", "assistant", "tool", "system"]))
+    if role == "assistant" and draw(st.booleans()):
+        return {"role": role, "content": None, "tool_calls": draw(_calls())}
+    if role == "tool":
+        return {"role": role, "tool_call_id": f"call_{draw(st.integers(0, 3))}", "content": "x"}
+    return {"role": role, "content": draw(_words)}
+
+
+_histories = st.lists(_message(), max_size=6)
+_answers = st.one_of(
+    st.builds(lambda text: {"role": "assistant", "content": text}, _words),
+    st.builds(lambda calls: {"role": "assistant", "content": None, "tool_calls": calls}, _calls()),
+)
+
+
+def _as_resent(answer: dict[str, Any]) -> dict[str, Any]:
+    """What a client sends back: arguments re-serialised (spacing, key order), a null content
+    dropped, a ``refusal`` added, a call's ``type`` left out."""
+    resent: dict[str, Any] = {"role": "assistant", "refusal": None}
+    if answer.get("content") is not None:
+        resent["content"] = answer["content"]
+    calls = []
+    for call in answer.get("tool_calls") or ():
+        arguments = json.loads(call["function"]["arguments"])
+        rewritten = json.dumps(dict(reversed(list(arguments.items()))), indent=1)
+        calls.append({"id": call["id"], "function": {**call["function"], "arguments": rewritten}})
+    if calls:
+        resent["tool_calls"] = calls
+    return resent
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(history=_histories, answer=_answers, after=_histories)
+def test_a_resent_answer_continues_its_history(
+    history: list[dict[str, Any]], answer: dict[str, Any], after: list[dict[str, Any]]
+) -> None:
+    remembered = conversation_keys(history).answer_key(answer)
+    # The next turn: the history, the answer as the client resends it, then anything but another
+    # assistant message (a request is looked up by its last assistant message).
+    tail = [m for m in after if m["role"] != "assistant"]
+    keys = conversation_keys([*history, _as_resent(answer), *tail])
+    assert keys.resume == remembered
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(history=_histories, system=st.lists(_words, min_size=1, max_size=3), at=st.integers(0, 6))
+def test_system_prompts_anywhere_leave_the_keys_alone(
+    history: list[dict[str, Any]], system: list[str], at: int
+) -> None:
+    inserted = list(history)
+    for text in system:
+        inserted.insert(min(at, len(inserted)), {"role": "system", "content": text})
+    assert conversation_keys(inserted) == conversation_keys(history)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(
+    history=_histories,
+    answer=_answers,
+    scopes=st.lists(st.binary(max_size=8), min_size=2, max_size=2, unique=True),
+)
+def test_histories_under_different_scopes_never_share_a_key(
+    history: list[dict[str, Any]], answer: dict[str, Any], scopes: list[bytes]
+) -> None:
+    one, other = (conversation_keys(history, scope=scope) for scope in scopes)
+    assert one.history != other.history
+    assert one.answer_key(answer) != other.answer_key(answer)
