@@ -4,6 +4,7 @@ against a scripted Responses upstream that stores responses."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -265,3 +266,139 @@ def test_a_stream_whose_headers_left_early_carries_the_verdict_before_its_termin
     assert comment.startswith(": x-repairproxy ")
     assert "tool-errors=unknown_tool" in comment and "repairs=1" in comment
     assert "episode-errors=1" in comment
+
+
+def _frames(proxy: RunningProxy, body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """A raw Responses stream: its events in order (comments dropped) and every frame's text."""
+    with httpx.stream("POST", proxy.base_url + "/responses", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        text = response.read().decode()
+    frames = [frame for frame in text.split("\n\n") if frame.strip()]
+    events = []
+    for frame in frames:
+        data = [line[6:] for line in frame.split("\n") if line.startswith("data: ")]
+        if data:
+            events.append(orjson.loads("".join(data)))
+    return events, frames
+
+
+def _streamed_output(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The output items as the events built them (what a client accumulates)."""
+    items: dict[int, dict[str, Any]] = {}
+    for event in events:
+        if event["type"] == "response.output_item.done":
+            items[event["output_index"]] = event["item"]
+    return [items[index] for index in sorted(items)]
+
+
+def _item_view(item: dict[str, Any]) -> tuple[Any, ...]:
+    if item["type"] == "message":
+        return ("message", "".join(part["text"] for part in item["content"]))
+    return (item["type"], item.get("call_id"), item.get("name"), item.get("arguments"))
+
+
+def test_a_repaired_stream_keeps_one_id_and_counts_its_sequence_by_one(
+    start: Any, upstream: ResponsesUpstream
+) -> None:
+    """Prose, then an invented call repaired by a re-ask: the client sees one response id from
+    ``response.created`` to ``response.completed``, sequence numbers 0, 1, 2, ..., the terminal
+    event last, and a completed output equal to the items it was streamed."""
+    proxy = start()
+    upstream.push(
+        [message("Let me look that up."), function_call("lookup_order", GOOD)],
+        [function_call("get_order_details", GOOD)],
+    )
+    body = {"model": "m", "input": "Where?", "tools": TOOLS, "stream": True}
+    events, frames = _frames(proxy, body)
+    ids = {e["response"]["id"] for e in events if isinstance(e.get("response"), dict)}
+    assert len(ids) == 1, ids
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert frames[-1].startswith("event: response.completed")
+    completed = events[-1]["response"]
+    assert [_item_view(i) for i in completed["output"]] == [
+        _item_view(i) for i in _streamed_output(events)
+    ]
+    assert [_item_view(i)[0] for i in completed["output"]] == ["message", "function_call"]
+    assert completed["output"][0]["content"][0]["text"] == "Let me look that up."
+    assert completed["output"][1]["name"] == "get_order_details"
+    # the id continues the chain the client saw
+    retrieved = _client(proxy).responses.retrieve(ids.pop())
+    assert [i.type for i in retrieved.output] == ["message", "function_call"]
+
+
+def test_the_official_client_streams_a_repaired_answer_with_one_identity(
+    start: Any, upstream: ResponsesUpstream
+) -> None:
+    proxy = start()
+    upstream.push(
+        [message("Checking."), function_call("lookup_order", GOOD)],
+        [function_call("get_order_details", GOOD)],
+    )
+    with _client(proxy).responses.stream(model="m", input="Where?", tools=TOOLS) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    created = next(e for e in events if e.type == "response.created")
+    assert final.id == created.response.id
+    assert final.output_text == "Checking."
+    assert _calls(final) == [("get_order_details", GOOD)]
+    numbers = [e.sequence_number for e in events]
+    assert numbers == list(range(len(numbers)))
+
+
+def test_an_incomplete_stream_ends_with_its_terminal_event(
+    start: Any, upstream: ResponsesUpstream
+) -> None:
+    """The upstream stops at max_output_tokens after a call: held call events go out before
+    ``response.incomplete``, never after it."""
+    proxy = start()
+    upstream.push([function_call("get_order_details", GOOD)])
+    upstream.end_stream_with("response.incomplete")
+    body = {"model": "m", "input": "Where?", "tools": TOOLS, "stream": True}
+    events, frames = _frames(proxy, body)
+    assert events[-1]["type"] == "response.incomplete"
+    assert frames[-1].startswith("event: response.incomplete")
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+def test_json_looking_text_is_released_after_16_kib_as_chat_does() -> None:
+    """Text that opens like a call but runs past 16 KiB is prose after all: it reaches the
+    client while the upstream is still answering (the upstream waits until the client saw it;
+    held to the end, it never would)."""
+    seen = threading.Event()
+    waited: list[bool] = []
+    text = '{"report": "' + "x" * 20_000
+
+    def sse(kind: str, **fields: Any) -> bytes:
+        frame = b"event: %s\ndata: %s\n\n" % (kind.encode(), orjson.dumps({"type": kind, **fields}))
+        return b"%x\r\n%s\r\n" % (len(frame), frame)
+
+    async def handle(_r: asyncio.StreamReader, writer: asyncio.StreamWriter, _q: bytes) -> None:
+        started = {"id": "resp_1", "object": "response", "status": "in_progress", "output": []}
+        item = {"type": "message", "id": "msg_1", "role": "assistant", "content": []}
+        ids = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
+        writer.write(b"transfer-encoding: chunked\r\n\r\n")
+        writer.write(sse("response.created", response=started, sequence_number=0))
+        writer.write(sse("response.output_item.added", output_index=0, item=item))
+        writer.write(sse("response.output_text.delta", delta=text, **ids))
+        await writer.drain()
+        waited.append(await asyncio.get_running_loop().run_in_executor(None, seen.wait, 10))
+        part = {"type": "output_text", "text": text + '"}', "annotations": []}
+        done = {**item, "status": "completed", "content": [part]}
+        writer.write(sse("response.output_text.delta", delta='"}', **ids))
+        writer.write(sse("response.output_item.done", output_index=0, item=done))
+        final = {**started, "status": "completed", "output": [done]}
+        writer.write(sse("response.completed", response=final))
+        writer.write(b"0\r\n\r\n")
+
+    body = {"model": "m", "input": "Report?", "tools": TOOLS, "stream": True}
+    with raw_server(handle) as url, running_proxy(Settings(upstream=url + "/v1")) as proxy:
+        received = b""
+        with httpx.stream("POST", proxy.base_url + "/responses", json=body, timeout=30) as reply:
+            for chunk in reply.iter_bytes():
+                received += chunk
+                if b"x" * 1000 in received:
+                    seen.set()
+    assert waited == [True]
+    frames = [frame for frame in received.decode().split("\n\n") if frame.strip()]
+    assert frames[-1].startswith("event: response.completed")

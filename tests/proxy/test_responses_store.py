@@ -196,9 +196,7 @@ def test_a_repaired_answer_continues_without_the_repair_turns_or_old_instruction
     sent = upstream.requests[-1]
     text = orjson.dumps(sent["input"]).decode()
     assert "lookup_order" not in text  # neither the invented call nor its diagnosis
-    assert [item.get("name") for item in sent["input"] if item.get("name")] == [
-        "get_order_details"
-    ]
+    assert [item.get("name") for item in sent["input"] if item.get("name")] == ["get_order_details"]
     assert "Answer in French." not in sent.get("instructions", "")  # not carried over
 
 

@@ -72,7 +72,7 @@ def _response(output: list[dict[str, Any]], request: dict[str, Any]) -> dict[str
     }
 
 
-def _events(response: dict[str, Any]) -> list[bytes]:
+def _events(response: dict[str, Any], terminal: str = "response.completed") -> list[bytes]:
     out: list[bytes] = []
 
     def emit(kind: str, **fields: Any) -> None:
@@ -101,7 +101,9 @@ def _events(response: dict[str, Any]) -> list[bytes]:
                 emit("response.function_call_arguments.delta", delta=piece, **ids)
             emit("response.function_call_arguments.done", arguments=args, **ids)
         emit("response.output_item.done", output_index=index, item=item)
-    emit("response.completed", response=response)
+    if terminal != "response.completed":
+        response = {**response, "status": terminal.removeprefix("response.")}
+    emit(terminal, response=response)
     return out
 
 
@@ -125,6 +127,7 @@ class _State:
     headers: list[dict[str, str]] = field(default_factory=list)
     stored: dict[str, dict[str, Any]] = field(default_factory=dict)
     histories: dict[str, list[Any]] = field(default_factory=dict)  # id -> chain items
+    terminals: list[str] = field(default_factory=list)  # the next streams' last event types
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -174,7 +177,9 @@ class _Handler(BaseHTTPRequestHandler):
                 state.stored[response["id"]] = response
                 state.histories[response["id"]] = [*history, *output]
         if request.get("stream"):
-            self._stream(_events(response))
+            with state.lock:
+                terminal = state.terminals.pop(0) if state.terminals else "response.completed"
+            self._stream(_events(response, terminal))
         else:
             self._send(200, response)
 
@@ -222,6 +227,11 @@ class ResponsesUpstream:
     def push(self, *outputs: list[dict[str, Any]]) -> None:
         with self._server.state.lock:
             self._server.state.script.extend(outputs)
+
+    def end_stream_with(self, terminal: str) -> None:
+        """The next streamed answer ends with ``terminal`` (``response.incomplete``, ...)."""
+        with self._server.state.lock:
+            self._server.state.terminals.append(terminal)
 
     @property
     def requests(self) -> list[dict[str, Any]]:
