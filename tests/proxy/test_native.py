@@ -1,0 +1,297 @@
+"""Each open model family's native call format, read from the corpus re-authored from vLLM's tests.
+
+Driven by ``tests/data/textcalls/native/<family>.jsonl``: per family at least 90% of the cases
+with a call are read exactly (every name and argument object equal as JSON, in order, and what
+stays in ``content`` once the match's wrapper is cut equals the expected prose, no wrapper marker
+left), 95% overall, and no negative yields a call to a declared tool. Detection is linear in the
+text: the scanner's step counter stays proportional to the text's length on adversarial inputs.
+Through the proxy in process, buffered and streamed, one representative answer per recogniser
+comes back as a structured call with no wrapper in ``content``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from repairproxy.native import (
+    FAMILIES,
+    RECOGNISERS,
+    NativeMatch,
+    Scanner,
+    find_native_calls,
+    opening_markers,
+)
+from repairproxy.settings import Settings
+from tests.support.in_process import in_process_proxy
+from tests.support.mock_transport import MockTransport
+from tests.support.scripted_upstream import completion
+
+CORPUS = Path(__file__).resolve().parent.parent / "data" / "textcalls" / "native"
+
+
+@cache
+def _corpus() -> dict[str, tuple[dict[str, Any], ...]]:
+    families = {}
+    for path in sorted(CORPUS.glob("*.jsonl")):
+        with path.open(encoding="utf-8") as handle:
+            families[path.stem] = tuple(json.loads(line) for line in handle if line.strip())
+    return families
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def _rest(text: str, matches: list[NativeMatch]) -> str | None:
+    """What stays in ``content``: the text less every match's cuts, pieces trimmed."""
+    pieces = []
+    position = 0
+    for start, end in sorted(cut for match in matches for cut in match.cuts):
+        pieces.append(text[position:start])
+        position = max(position, end)
+    pieces.append(text[position:])
+    return "\n".join(piece.strip() for piece in pieces if piece.strip()) or None
+
+
+def _normalised(text: str | None) -> str:
+    return " ".join((text or "").split())
+
+
+def _exact(case: dict[str, Any]) -> bool:
+    matches = find_native_calls(case["text"], case["tools"])
+    got = [_canonical((c.name, c.arguments)) for m in matches for c in m.calls]
+    expected = [_canonical((c["name"], c["arguments"])) for c in case["expected_calls"]]
+    if got != expected:
+        return False
+    rest = _rest(case["text"], matches)
+    expected_text = case["expected_content"] or ""
+    if any(m in (rest or "") and m not in expected_text for m in case.get("wrapper_markers", ())):
+        return False
+    return _normalised(rest) == _normalised(case["expected_content"])
+
+
+def _positives(family: str) -> list[dict[str, Any]]:
+    return [case for case in _corpus()[family] if case["expected_calls"]]
+
+
+@pytest.mark.parametrize("family", [f for f in sorted(_corpus()) if _positives(f)])
+def test_each_family_is_read_exactly(family: str) -> None:
+    cases = _positives(family)
+    missed = [case["id"] for case in cases if not _exact(case)]
+    assert (len(cases) - len(missed)) / len(cases) >= 0.9, missed
+
+
+def test_the_whole_corpus_is_read_exactly() -> None:
+    cases = [case for family in _corpus() for case in _positives(family)]
+    exact = sum(_exact(case) for case in cases)
+    assert len(cases) > 400
+    assert exact / len(cases) >= 0.95, f"{exact}/{len(cases)}"
+
+
+def test_no_negative_yields_a_call_to_a_declared_tool() -> None:
+    negatives = [
+        case for cases in _corpus().values() for case in cases if not case["expected_calls"]
+    ]
+    assert len(negatives) > 50
+    false = []
+    for case in negatives:
+        declared = {tool["function"]["name"] for tool in case["tools"]}
+        calls = [c.name for m in find_native_calls(case["text"], case["tools"]) for c in m.calls]
+        if any(name in declared for name in calls):
+            false.append((case["id"], calls))
+    assert false == []
+
+
+def test_marker_stripped_variants_are_read() -> None:
+    stripped = [c for cases in _corpus().values() for c in cases if c.get("marker_stripped")]
+    assert len(stripped) > 100
+    assert sum(_exact(case) for case in stripped) / len(stripped) >= 0.95
+
+
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "days": {"type": "integer"},
+                    "hourly": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
+                },
+            },
+        },
+    }
+]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<minimax:tool_call><invoke name="get_weather"><parameter name="city">7</parameter>'
+        '<parameter name="days">5</parameter><parameter name="hourly">true</parameter>'
+        "</invoke></minimax:tool_call>",
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>7</arg_value>"
+        "<arg_key>days</arg_key><arg_value>5</arg_value>"
+        "<arg_key>hourly</arg_key><arg_value>true</arg_value></tool_call>",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\n7\n</parameter>\n"
+        "<parameter=days>\n5\n</parameter>\n<parameter=hourly>\ntrue\n</parameter>\n</function>\n"
+        "</tool_call>",
+    ],
+    ids=["minimax", "glm", "qwen3_xml"],
+)
+def test_values_written_as_text_are_typed_by_the_schema(text: str) -> None:
+    (match,) = find_native_calls(text, WEATHER_TOOLS)
+    (call,) = match.calls
+    assert call.arguments == {"city": "7", "days": 5, "hourly": True}
+    assert not call.string_values
+    untyped = find_native_calls(text)[0].calls[0]
+    assert untyped.string_values
+    assert untyped.arguments["days"] == "5"
+
+
+def test_registry_labels_are_bounded_and_markers_known() -> None:
+    assert "other" in FAMILIES
+    assert set(RECOGNISERS) - {"qwen3_xml_bare"} <= set(FAMILIES)
+    markers = opening_markers()
+    for marker in ("[TOOL_CALLS]", "<|tool_call>", "<minimax:tool_call>", "<|python_start|>"):
+        assert marker in markers
+    assert len(markers) == len(set(markers))
+
+
+# --- linear detection ----------------------------------------------------------------------------
+
+ADVERSARIAL = {
+    "unclosed tags": '<tool_call><|tool_call>call:f{a:<|"|>x <minimax:tool_call><invoke name="f">',
+    "openers only": "<|tool_calls_section_begin|><|tool_call_begin|>[TOOL_CALLS]<function=f>",
+    "nested brackets": "[[[[{{{{((((",
+    "pythonic lists": "[f(a=1), g(b='x')] [h(",
+    "quotes in prose": "it's [a(b='c) don't {\"x\": [\"",
+    "deepseek": "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{",
+    "invokes": '<steptml:invoke name="f"><steptml:parameter name="k">v',
+    "gemma bare": 'call:f{a:<|"|>',
+    "kimi stripped": 'functions.f:0 {"a": ',
+}
+
+
+def _steps(text: str) -> int:
+    scanner = Scanner(text)
+    find_native_calls(text, WEATHER_TOOLS, scanner=scanner)
+    return scanner.steps
+
+
+@pytest.mark.parametrize("unit", list(ADVERSARIAL.values()), ids=list(ADVERSARIAL))
+def test_detection_is_linear_in_the_text(unit: str) -> None:
+    small, large = unit * 200, unit * 1600
+    small_steps, large_steps = _steps(small), _steps(large)
+    assert large_steps <= 80 * len(large)  # a bounded number of passes over the text
+    assert large_steps <= 10 * small_steps  # 8x the text, not 64x the steps
+
+
+def test_a_text_with_no_marker_costs_a_few_passes() -> None:
+    prose = "The weather in Paris is mild today, with light rain expected later. " * 500
+    assert _steps(prose) <= 2 * len(RECOGNISERS) * len(prose)  # one search per recogniser
+    assert find_native_calls(prose, WEATHER_TOOLS) == []
+
+
+# --- through the proxy, buffered and streamed ----------------------------------------------------
+
+
+# Where the generic JSON/tag reading of ``textcalls`` overlaps a native match, textcalls keeps the
+# generic one today, whose span leaves the wrapper (and its safety rules then read the wrapper as
+# prose around the call): these families' answers are not promoted whole through the proxy yet.
+GENERIC_READING_KEPT = frozenset(
+    {
+        "granite",
+        "granite_20b_fc",
+        "granite_pythonic",
+        "internlm2",
+        "llama3_json",
+        "mistral",
+        "phi4mini",
+        "seed_oss",
+        "tool_calls_json",
+    }
+)
+
+
+def _representatives() -> Iterator[Any]:
+    """One clean case per recogniser: exact, no stripped marker, preferably opening with its
+    marker (a stream that opens with prose sends the prose before the gate sees a call)."""
+    chosen: dict[str, dict[str, Any]] = {}
+    markers = opening_markers()
+    for cases in _corpus().values():
+        for case in cases:
+            if not case["expected_calls"] or case.get("marker_stripped") or not _exact(case):
+                continue
+            label = find_native_calls(case["text"], case["tools"])[0].family
+            opens = case["text"].lstrip().startswith(markers)
+            if label not in chosen or (opens and not chosen[label]["opens"]):
+                chosen[label] = {"case": case, "opens": opens}
+    for label, choice in sorted(chosen.items()):
+        marks = ()
+        if label in GENERIC_READING_KEPT:
+            marks = (pytest.mark.xfail(reason="textcalls keeps the overlapping generic reading"),)
+        yield pytest.param(choice["case"], id=f"{label}:{choice['case']['family']}", marks=marks)
+
+
+def _chat_body(case: dict[str, Any], stream: bool) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Go."}],
+        "tools": case["tools"],
+        "stream": stream,
+    }
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
+@pytest.mark.parametrize("case", list(_representatives()))
+async def test_through_the_proxy_the_call_is_structured_and_no_wrapper_stays(
+    case: dict[str, Any], stream: bool
+) -> None:
+    transport = MockTransport(completion(content=case["text"]))
+    settings = Settings(upstream="http://mock/v1", repair="promote")
+    async with in_process_proxy(settings, transport) as proxy:
+        client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="k", http_client=proxy.http)
+        calls: list[tuple[str, Any]]
+        if stream:
+            chunks = await client.chat.completions.create(**_chat_body(case, True))
+            content = ""
+            arguments: dict[int, list[str]] = {}
+            names: dict[int, str] = {}
+            async for chunk in chunks:
+                if not chunk.choices:
+                    continue
+                delta = chunk.choices[0].delta
+                content += delta.content or ""
+                for call in delta.tool_calls or ():
+                    if call.function and call.function.name:
+                        names[call.index] = call.function.name
+                    if call.function and call.function.arguments:
+                        arguments.setdefault(call.index, []).append(call.function.arguments)
+            calls = [(names[i], json.loads("".join(arguments.get(i, ["{}"])))) for i in names]
+            text: str | None = content or None
+        else:
+            answer = await client.chat.completions.create(**_chat_body(case, False))
+            message = answer.choices[0].message
+            calls = [
+                (call.function.name, json.loads(call.function.arguments))
+                for call in message.tool_calls or ()
+            ]
+            text = message.content
+    expected = [(call["name"], call["arguments"]) for call in case["expected_calls"]]
+    assert [_canonical(c) for c in calls] == [_canonical(c) for c in expected]
+    if stream and not case["text"].lstrip().startswith(opening_markers()):
+        return  # prose streamed out before the marker: the wrapper went with it, as text
+    expected_text = case["expected_content"] or ""
+    for marker in case.get("wrapper_markers", ()):
+        assert marker not in (text or "") or marker in expected_text
