@@ -599,6 +599,18 @@ class ErrorBudget:
             if type(message) is not dict and not isinstance(message, Mapping):
                 continue
             role = message.get("role")
+            if role == "user":  # frameworks that write results as user text (smolagents)
+                text = message.get("content")
+                for error in self.detector.errors_in_text(
+                    text if type(text) is str else _text(text)
+                ):
+                    occurrence = counts.get("", 0)
+                    counts[""] = occurrence + 1
+                    position = f"#{occurrence}"
+                    sample = f"{len(error)}:{error}".encode("utf-8", "surrogatepass")
+                    digest = hashlib.blake2b(sample, digest_size=8).hexdigest()
+                    errors.append((position, f"{position}:{digest}", self.classify(error)))
+                continue
             if role != "tool" and role != "function":
                 continue
             call_key = _call_key(message.get("tool_call_id")) if role == "tool" else ""

@@ -30,6 +30,7 @@ episode. What it cannot tell apart within one tenant and model: see the paragrap
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import time
 from collections import OrderedDict
@@ -94,6 +95,34 @@ def _str(value: Any) -> str:
     return value if type(value) is str else ""
 
 
+# Frameworks that resend a delivered call as assistant text: (marker before the calls, source).
+# The calls are read back so the message digests as the answer the proxy delivered.
+RESENT_CALL_MARKERS: tuple[tuple[str, str], ...] = (
+    (
+        "Calling tools:\n[",
+        "smolagents 1.26.0 memory.py ActionStep.to_messages: 'Calling tools:\\n' + "
+        "str([tool_call.dict() ...]) (a Python repr, arguments as a dict), captured in "
+        "tests/data/frameworks/smolagents-1.26.0.json",
+    ),
+)
+
+
+def _resent_calls(text: str) -> tuple[str, list[Any]] | None:
+    """(text before the marker, the calls) of an assistant text that resends delivered calls."""
+    for marker, _ in RESENT_CALL_MARKERS:
+        start = text.find(marker)
+        if start < 0:
+            continue
+        try:
+            # A literal only: ast.literal_eval never runs code.
+            calls = ast.literal_eval(text[start + len(marker) - 1 :])
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return None
+        if isinstance(calls, list) and all(isinstance(c, dict) for c in calls):
+            return text[:start].strip(), calls
+    return None
+
+
 def canonical_message(message: Mapping[str, Any], *, with_call_ids: bool = True) -> bytes:
     """The bytes a message contributes to the conversation digest.
 
@@ -106,6 +135,11 @@ def canonical_message(message: Mapping[str, Any], *, with_call_ids: bool = True)
     if role == "assistant":
         calls = message.get("tool_calls")
         calls = calls if type(calls) is list else []
+        if not calls and "Calling tools:" in text:
+            resent = _resent_calls(text)
+            if resent is not None:
+                text, calls = resent
+                form = f"{len(role)}:{role}{len(text)}:{text}"
         function_call = message.get("function_call")
         if function_call is not None and isinstance(function_call, Mapping):
             calls = [*calls, {"function": function_call}]

@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_TOOL_ERROR_PATTERN",
     "ENV_OTHER_ERROR",
     "KNOWN_FORMATS",
+    "TEXT_ERROR_FORMATS",
     "ErrorClassifier",
     "ToolErrorDetector",
     "ToolErrorFormat",
@@ -74,6 +75,13 @@ KNOWN_FORMATS: tuple[ToolErrorFormat, ...] = (
         'tool comes back as {"error": ...}',
     ),
     ToolErrorFormat(
+        "instructor",
+        r"^Validation Error found:\n",
+        "instructor 1.17.0 processing/response.py reask for the tools modes: the tool result "
+        "'Validation Error found:\\n{exception}\\nRecall the function correctly, fix the "
+        "errors' (pydantic's '1 validation error for Model ...')",
+    ),
+    ToolErrorFormat(
         "langchain-tool-exception",
         r"^Tool (?:execution|input validation) error$",
         "langchain_core/tools/base.py 1.8.3 _handle_tool_error / _handle_validation_error "
@@ -81,6 +89,21 @@ KNOWN_FORMATS: tuple[ToolErrorFormat, ...] = (
         "is sent as the bare message and cannot be told from a result)",
     ),
 )
+
+# Frameworks that write tool results into user messages, not ``role: tool`` ones: each match of
+# the pattern is one failed call (its group ``error`` the error's text, for the labels below).
+TEXT_ERROR_FORMATS: tuple[ToolErrorFormat, ...] = (
+    ToolErrorFormat(
+        "smolagents",
+        r"(?:^|\n)Error:\n(?P<error>.*?)\nNow let's retry: take care not to repeat previous "
+        r"errors!",
+        "smolagents 1.26.0 memory.py ActionStep.to_messages: 'Error:\\n' + str(error) + "
+        '"\\nNow let\'s retry: take care not to repeat previous errors! ...", merged into the '
+        "user message (captured in tests/data/frameworks/smolagents-1.26.0.json)",
+    ),
+)
+# A text format's marker: user messages without it are not searched at all.
+_TEXT_ERROR_MARKER = "\nNow let's retry: "
 
 # (label, pattern) in order, first match wins; an error that matches none is env_other_error.
 DEFAULT_ENV_ERROR_TABLE: tuple[tuple[str, str], ...] = (
@@ -111,7 +134,7 @@ def scanned_text(content: str) -> str:
 class ToolErrorDetector:
     """Tells whether a tool result reports a failure: the table, or the operator's own pattern."""
 
-    __slots__ = ("_formats", "_match_start", "_searches", "pattern")
+    __slots__ = ("_formats", "_match_start", "_searches", "_text_errors", "pattern")
 
     def __init__(self, pattern: str | None = DEFAULT_TOOL_ERROR_PATTERN) -> None:
         if pattern is None or pattern == DEFAULT_TOOL_ERROR_PATTERN:
@@ -131,6 +154,17 @@ class ToolErrorDetector:
             re.compile("|".join(f"(?:{p})" for p in anchored)).match if anchored else None
         )
         self._searches = tuple(re.compile(p).search for p in floating)
+        # An operator's own pattern replaces the table, the text formats included.
+        self._text_errors = (
+            tuple(re.compile(f.pattern, re.DOTALL) for f in TEXT_ERROR_FORMATS) if table else ()
+        )
+
+    def errors_in_text(self, content: str) -> list[str]:
+        """The failed calls a user message reports as text (smolagents), each error's text."""
+        if not self._text_errors or _TEXT_ERROR_MARKER not in content:
+            return []
+        text = scanned_text(content)
+        return [m.group("error") for regex in self._text_errors for m in regex.finditer(text)]
 
     def is_error(self, content: str) -> bool:
         text = scanned_text(content)

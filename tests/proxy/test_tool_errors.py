@@ -8,8 +8,15 @@ langchain-core 1.8.3. Older formats are copied from the source file and tag cite
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
 import pytest
 
+from repairproxy.episodes.chaining import canonical_message
 from repairproxy.episodes.tool_errors import (
     DEFAULT_TOOL_ERROR_PATTERN,
     KNOWN_FORMATS,
@@ -18,9 +25,24 @@ from repairproxy.episodes.tool_errors import (
     ToolErrorDetector,
     scanned_text,
 )
+from repairproxy.settings import Settings
+from repairproxy.types import RepairMode
+from tests.support.in_process import in_process_proxy
+from tests.support.mock_transport import MockTransport
+from tests.support.scripted_upstream import completion, tool_call
 
 # (framework that must match, label, the text exactly as the framework wrote it)
 REAL_ERRORS: list[tuple[str, str, str]] = [
+    # instructor 1.17.0, Mode.TOOLS, max_retries=1: its re-ask after a pydantic ValidationError
+    # (captured in tests/data/frameworks/instructor-1.17.0-tools.json).
+    (
+        "instructor",
+        "env_argument_error",
+        "Validation Error found:\n1 validation error for Person\nage\n  Input should be a valid "
+        "integer [type=int_type, input_value='forty', input_type=str]\n    For further "
+        "information visit https://errors.pydantic.dev/2.14/v/int_type\nRecall the function "
+        "correctly, fix the errors",
+    ),
     # τ²-bench v1.0.1 environment: f"Error: {e}" (the texts of evals/domains, which replicate it).
     ("tau2-bench", "env_unknown_tool", "Error: Tool 'get_order_status' not found."),
     ("tau2-bench", "env_entity_not_found", "Error: Order not found"),
@@ -184,3 +206,89 @@ def test_the_label_memory_keeps_no_long_texts() -> None:
     assert classify("Error: Order not found") == "env_entity_not_found"
     kept = classify._labels
     assert kept and max(map(len, kept)) <= ErrorClassifier.MAX_REMEMBERED_TEXT_CHARS
+
+
+# -- frameworks whose protocol the table reads, from captured real output ---------------------
+
+FRAMEWORKS = Path(__file__).resolve().parents[1] / "data" / "frameworks"
+
+
+def _captured(name: str) -> list[dict[str, Any]]:
+    requests: list[dict[str, Any]] = orjson.loads((FRAMEWORKS / name).read_bytes())
+    return requests
+
+
+def _text_of(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content)
+    return str(content or "")
+
+
+def test_instructor_retry_text_is_a_known_error_format() -> None:
+    retry = _captured("instructor-1.17.0-tools.json")[1]["messages"][-1]
+    assert retry["role"] == "tool"
+    detector = ToolErrorDetector()
+    assert detector.is_error(retry["content"])
+    assert detector.framework(retry["content"]) == "instructor"
+    assert ErrorClassifier()(retry["content"]) == "env_argument_error"
+
+
+def test_smolagents_errors_written_in_the_user_message_are_found() -> None:
+    requests = _captured("smolagents-1.26.0.json")
+    errored = _text_of(requests[3]["messages"][-1])
+    (error,) = ToolErrorDetector().errors_in_text(errored)
+    assert error.startswith("Error executing tool 'get_order_details'")
+    assert ErrorClassifier()(error) == "env_entity_not_found"
+    # An observation is a result, not an error; an operator's own pattern replaces the table.
+    assert ToolErrorDetector().errors_in_text(_text_of(requests[1]["messages"][-1])) == []
+    assert ToolErrorDetector(r"^Oops").errors_in_text(errored) == []
+
+
+def test_smolagents_resent_call_text_digests_as_the_delivered_call() -> None:
+    requests = _captured("smolagents-1.26.0.json")
+    resent = requests[1]["messages"][2]
+    assert _text_of(resent).startswith("Calling tools:\n[")
+    delivered = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_a1",
+                "type": "function",
+                "function": {"name": "get_order_details", "arguments": '{"order_id": "#W1"}'},
+            }
+        ],
+    }
+    assert canonical_message(resent) == canonical_message(delivered)
+
+
+def _replay(requests: list[dict[str, Any]], headers: list[dict[str, str]]) -> list[httpx.Response]:
+    """The captured requests sent again through the proxy, the upstream answering as it did."""
+    transport = MockTransport(
+        completion(tool_calls=[tool_call("get_order_details", {"order_id": "#W1"}, "call_a1")]),
+        completion(tool_calls=[tool_call("final_answer", {"answer": "Delivered."}, "call_a2")]),
+        completion(tool_calls=[tool_call("get_order_details", {"order_id": "#W2"}, "call_b1")]),
+        completion(tool_calls=[tool_call("final_answer", {"answer": "Not found."}, "call_b2")]),
+    )
+
+    async def run() -> list[httpx.Response]:
+        settings = Settings(upstream="http://mock/v1", repair=RepairMode.REFLEXIVE)
+        async with in_process_proxy(settings, transport) as proxy:
+            return [
+                await proxy.http.post("/v1/chat/completions", json=body, headers=extra)
+                for body, extra in zip(requests, headers, strict=True)
+            ]
+
+    return asyncio.run(run())
+
+
+def test_smolagents_runs_chain_and_count_their_tool_errors() -> None:
+    requests = _captured("smolagents-1.26.0.json")
+    replies = _replay(requests, [{}] * 4)
+    episodes = [reply.headers["x-repairproxy-episode-id"] for reply in replies]
+    assert episodes[0] == episodes[1]  # the resent "Calling tools:" text continues the run
+    assert episodes[2] != episodes[1]  # the second run is its own episode
+    # With the episode header the error written into the user message is counted, once.
+    marked = _replay(requests, [{}, {}, {"x-episode-id": "run2"}, {"x-episode-id": "run2"}])
+    assert [r.headers["x-repairproxy-episode-errors"] for r in marked[2:]] == ["0", "1"]
