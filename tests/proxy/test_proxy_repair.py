@@ -1,42 +1,59 @@
-"""Reflexive repair and the per-episode error budget, end to end through the openai client."""
+"""Reflexive repair and the per-episode error budget, end to end through the openai client.
+
+In process (the app under httpx's ASGI transport, the upstream a ``MockTransport``): these test
+what the proxy decides, not the HTTP layer, which the conformance and fault tests cover on
+loopback."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import openai
 import orjson
 import pytest
 
-from tests.proxy.conftest import StartProxy
-from tests.proxy.test_proxy_openai import _collect_stream
-from tests.support.proxy_server import RunningProxy
-from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
+from tests.proxy.conftest import StartInProcess
+from tests.support.in_process import InProcessProxy
+from tests.support.mock_transport import MockTransport
+from tests.support.scripted_upstream import completion, tool_call
 from tests.support.tools import MESSAGES, TOOLS
 
 GOOD = {"order_id": "#W1"}
+pytestmark = pytest.mark.anyio
 
 
-def _client(proxy: RunningProxy) -> openai.OpenAI:
-    return openai.OpenAI(base_url=proxy.base_url, api_key="k", max_retries=0)
+async def _create(proxy: InProcessProxy, **kwargs: Any) -> Any:
+    return await proxy.client().chat.completions.with_raw_response.create(
+        model="scripted-model", messages=kwargs.pop("messages", MESSAGES), tools=TOOLS, **kwargs
+    )
 
 
-def _create(proxy: RunningProxy, **kwargs: Any) -> Any:
-    with _client(proxy) as client:
-        return client.chat.completions.with_raw_response.create(
-            model="scripted-model", messages=kwargs.pop("messages", MESSAGES), tools=TOOLS, **kwargs
-        )
+async def _collect_stream(chunks: Any) -> tuple[str, dict[int, dict[str, str]], str | None, Any]:
+    content, calls, finish, usage = "", {}, None, None
+    async for chunk in chunks:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            delta = choice.delta
+            content += delta.content or ""
+            for part in delta.tool_calls or []:
+                call = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] += part.id or ""
+                if part.function is not None:
+                    call["name"] += part.function.name or ""
+                    call["arguments"] += part.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return content, calls, finish, usage
 
 
-def test_hallucinated_name_repaired_on_first_attempt(
-    upstream: ScriptedUpstream, start_proxy: StartProxy
+async def test_hallucinated_name_repaired_on_first_attempt(
+    transport: MockTransport, start_in_process: StartInProcess
 ) -> None:
-    proxy = start_proxy(repair="reflexive")
+    proxy = await start_in_process(repair="reflexive")
     bad = tool_call("get_order_status", GOOD, call_id="call_bad")
     good = tool_call("get_order_details", GOOD, call_id="call_good")
-    upstream.push(completion(tool_calls=[bad]), completion(tool_calls=[good]))
-    raw = _create(proxy)
+    transport.push(completion(tool_calls=[bad]), completion(tool_calls=[good]))
+    raw = await _create(proxy)
     message = raw.parse().choices[0].message
     assert [(c.id, c.function.name) for c in message.tool_calls] == [
         ("call_good", "get_order_details")
@@ -44,7 +61,7 @@ def test_hallucinated_name_repaired_on_first_attempt(
     assert raw.headers["x-repairproxy-repairs"] == "1"
     assert raw.headers["x-repairproxy-tool-errors"] == "unknown_tool"
     assert raw.parse().usage.total_tokens == 36  # both attempts
-    first, second = upstream.chat_requests
+    first, second = transport.chat_requests
     assert "re-issue a valid call" in first["messages"][0]["content"]  # the reflexive instruction
     assistant, diagnosis = second["messages"][-2:]
     assert assistant["tool_calls"][0]["function"]["name"] == "get_order_status"
@@ -52,46 +69,48 @@ def test_hallucinated_name_repaired_on_first_attempt(
     assert "get_order_details" in diagnosis["content"]
 
 
-def test_schema_violation_repaired(upstream: ScriptedUpstream, start_proxy: StartProxy) -> None:
-    proxy = start_proxy(repair="reflexive")
+async def test_schema_violation_repaired(
+    transport: MockTransport, start_in_process: StartInProcess
+) -> None:
+    proxy = await start_in_process(repair="reflexive")
     bad = tool_call("exchange_items", {"order_id": "#W1", "item_ids": "42"})
     good = tool_call("exchange_items", {"order_id": "#W1", "item_ids": ["42"]})
-    upstream.push(completion(tool_calls=[bad]), completion(tool_calls=[good]))
-    raw = _create(proxy)
+    transport.push(completion(tool_calls=[bad]), completion(tool_calls=[good]))
+    raw = await _create(proxy)
     call = raw.parse().choices[0].message.tool_calls[0]
     assert orjson.loads(call.function.arguments) == {"order_id": "#W1", "item_ids": ["42"]}
     assert raw.headers["x-repairproxy-tool-errors"] == "schema_violation"
-    diagnosis = upstream.chat_requests[1]["messages"][-1]["content"]
+    diagnosis = transport.chat_requests[1]["messages"][-1]["content"]
     assert "item_ids" in diagnosis
 
 
-def test_valid_calls_in_a_broken_turn_are_kept(
-    upstream: ScriptedUpstream, start_proxy: StartProxy
+async def test_valid_calls_in_a_broken_turn_are_kept(
+    transport: MockTransport, start_in_process: StartInProcess
 ) -> None:
-    proxy = start_proxy(repair="reflexive")
+    proxy = await start_in_process(repair="reflexive")
     kept = tool_call("find_user_id_by_email", {"email": "a@b.c"}, call_id="call_kept")
     bad = tool_call("get_order_details", "{oops", call_id="call_broken")
     fixed = tool_call("get_order_details", GOOD, call_id="call_fixed")
-    upstream.push(completion(tool_calls=[kept, bad]), completion(tool_calls=[fixed]))
-    calls = _create(proxy).parse().choices[0].message.tool_calls
+    transport.push(completion(tool_calls=[kept, bad]), completion(tool_calls=[fixed]))
+    calls = (await _create(proxy)).parse().choices[0].message.tool_calls
     assert [c.id for c in calls] == ["call_kept", "call_fixed"]
 
 
 @pytest.mark.parametrize("policy", ["pass", "strip", "error"])
-def test_exhaustion_policies(
-    policy: str, upstream: ScriptedUpstream, start_proxy: StartProxy
+async def test_exhaustion_policies(
+    policy: str, transport: MockTransport, start_in_process: StartInProcess
 ) -> None:
-    proxy = start_proxy(repair="reflexive", max_repairs=2, on_exhausted=policy)
+    proxy = await start_in_process(repair="reflexive", max_repairs=2, on_exhausted=policy)
     answers = [completion(tool_calls=[tool_call(f"no_such_tool_{i}", GOOD)]) for i in range(3)]
-    upstream.push(*answers)
+    transport.push(*answers)
     if policy == "error":
         with pytest.raises(openai.APIStatusError) as caught:
-            _create(proxy)
+            await _create(proxy)
         assert caught.value.status_code == 502
         assert caught.value.body["code"] == "repair_exhausted"  # type: ignore[index]
-        assert len(upstream.chat_requests) == 3
+        assert len(transport.chat_requests) == 3
         return
-    raw = _create(proxy)
+    raw = await _create(proxy)
     assert raw.headers["x-repairproxy-repairs"] == "2"
     assert raw.headers["x-repairproxy-tool-errors"] == "unknown_tool,unknown_tool,unknown_tool"
     choice = raw.parse().choices[0]
@@ -100,21 +119,21 @@ def test_exhaustion_policies(
     else:
         assert not choice.message.tool_calls
         assert choice.finish_reason == "stop"
-    assert upstream.pending == 0
+    assert len(transport.script) == 0
 
 
-def test_constrained_escalation_names_the_tool_on_attempt_two(
-    upstream: ScriptedUpstream, start_proxy: StartProxy
+async def test_constrained_escalation_names_the_tool_on_attempt_two(
+    transport: MockTransport, start_in_process: StartInProcess
 ) -> None:
-    proxy = start_proxy(repair="constrained", max_repairs=2)
-    upstream.push(
+    proxy = await start_in_process(repair="constrained", max_repairs=2)
+    transport.push(
         completion(tool_calls=[tool_call("get_order_detail", GOOD)]),
         completion(tool_calls=[tool_call("get_order_detials", GOOD)]),
         completion(tool_calls=[tool_call("get_order_details", GOOD)]),
     )
-    raw = _create(proxy)
+    raw = await _create(proxy)
     assert raw.parse().choices[0].message.tool_calls[0].function.name == "get_order_details"
-    first, attempt1, attempt2 = upstream.chat_requests
+    first, attempt1, attempt2 = transport.chat_requests
     assert "tool_choice" not in first and "tool_choice" not in attempt1
     assert attempt2["tool_choice"] == {
         "type": "function",
@@ -122,27 +141,24 @@ def test_constrained_escalation_names_the_tool_on_attempt_two(
     }
 
 
-def test_streaming_repair_yields_a_parseable_valid_call(
-    upstream: ScriptedUpstream, start_proxy: StartProxy
+async def test_streaming_repair_yields_a_parseable_valid_call(
+    transport: MockTransport, start_in_process: StartInProcess
 ) -> None:
-    proxy = start_proxy(repair="reflexive")
+    proxy = await start_in_process(repair="reflexive")
     good = tool_call("get_order_details", GOOD, call_id="call_good")
-    upstream.push(
+    transport.push(
         completion(tool_calls=[tool_call("get_order_status", GOOD)]),
         completion(tool_calls=[good]),
     )
-    with (
-        _client(proxy) as client,
-        client.chat.completions.with_streaming_response.create(
-            model="scripted-model",
-            messages=MESSAGES,
-            tools=TOOLS,
-            stream=True,
-            stream_options={"include_usage": True},
-        ) as raw,
-    ):
+    async with proxy.client().chat.completions.with_streaming_response.create(
+        model="scripted-model",
+        messages=MESSAGES,
+        tools=TOOLS,
+        stream=True,
+        stream_options={"include_usage": True},
+    ) as raw:
         headers = raw.headers
-        content, calls, finish, usage = _collect_stream(raw.parse())
+        content, calls, finish, usage = await _collect_stream(await raw.parse())
     assert calls == {
         0: {"id": "call_good", "name": "get_order_details", "arguments": '{"order_id":"#W1"}'}
     }
@@ -150,86 +166,83 @@ def test_streaming_repair_yields_a_parseable_valid_call(
     assert usage.total_tokens == 36
     assert headers["x-repairproxy-repairs"] == "1"
     assert headers["x-repairproxy-tool-errors"] == "unknown_tool"
-    assert upstream.chat_requests[0]["stream"] is True
-    assert upstream.chat_requests[1]["stream"] is False
+    assert transport.chat_requests[0]["stream"] is True
+    assert transport.chat_requests[1]["stream"] is False
 
 
-def test_streaming_repair_of_a_call_written_as_text(
-    upstream: ScriptedUpstream, start_proxy: StartProxy
+async def test_streaming_repair_of_a_call_written_as_text(
+    transport: MockTransport, start_in_process: StartInProcess
 ) -> None:
-    proxy = start_proxy(repair="reflexive")
+    proxy = await start_in_process(repair="reflexive")
     text = '{"name": "get_order_details", "arguments": {"order_id": "#W1"}}'
-    upstream.push(
+    transport.push(
         completion(content=text), completion(tool_calls=[tool_call("get_order_details", GOOD)])
     )
-    with _client(proxy) as client:
-        stream = client.chat.completions.create(
-            model="m", messages=MESSAGES, tools=TOOLS, stream=True
-        )
-        content, calls, finish, _ = _collect_stream(stream)
+    stream = await proxy.client().chat.completions.create(
+        model="m", messages=MESSAGES, tools=TOOLS, stream=True
+    )
+    content, calls, finish, _ = await _collect_stream(stream)
     assert content == ""  # the call-shaped text was held back, never shown
     assert calls[0]["name"] == "get_order_details"
     assert finish == "tool_calls"
 
 
-def test_override_headers_select_mode_and_budget(
-    upstream: ScriptedUpstream, start_proxy: StartProxy
+async def test_override_headers_select_mode_and_budget(
+    transport: MockTransport, start_in_process: StartInProcess
 ) -> None:
-    proxy = start_proxy(repair="reflexive", budget=10)
+    proxy = await start_in_process(repair="reflexive", budget=10)
     bad = completion(tool_calls=[tool_call("get_order_status", GOOD)])
-    upstream.push(bad)
-    raw = _create(proxy, extra_headers={"X-Repairproxy-Repair": "off", "X-Repairproxy-Budget": "3"})
+    transport.push(bad)
+    raw = await _create(
+        proxy, extra_headers={"X-Repairproxy-Repair": "off", "X-Repairproxy-Budget": "3"}
+    )
     assert raw.parse().choices[0].message.tool_calls[0].function.name == "get_order_status"
     assert raw.headers["x-repairproxy-repairs"] == "0"
     assert raw.headers["x-repairproxy-budget-remaining"] == "2"
-    assert len(upstream.chat_requests) == 1
-    assert upstream.chat_requests[0]["messages"] == MESSAGES  # off: no instruction added
-    upstream.push(bad)
-    raw = _create(proxy, extra_headers={"X-Repairproxy-Repair": "prompt"})
+    assert len(transport.chat_requests) == 1
+    assert transport.chat_requests[0]["messages"] == MESSAGES  # off: no instruction added
+    transport.push(bad)
+    raw = await _create(proxy, extra_headers={"X-Repairproxy-Repair": "prompt"})
     assert raw.headers["x-repairproxy-repairs"] == "0"  # prompt: instruction only, no re-ask
-    assert "re-issue a valid call" in upstream.chat_requests[1]["messages"][0]["content"]
+    assert "re-issue a valid call" in transport.chat_requests[1]["messages"][0]["content"]
     for header in ("x-repairproxy-repair", "x-repairproxy-budget"):
-        assert header not in upstream.requests[-1].headers
+        assert header not in transport.requests[-1].headers
 
 
-def test_two_interleaved_episodes_keep_separate_budgets(
-    upstream: ScriptedUpstream, start_proxy: StartProxy
+async def test_two_interleaved_episodes_keep_separate_budgets(
+    transport: MockTransport, start_in_process: StartInProcess
 ) -> None:
-    proxy = start_proxy(repair="off", budget=5)
+    proxy = await start_in_process(repair="off", budget=5)
     seen: dict[str, list[str]] = {"A": [], "B": []}
     for _ in range(3):
         for episode in ("A", "B"):
             name = "get_order_status" if episode == "A" else "get_order_details"
-            upstream.push(completion(tool_calls=[tool_call(name, GOOD)]))
-            raw = _create(proxy, extra_headers={"X-Episode-ID": episode})
+            transport.push(completion(tool_calls=[tool_call(name, GOOD)]))
+            raw = await _create(proxy, extra_headers={"X-Episode-ID": episode})
             seen[episode].append(raw.headers["x-repairproxy-episode-errors"])
             assert raw.headers["x-repairproxy-episode-id"] == episode
     assert seen == {"A": ["1", "2", "3"], "B": ["0", "0", "0"]}
-    upstream.push(completion(content="hi"))
-    raw = _create(proxy, extra_headers={"X-Episode-ID": "A"})
+    transport.push(completion(content="hi"))
+    raw = await _create(proxy, extra_headers={"X-Episode-ID": "A"})
     assert raw.headers["x-repairproxy-budget-remaining"] == "2"
 
 
-def test_budget_exhausted_reject_refuses_the_episode(
-    upstream: ScriptedUpstream, start_proxy: StartProxy
+async def test_budget_exhausted_reject_refuses_the_episode(
+    transport: MockTransport, start_in_process: StartInProcess
 ) -> None:
-    proxy = start_proxy(repair="off", budget=1, on_budget_exhausted="reject")
-    upstream.push(completion(tool_calls=[tool_call("get_order_status", GOOD)]))
-    raw = _create(proxy, extra_headers={"X-Episode-ID": "ep"})
+    proxy = await start_in_process(repair="off", budget=1, on_budget_exhausted="reject")
+    transport.push(completion(tool_calls=[tool_call("get_order_status", GOOD)]))
+    raw = await _create(proxy, extra_headers={"X-Episode-ID": "ep"})
     assert raw.headers["x-repairproxy-budget-remaining"] == "0"
     assert raw.headers["x-repairproxy-budget-exhausted"] == "true"
     # 403, not 429: the openai SDK retries 429.
     with pytest.raises(openai.PermissionDeniedError) as caught:
-        _create(proxy, extra_headers={"X-Episode-ID": "ep"})
+        await _create(proxy, extra_headers={"X-Episode-ID": "ep"})
     assert caught.value.body["code"] == "error_budget_exhausted"  # type: ignore[index]
-    assert len(upstream.chat_requests) == 1
-    upstream.push(completion(content="fine"))
-    assert (
-        _create(proxy, extra_headers={"X-Episode-ID": "other"}).headers[
-            "x-repairproxy-episode-errors"
-        ]
-        == "0"
-    )
+    assert len(transport.chat_requests) == 1
+    transport.push(completion(content="fine"))
+    raw = await _create(proxy, extra_headers={"X-Episode-ID": "other"})
+    assert raw.headers["x-repairproxy-episode-errors"] == "0"
 
 
 # --- a 12-turn episode replayed against a τ²-bench-like environment --------------------------
@@ -274,35 +287,32 @@ def _episode_script() -> list[list[dict[str, Any]] | str]:
     ]
 
 
-def test_twelve_turn_episode_counts_what_tau2_bench_counts(
-    upstream: ScriptedUpstream, start_proxy: StartProxy
+async def test_twelve_turn_episode_counts_what_tau2_bench_counts(
+    transport: MockTransport, start_in_process: StartInProcess
 ) -> None:
-    proxy = start_proxy(repair="off", budget=10)
+    proxy = await start_in_process(repair="off", budget=10)
     history: list[dict[str, Any]] = list(MESSAGES)
     tau2_errors = 0
     header_errors: list[int] = []
-    with httpx.Client(base_url=proxy.base_url) as client:
-        for turn in _episode_script():
-            reply = (
-                completion(content=turn) if isinstance(turn, str) else completion(tool_calls=turn)
-            )
-            upstream.push(reply)
-            response = client.post(
-                "/chat/completions",
-                json={"model": "m", "messages": history, "tools": TOOLS},
-                headers={"X-Episode-ID": "tau2-replay"},
-            )
-            assert response.status_code == 200
-            header_errors.append(int(response.headers["x-repairproxy-episode-errors"]))
-            message = response.json()["choices"][0]["message"]
-            history.append(message)
-            if isinstance(turn, str):
-                history.append({"role": "user", "content": "Yes, please go ahead."})
-                continue
-            for call in message["tool_calls"]:
-                content, failed = _execute(call)
-                tau2_errors += failed
-                history.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+    for turn in _episode_script():
+        reply = completion(content=turn) if isinstance(turn, str) else completion(tool_calls=turn)
+        transport.push(reply)
+        response = await proxy.http.post(
+            "/v1/chat/completions",
+            json={"model": "m", "messages": history, "tools": TOOLS},
+            headers={"X-Episode-ID": "tau2-replay"},
+        )
+        assert response.status_code == 200
+        header_errors.append(int(response.headers["x-repairproxy-episode-errors"]))
+        message = response.json()["choices"][0]["message"]
+        history.append(message)
+        if isinstance(turn, str):
+            history.append({"role": "user", "content": "Yes, please go ahead."})
+            continue
+        for call in message["tool_calls"]:
+            content, failed = _execute(call)
+            tau2_errors += failed
+            history.append({"role": "tool", "tool_call_id": call["id"], "content": content})
     assert tau2_errors == 6
     # The last answer is a text reply; every tool result before it has been seen by the proxy.
     assert header_errors[-1] == tau2_errors

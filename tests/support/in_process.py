@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import openai
 import orjson
 
 from repairproxy.app import RepairProxyApp, create_app
@@ -38,6 +39,12 @@ class InProcessProxy:
 
     def log_lines(self) -> list[dict[str, Any]]:
         return [orjson.loads(line) for line in self._log.getvalue().splitlines() if line.strip()]
+
+    def client(self) -> openai.AsyncOpenAI:
+        """The official async client, talking to the app through the ASGI transport."""
+        return openai.AsyncOpenAI(
+            base_url=self.base_url, api_key="k", max_retries=0, http_client=self.http
+        )
 
 
 async def _lifespan(
