@@ -23,16 +23,17 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from repairproxy.asgi.gate import SSEEvent, ToolCallGate
 from repairproxy.repair import promote
 from repairproxy.textcalls import message_text
 from repairproxy.validation import CallRules, Channel, ToolsCache, text_calls_allowed
 
-__all__ = ["Promotion", "main", "promote_answer"]
+__all__ = ["Promotion", "main", "promote_answer", "stream_answer"]
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "textcalls"
 
@@ -131,8 +132,13 @@ def _native_request(case: Mapping[str, Any]) -> dict[str, Any]:
     return {"tools": case["tools"], "tool_choice": "auto"}
 
 
-def _score_native(case: Mapping[str, Any], score: FamilyScore, failures: list[str]) -> None:
-    result = promote_answer(_native_request(case), case["text"])
+def _score_native(
+    case: Mapping[str, Any],
+    score: FamilyScore,
+    failures: list[str],
+    answer: Callable[[Mapping[str, Any], str], Promotion] = promote_answer,
+) -> None:
+    result = answer(_native_request(case), case["text"])
     expected = [(call["name"], call["arguments"]) for call in case["expected_calls"]]
     if not expected:
         score.negatives += 1
@@ -186,7 +192,7 @@ def run_native(family: str | None, verbose: bool) -> None:
         f"{'family':<16} {'cases':>5} {'exact':>6} {'%':>5} {'wrong args':>10} {'missed':>6} "
         f"{'wrapper':>7} {'content':>7} {'stripped':>8} {'negatives':>9} {'false +':>7}"
     )
-    print("native formats (buffered; streamed to come)")
+    print("native formats (buffered)")
     print(header)
     for name, score in rows:
         _print_family(name, score)
@@ -207,6 +213,79 @@ def _print_family(name: str, score: FamilyScore) -> None:
         f"{score.missed:>6} {score.wrapper_left:>7} {score.content_ok:>7} {stripped:>8} "
         f"{score.negatives:>9} {score.false_promotions:>7}"
     )
+
+
+# --- native formats, streamed ------------------------------------------------------------------
+
+
+def _chunk_events(content: str, pieces: int) -> list[bytes]:
+    """``content`` as the chat-completion chunk stream a server sends (role, pieces, finish)."""
+    base = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+
+    def event(delta: Mapping[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return b"data: " + json.dumps({**base, "choices": [choice]}).encode() + b"\n\n"
+
+    size = max(1, -(-len(content) // pieces))
+    events = [event({"role": "assistant", "content": ""})]
+    events += [event({"content": content[i : i + size]}) for i in range(0, len(content), size)]
+    return [*events, event({}, "stop")]
+
+
+def _released_content(raw_events: Sequence[bytes]) -> str:
+    text = []
+    for raw in raw_events:
+        payload = raw.removeprefix(b"data: ").strip()
+        if not payload.startswith(b"{"):
+            continue
+        for choice in json.loads(payload).get("choices") or ():
+            text.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(text)
+
+
+def stream_answer(request: Mapping[str, Any], content: str, pieces: int = 8) -> Promotion:
+    """The proxy's streamed promotion of ``content``: the answer arrives in ``pieces`` content
+    deltas through the stream gate (``asgi.gate.ToolCallGate``), which lets prose out at once and
+    holds what may open a call; the assembled message is promoted as buffered, and the client
+    ends up with the prose already sent plus what the gate sends after the verdict."""
+    gate = ToolCallGate(hold_text=text_calls_allowed(request))
+    sent: list[bytes] = []
+    for raw in _chunk_events(content, pieces):
+        sent.extend(gate.feed(SSEEvent(raw, raw.removeprefix(b"data: ").strip())))
+    buffered = promote_answer(request, gate.assembler.content or "")
+    message: dict[str, Any] = {"role": "assistant", "content": buffered.content}
+    rest = gate.unsent({"choices": [{"index": 0, "message": message}]})
+    after = rest["choices"][0]["message"]["content"]
+    streamed = _released_content(sent) + (after or "") or None  # the client's deltas, joined
+    return Promotion(buffered.calls, streamed, buffered.flagged)
+
+
+def run_native_streamed(family: str | None, verbose: bool) -> None:
+    """The native table again, each answer streamed through the gate (``stream_answer``)."""
+    rows: list[tuple[str, FamilyScore]] = []
+    failures: list[str] = []
+    for path in sorted((DATA / "native").glob("*.jsonl")):
+        if family is not None and path.stem != family:
+            continue
+        score = FamilyScore()
+        for case in _load(path):
+            _score_native(case, score, failures, answer=stream_answer)
+        rows.append((path.stem, score))
+    print("\nnative formats (streamed: 8 content deltas through the stream gate)")
+    print(
+        f"{'family':<16} {'cases':>5} {'exact':>6} {'%':>5} {'wrong args':>10} {'missed':>6} "
+        f"{'wrapper':>7} {'content':>7} {'stripped':>8} {'negatives':>9} {'false +':>7}"
+    )
+    total = FamilyScore()
+    for name, score in rows:
+        _print_family(name, score)
+        for field in FamilyScore.__slots__:
+            setattr(total, field, getattr(total, field) + getattr(score, field))
+    _print_family("ALL", total)
+    families_at_goal = sum(1 for _, s in rows if s.cases and s.exact / s.cases >= 0.9)
+    print(f"families with >= 90% exact: {families_at_goal}/{len(rows)}")
+    if verbose:
+        print("\n".join(failures))
 
 
 # --- hostile answers -----------------------------------------------------------------------------
@@ -267,6 +346,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.corpus in ("native", "all"):
         run_native(args.family, args.verbose)
+        run_native_streamed(args.family, args.verbose)
     if args.corpus in ("hostile", "all"):
         run_hostile(args.verbose)
 

@@ -1923,7 +1923,7 @@ _OPENING_MARKERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "openai_harmony": ("<|channel|>", "<|start|>"),
         "deepseek": (_DS_CALLS_BEGIN, _DS_CALL_BEGIN),
         "deepseek_dsml": ("<｜DSML｜function_calls>", "<｜DSML｜tool_calls>"),
-        "kimi_k2": (_KIMI_SECTION[0], "<|tool_call_begin|>"),
+        "kimi_k2": (_KIMI_SECTION[0], "<|tool_call_begin|>", "functions."),
         "step3": ("<｜tool_calls_begin｜>", "<steptml:invoke"),
         "minimax_m3": (_M3,),
         "minimax_m2": ("<minimax:tool_call>", "<invoke name="),
