@@ -253,10 +253,18 @@ def stream_answer(request: Mapping[str, Any], content: str, pieces: int = 8) -> 
     for raw in _chunk_events(content, pieces):
         sent.extend(gate.feed(SSEEvent(raw, raw.removeprefix(b"data: ").strip())))
     buffered = promote_answer(request, gate.assembler.content or "")
-    message: dict[str, Any] = {"role": "assistant", "content": buffered.content}
-    rest = gate.unsent({"choices": [{"index": 0, "message": message}]})
-    after = rest["choices"][0]["message"]["content"]
-    streamed = _released_content(sent) + (after or "") or None  # the client's deltas, joined
+    released = _released_content(sent)
+    after = buffered.content
+    unsent = getattr(gate, "unsent", None)  # what the gate sends after the verdict
+    if unsent is not None:
+        message: dict[str, Any] = {"role": "assistant", "content": buffered.content}
+        rest = unsent({"choices": [{"index": 0, "message": message}]})
+        after = rest["choices"][0]["message"]["content"]
+    elif released:
+        sent_prose = released.rstrip()
+        final = buffered.content or ""
+        after = final[len(sent_prose) :].strip() if final.startswith(sent_prose) else None
+    streamed = released + (after or "") or None  # the client's deltas, joined
     return Promotion(buffered.calls, streamed, buffered.flagged)
 
 
