@@ -87,7 +87,9 @@ def serve(settings: Settings) -> None:
     embedded = None
     if not settings.upstream:
         embedded = _start_embedded(settings.embedded_arm)
-        settings = replace(settings, upstream=embedded.base_url)
+        # The embedded server speaks chat completions only: the other APIs are translated.
+        apis = settings.upstream_apis or ("chat",)
+        settings = replace(settings, upstream=embedded.base_url, upstream_apis=apis)
     try:
         options = server_options(settings)
         models = f"; send model: {_model_ids(embedded.base_url)}" if embedded else ""
