@@ -144,3 +144,152 @@ def test_pydantic_ai(
     assert ran == ["#W1"]
     assert _tools_seen(upstream) == ["get_order_details"]
     assert _budget_lines(proxy)[0] == (["unknown_tool"], 1)
+
+
+def _agent(base_url: str, ran: list[str], model: str = "scripted-model") -> Any:
+    from agents import Agent, OpenAIResponsesModel, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+
+    @function_tool
+    def get_order_details(order_id: str) -> str:
+        """Get the status of an order."""
+        ran.append(order_id)
+        return f"Order {order_id}: delivered"
+
+    client = AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+    agent = Agent(
+        name="support",
+        instructions="You help with orders. Look orders up with get_order_details.",
+        tools=[get_order_details],
+        model=OpenAIResponsesModel(model=model, openai_client=client),
+    )
+    return agent, client
+
+
+def test_agents_sdk_chains_previous_response_id_across_a_promoted_call(
+    upstream: ResponsesUpstream,
+) -> None:
+    """A run continued with ``previous_response_id`` whose first answer is a call written as
+    text: the proxy promotes it, the SDK runs the tool and continues from the promoted answer's
+    id; the upstream (which checks call ids as OpenAI does) is sent the conversation the agent
+    saw, rebuilt from the proxy's store."""
+    from agents import Runner
+
+    text_call = '{"name": "get_order_details", "arguments": {"order_id": "#W1"}}'
+    upstream.push(
+        [message("Hello! How can I help?")],
+        [message(text_call)],
+        [message("Your order #W1 was delivered.")],
+    )
+    ran: list[str] = []
+    with running_proxy(Settings(upstream=upstream.base_url, repair="promote")) as proxy:
+        agent, client = _agent(proxy.base_url, ran)
+
+        async def run() -> str:
+            async with client:
+                first = await Runner.run(agent, "Hi")
+                second = await Runner.run(
+                    agent, "Where is my order #W1?", previous_response_id=first.last_response_id
+                )
+                return str(second.final_output)
+
+        final = asyncio.run(run())
+    assert final == "Your order #W1 was delivered."
+    assert ran == ["#W1"]
+    last = upstream.requests[-1]
+    assert last["store"] is False and "previous_response_id" not in last
+    assert [i.get("type", "message") for i in last["input"]][-2:] == [
+        "function_call",
+        "function_call_output",
+    ]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_agents_sdk_on_a_chat_only_upstream(streamed: bool) -> None:
+    """The Agents SDK's default (Responses) model against a proxy whose upstream serves chat
+    completions only: translated both ways, the invented name repaired."""
+    from agents import Runner
+
+    from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
+
+    ran: list[str] = []
+    with ScriptedUpstream() as chat:
+        chat.push(
+            completion(tool_calls=[tool_call("lookup_order", GOOD)]),
+            completion(tool_calls=[tool_call("get_order_details", GOOD)]),
+            completion(content="Your order #W1 was delivered."),
+        )
+        settings = Settings(upstream=chat.base_url, upstream_apis=("chat",), repair="reflexive")
+        with running_proxy(settings) as proxy:
+            agent, client = _agent(proxy.base_url, ran)
+
+            async def run() -> str:
+                async with client:
+                    if streamed:
+                        result = Runner.run_streamed(agent, "Where is my order #W1?")
+                        async for _ in result.stream_events():
+                            pass
+                        return str(result.final_output)
+                    return str((await Runner.run(agent, "Where is my order #W1?")).final_output)
+
+            final = asyncio.run(run())
+            lines = _budget_lines(proxy)
+        paths = {r.path for r in chat.requests}
+        tool_results = [m for m in chat.chat_requests[-1]["messages"] if m.get("role") == "tool"]
+    assert final == "Your order #W1 was delivered."
+    assert ran == ["#W1"]
+    assert paths == {"/v1/chat/completions"}
+    assert [m["content"] for m in tool_results] == ["Order #W1: delivered"]
+    assert lines[0] == (["unknown_tool"], 1)
+
+
+@pytest.mark.model
+def test_agents_sdk_against_zero_config_serve_with_the_embedded_model() -> None:
+    """``repairproxy serve`` with no upstream (the embedded model, chat only) answers the
+    Agents SDK's default Responses model, and the agent's tool runs."""
+    from tests.local.model_fixtures import MODEL_PRESENT
+
+    if not MODEL_PRESENT:
+        pytest.skip("embedded model not installed")
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    from agents import Runner
+
+    from tests.support.processes import free_port
+
+    port = free_port()
+    command = [sys.executable, "-m", "repairproxy", "serve", "--port", str(port)]
+    command += ["--repair", "constrained", "--max-repairs", "2"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            try:
+                if httpx.get(base + "/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the proxy did not start"
+            time.sleep(0.5)
+        model = httpx.get(base + "/v1/models").json()["data"][0]["id"]
+        ran: list[str] = []
+        agent, client = _agent(base + "/v1", ran, model=model)
+
+        async def run() -> str:
+            async with client:
+                result = await Runner.run(agent, "Where is my order #W1?", max_turns=4)
+                return str(result.final_output)
+
+        final = asyncio.run(run())
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert ran and ran[0].lstrip("#").upper().endswith("W1")
+    assert isinstance(final, str)
