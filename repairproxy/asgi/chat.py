@@ -180,9 +180,9 @@ class ChatCall:
             outcome = await self._judge(cast(ChatCompletion, gate.assembler.completion()))
             if outcome.changed:
                 tail = completion_to_chunks(
-                    outcome.answer,
+                    gate.unsent(outcome.answer),  # the prose already sent is not sent again
                     gate.assembler.meta,
-                    include_content=not gate.released_content,
+                    include_content=True,
                     include_role=not gate.released_content,
                     include_usage=self.request.include_usage,
                 )

@@ -1,11 +1,14 @@
 """SSE streams of chat completions: parse, hold tool-call deltas until the call is whole, re-emit.
 
-Content deltas go to the client at once, except while the text so far could still open a tool
-call written as text (``{"``, ``[{``, ``<tool_call>``, ``<function=``, a JSON code fence): that
-prefix is held, up to ``MAX_HELD_CONTENT_CHARS``, so a call in text can still be promoted or
-repaired; content that cannot be a call (prose, a markdown link, a python fence) is flushed at once.
-A call written after prose has begun streams out as text; the proxy still adds it as a tool call.
-Tool-call deltas, the finish chunk and the usage chunk are held until the upstream stream ends;
+A stream behaves as the buffered answer does: text flows, a candidate call is held until the
+answer ends, and the pipeline decides on the whole answer as it would on a buffered one. Content
+deltas go to the client at once, except from the point where the text could open a tool call
+written as text (``{"``, ``[{``, ``<tool_call>``, ``<function=``, a JSON code fence, a model
+family's native marker), at the start or after prose: from there everything is held, up to
+``MAX_HELD_CONTENT_CHARS``, so that a decline written after the call ("... unless you confirm")
+is seen before anything is promoted. Held text that is not a call is released as it came; a
+promoted call replaces it (the prose after it kept, ``ToolCallGate.unsent``). Tool-call deltas,
+the finish chunk and the usage chunk are held until the upstream stream ends;
 then the assembled message is validated and either released byte for byte or replaced by chunks
 rendered from the repaired answer (``completion_to_chunks``).
 
@@ -58,6 +61,12 @@ MAX_HELD_CONTENT_CHARS = 16_384
 _TAG_OPENERS = ("<tool_call>", "<function=", *opening_markers())
 # A pythonic call list opens ``[name(``: held while it could still be one.
 _PYTHONIC_OPENING = re.compile(r"\[\s*[A-Za-z_][\w.]*(\s*)(\(?)")
+# Where, after prose, a call may open: any character an opener starts with.
+_OPENER_START = re.compile(
+    "[" + re.escape("".join(sorted({opener[0] for opener in _TAG_OPENERS} | set("{[`")))) + "]"
+)
+# An opener is decided within this many characters of where it starts (else it is prose).
+_WATCH_WINDOW = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +314,12 @@ class ToolCallGate:
         self.scanned = 0  # characters of held text read to decide (tests hold it bounded)
         # A structured output (response_format) has no prose to let through: hold it whole.
         self._hold_all = hold_all
+        # Prose is watched for a call opening after it (unless text is text: tool_choice none).
+        self._watching = hold_text
+        self._holding = False  # a call opened after prose: everything is held to the end
+        self._pending = ""  # prose from an opener not decided yet (at most _WATCH_WINDOW chars)
+        self._released_chars = 0  # content characters the client already has
+        self._fences = 0  # code fences in the prose read so far (odd: inside one)
 
     def feed(self, event: SSEEvent) -> list[bytes]:
         if event.data is None or event.is_done:
@@ -327,20 +342,96 @@ class ToolCallGate:
             self._held.append(event.raw)
             return []
         if self._prose:
-            self.released_content = True
-            return [event.raw]
+            return self._prose_event(event.raw, added)
         self._held.append(event.raw)
         if self._opening is None and added:
             # Undecided prefixes are short (or blank): the text is read again only while one is.
             content = self.assembler.content or ""
             self.scanned += len(content)
             self._opening = call_opening(content)
-        if self.assembler.content_chars <= self._max_held_chars and self._opening is not False:
+        if self._opening is None:
+            return []
+        if self._opening and self.assembler.content_chars <= self._max_held_chars:
             return []
         self._prose = True
+        if self._opening is False:
+            # Prose from the start: it flows unless a call opens further on in what is held.
+            opening = self._watch(self.assembler.content or "")
+            if opening is not False:
+                self._holding = opening is True
+                return []
+        return self._release()
+
+    def _prose_event(self, raw: bytes, added: str) -> list[bytes]:
+        """A content event once prose has begun: released, unless a call may be opening."""
+        if not self._watching:
+            self.released_content = True
+            self._released_chars = self.assembler.content_chars
+            return [raw]
+        self._held.append(raw)
+        if self._holding:
+            if self.assembler.content_chars - self._released_chars <= self._max_held_chars:
+                return []
+            self._holding, self._pending = False, ""  # too long to hold: it flows after all
+            return self._release()
+        opening = self._watch(added) if added else (None if self._pending else False)
+        if opening is False:
+            return self._release()
+        self._holding = opening is True
+        return []
+
+    def _watch(self, added: str) -> bool | None:
+        """Whether the prose, with ``added``, now opens a call: True, False, or None while an
+        opener at its end is undecided. Only the new text and an undecided tail are read."""
+        text = self._pending + added
+        self.scanned += len(text)
+        for match in _OPENER_START.finditer(text):
+            start = match.start()
+            if text.startswith("`", start) and (
+                (start and text[start - 1] == "`")  # inside a run of backticks
+                or (self._fences + text.count("```", 0, start)) % 2  # a fence's closing one
+            ):
+                continue
+            window = text[start : start + _WATCH_WINDOW]
+            opening = call_opening(window)
+            if opening:
+                self._pending = ""
+                return True
+            if opening is None and start + len(window) == len(text) < start + _WATCH_WINDOW:
+                self._fences += text.count("```", 0, start)
+                self._pending = window
+                return None
+        self._fences += text.count("```")
+        self._pending = ""
+        return False
+
+    def _release(self) -> list[bytes]:
         self.released_content = True
+        self._released_chars = self.assembler.content_chars
         out, self._held = self._held, []
         return out
+
+    def unsent(self, completion: Mapping[str, Any]) -> dict[str, Any]:
+        """``completion`` (the pipeline's answer) less the content the client already has: what
+        is left to send after the released prose (the prose after a promoted call), or nothing
+        when the answer no longer begins with what was sent (a re-ask's new answer)."""
+        final = dict(completion)
+        if not self.released_content:
+            return final
+        choices = final.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+            return final
+        choice = dict(choices[0])
+        message = dict(choice.get("message") or {})
+        content = message.get("content")
+        sent = (self.assembler.content or "")[: self._released_chars].rstrip()
+        rest = None
+        if isinstance(content, str) and content.startswith(sent):
+            rest = content[len(sent) :].strip() or None
+        message["content"] = rest
+        choice["message"] = message
+        final["choices"] = [choice, *choices[1:]]
+        return final
 
     @property
     def held(self) -> list[bytes]:
