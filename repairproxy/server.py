@@ -15,6 +15,11 @@ is held forever (with the fd limit at 128, 150 such sockets starve ``/healthz``)
 - **connections**: beyond ``--max-client-connections`` open connections, a new one is answered
   ``503`` at once and closed, before it can hold a file descriptor for long.
 
+One more thing, for CPU rather than limits: uvicorn writes a response's status line and headers
+and then its body as two socket writes; ``_CoalescedWrites`` holds the first write until the next
+one (the body, in the same loop iteration for a JSON answer) or the end of the iteration (a stream
+whose first chunk is not ready yet), so an answer costs one ``send`` system call, not two.
+
 Idle keep-alive connections close after ``--keep-alive-timeout`` (uvicorn's own timer). Each refusal
 is counted in ``repairproxy_connections_refused_total{reason}``. The limits are read from the app's
 Settings (the protocol finds the app below uvicorn's wrappers), so ``--workers`` needs no extra
@@ -144,11 +149,52 @@ class LimitedProtocol(HttpToolsProtocol):
         if self._header_timer is not None:
             self._disarm_header_timer()
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.transport is self.transport:
+            # The request's task was created but has not run: nothing was written yet.
+            cycle.transport = _CoalescedWrites(self.transport)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._in_headers = True  # the next bytes on this connection start the next request
         self._header_bytes = 0
+
+
+class _CoalescedWrites:
+    """One response's view of the connection: its first write (status line and headers) waits
+    for the second (the body) or the end of the loop iteration, whichever comes first."""
+
+    __slots__ = ("_held", "_transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._held: bytes | None = b""  # b"": nothing written yet; None: pass writes through
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is None:
+            self._transport.write(data)
+        elif held:
+            self._held = None
+            self._transport.write(held + data)
+        else:
+            self._held = bytes(data)
+            asyncio.get_running_loop().call_soon(self._release)
+
+    def _release(self) -> None:
+        held, self._held = self._held, None
+        if held and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self._release()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def server_options(settings: Settings) -> dict[str, Any]:

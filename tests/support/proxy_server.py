@@ -20,6 +20,7 @@ import orjson
 import uvicorn
 
 from repairproxy.app import create_app
+from repairproxy.server import server_options
 from repairproxy.settings import Settings
 
 __all__ = ["RunningProxy", "running_proxy"]
@@ -67,17 +68,13 @@ def running_proxy(settings: Settings) -> Iterator[RunningProxy]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        access_log=False,
-        log_level="warning",
-        server_header=False,
-        date_header=False,
-        proxy_headers=False,
-    )
+    # The production server options (the limited, write-coalescing httptools protocol).
+    options = {
+        k: v
+        for k, v in server_options(settings).items()
+        if k not in ("host", "port", "timeout_graceful_shutdown")
+    }
+    config = uvicorn.Config(app, **options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
