@@ -13,7 +13,8 @@ Two corpora under ``tests/data/textcalls/`` (see its README):
   Per category this prints each outcome (promoted, ambiguous, not a call) against the expected.
 
 Everything goes through ``promote_answer`` below, the one adapter to the proxy's promotion code:
-when that API changes, only it changes. Buffered answers only for now; streamed to come.
+when that API changes, only it changes. Both corpora run buffered, then streamed (8 content
+deltas through the stream gate, ``stream_answer`` / ``stream_hostile``).
 
     python -m benchmarks.textcalls [--verbose] [--family NAME]
 """
@@ -30,8 +31,8 @@ from typing import Any
 
 from repairproxy.asgi.gate import SSEEvent, ToolCallGate
 from repairproxy.repair import promote
-from repairproxy.textcalls import message_text
 from repairproxy.validation import CallRules, Channel, ToolsCache, text_calls_allowed
+from repairproxy.wire.openai import message_text
 
 __all__ = ["Promotion", "main", "promote_answer", "stream_answer"]
 
@@ -317,7 +318,7 @@ def run_hostile(verbose: bool) -> None:
             if [_canonical(c) for c in result.calls] != [_canonical(c) for c in expected]:
                 wrong_calls += 1
                 failures.append(f"{case['id']}: promoted {result.calls}, expected {expected}")
-    print("\nhostile corpus (buffered; streamed to come): outcome got per expected outcome")
+    print("\nhostile corpus (buffered): outcome got per expected outcome")
     print(f"{'category':<28} {'cases':>5} {'expected':<26} {'got':<40} {'match':>5}")
     totals: Counter[tuple[str, str]] = Counter()
     for category, counts in sorted(by_category.items()):
@@ -327,6 +328,58 @@ def run_hostile(verbose: bool) -> None:
     unsafe = sum(n for (expected, got), n in totals.items() if got == "promoted" != expected)
     print(f"promoted when not expected (executed calls the model did not ask for): {unsafe}")
     print(f"promoted as expected but with other calls/arguments: {wrong_calls}")
+    if verbose:
+        print("\n".join(failures))
+
+
+def stream_hostile(case: Mapping[str, Any], pieces: int) -> tuple[Promotion, bool]:
+    """One hostile answer streamed in ``pieces`` content deltas through the stream gate, then
+    judged as buffered on what the gate assembled (with the conversation). Also whether any of
+    a call's text reached the client before the verdict (it must not: a decline written after
+    it would come too late)."""
+    request, content = case["request"], case["content"]
+    gate = ToolCallGate(hold_text=text_calls_allowed(request))
+    sent: list[bytes] = []
+    for raw in _chunk_events(content, pieces):
+        sent.extend(gate.feed(SSEEvent(raw, raw.removeprefix(b"data: ").strip())))
+    result = promote_answer(request, gate.assembler.content or "", case.get("messages") or ())
+    released = _released_content(sent)
+    early = bool(result.calls) and any(
+        marker in released for marker in ('{"name"', "<tool_call>", "<function=", "call:")
+    )
+    return result, early
+
+
+def run_hostile_streamed(verbose: bool, pieces: int = 8) -> None:
+    """The hostile table again, each answer streamed (``stream_hostile``): the outcome per
+    category, whether it equals the buffered outcome, and calls whose text left early."""
+    by_category: dict[str, Counter[tuple[str, str]]] = {}
+    failures: list[str] = []
+    differ = early_total = 0
+    for case in _load(DATA / "hostile.jsonl"):
+        streamed, early = stream_hostile(case, pieces)
+        buffered = promote_answer(case["request"], case["content"], case.get("messages") or ())
+        got = streamed.outcome
+        by_category.setdefault(case["category"], Counter())[(case["expected"], got)] += 1
+        if got != case["expected"]:
+            failures.append(f"{case['id']}: expected {case['expected']}, got {got} (streamed)")
+        if (got, streamed.calls) != (buffered.outcome, buffered.calls):
+            differ += 1
+            failures.append(f"{case['id']}: streamed {got}, buffered {buffered.outcome}")
+        if early:
+            early_total += 1
+            failures.append(f"{case['id']}: the call's text left before the verdict")
+    print(f"\nhostile corpus (streamed: {pieces} content deltas through the stream gate)")
+    print(f"{'category':<28} {'cases':>5} {'expected':<26} {'got':<40} {'match':>5}")
+    totals: Counter[tuple[str, str]] = Counter()
+    for category, counts in sorted(by_category.items()):
+        totals.update(counts)
+        _print_category(category, counts)
+    _print_category("ALL", totals)
+    unsafe = sum(n for (expected, got), n in totals.items() if got == "promoted" != expected)
+    print(f"promoted when not expected (executed calls the model did not ask for): {unsafe}")
+    print(f"streamed decision differs from the buffered one: {differ}")
+    print(f"promoted calls whose text reached the client before the verdict: {early_total}")
     if verbose:
         print("\n".join(failures))
 
@@ -357,6 +410,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_native_streamed(args.family, args.verbose)
     if args.corpus in ("hostile", "all"):
         run_hostile(args.verbose)
+        run_hostile_streamed(args.verbose)
 
 
 if __name__ == "__main__":
