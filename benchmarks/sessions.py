@@ -17,7 +17,7 @@ import tracemalloc
 from typing import Any
 
 from repairproxy.episodes.budget import ErrorBudget, MemoryEpisodeStore
-from repairproxy.validation import Channel
+from repairproxy.validation import CallVerdict, Channel, MessageVerdict
 
 __all__ = ["main"]
 
@@ -52,11 +52,16 @@ def _history(turns: int, errors_every: int) -> list[dict[str, Any]]:
     return messages
 
 
+# A first answer with one hallucinated call, delivered as it came (repair off).
+_CALL = CallVerdict(0, "call_x", "x", Channel.UNKNOWN_TOOL, "")
+_FIRST = MessageVerdict((_CALL,))
+
+
 async def _fill(budget: ErrorBudget, start: int, count: int, history: list[dict[str, Any]]) -> None:
     body = {"messages": history}
     for index in range(start, start + count):
         episode = f"episode-{index:09d}"
-        await budget.observe_answer(episode, [Channel.UNKNOWN_TOOL], delivered_call_ids=["call_x"])
+        await budget.observe_answer(episode, _FIRST, None, (_CALL,))
         await budget.observe_request(episode, body)
 
 

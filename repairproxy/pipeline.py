@@ -427,7 +427,7 @@ class ChatPipeline:
             )
         if link is None or self.settings.episode_header in headers:
             return None
-        return EpisodeRef(link.episode_id, False, False, tenant=tenant)
+        return EpisodeRef(link.episode_id, explicit=False, new=False, tenant=tenant)
 
     async def remember_response(self, request: ChatRequest, response_id: Any) -> None:
         """Point a delivered Responses id at its episode, for the client's next turn."""

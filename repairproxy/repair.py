@@ -39,7 +39,7 @@ from repairproxy.reask import (
     repair_request,
     with_repair_instruction,
 )
-from repairproxy.textcalls import fresh_call_id, message_text, promote_calls
+from repairproxy.textcalls import fresh_call_id, promote_calls
 from repairproxy.types import OnExhausted, RepairMode
 from repairproxy.validation import (
     CallRules,
@@ -49,6 +49,7 @@ from repairproxy.validation import (
     MessageVerdict,
     text_calls_allowed,
 )
+from repairproxy.wire.openai import first_message, message_text
 
 __all__ = [
     "DEFAULT_TEMPLATE",
@@ -295,14 +296,6 @@ def _choices(response: Mapping[str, Any]) -> list[Any]:
     return choices if isinstance(choices, list) else []
 
 
-def _first_message(response: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    choices = _choices(response)
-    if not choices or not isinstance(choices[0], Mapping):
-        return None
-    message = choices[0].get("message")
-    return message if isinstance(message, Mapping) else None
-
-
 def _sum_usage(usages: Iterable[Any]) -> dict[str, Any] | None:
     total: dict[str, Any] | None = None
     for usage in usages:
@@ -503,7 +496,7 @@ async def _repair_choice(
             state.repair_failed = _failure_reason(exc)
             break
         reply_choices = _choices(reply)
-        reply_message = _first_message(reply)
+        reply_message = first_message(reply)
         if reply_message is None:
             state.repair_failed = "bad_answer"
             break

@@ -46,6 +46,8 @@ from typing import Any
 
 import orjson
 
+from repairproxy.wire.openai import message_text
+
 __all__ = [
     "JSON_FENCE_LANGUAGES",
     "MAX_JSON_SCANS",
@@ -59,7 +61,6 @@ __all__ = [
     "find_text_calls",
     "fresh_call_id",
     "json_value_end",
-    "message_text",
     "promote_calls",
     "quoted_texts",
     "read_text_calls",
@@ -104,20 +105,6 @@ class TextCall:
 def fresh_call_id() -> str:
     """An id in OpenAI's style for a call the proxy made from text."""
     return "call_" + secrets.token_hex(12)
-
-
-def message_text(message: Mapping[str, Any]) -> str:
-    """The text of an assistant message (string content, or its text parts joined)."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part["text"]
-            for part in content
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str)
-        )
-    return ""
 
 
 # --- reading call objects ------------------------------------------------------------------------

@@ -24,9 +24,9 @@ from repairproxy.errors import InvalidToolsError
 from repairproxy.textcalls import (
     TextCall,
     find_call_in_text,
-    message_text,
     read_text_calls,
 )
+from repairproxy.wire.openai import message_text
 
 __all__ = [
     "COMPILED_BYTES_PER_JSON_BYTE",

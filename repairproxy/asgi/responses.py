@@ -172,7 +172,7 @@ class ResponsesCall:
         if stored is None:
             linked = await pipeline.episode_of_response(self.headers, previous)
         elif stored.episode_id and pipeline.settings.episode_header not in self.headers:
-            linked = EpisodeRef(stored.episode_id, False, False, tenant=tenant)
+            linked = EpisodeRef(stored.episode_id, explicit=False, new=False, tenant=tenant)
         else:
             linked = None
         try:

@@ -36,8 +36,8 @@ import hmac
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import orjson
@@ -57,6 +57,7 @@ from repairproxy.episodes.tool_errors import (
     scanned_text,
 )
 from repairproxy.validation import CallVerdict, Channel, MessageVerdict
+from repairproxy.wire.openai import content_text
 
 __all__ = [
     "CHARGED_CHANNELS",
@@ -159,6 +160,7 @@ class EpisodeRef:
     """
 
     id: str
+    _: KW_ONLY
     explicit: bool
     new: bool
     conversation: ConversationKeys | None = None
@@ -450,15 +452,11 @@ def _tenant_of_key(key: str) -> str:
 
 
 def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            p.get("text", "")
-            for p in content
-            if isinstance(p, Mapping) and isinstance(p.get("text", ""), str)
-        )
-    return "" if content is None else str(content)
+    """A result's text as ``wire.content_text`` reads it; any other value as its ``str()`` (a
+    client that sends a result as an object still carries its error text)."""
+    if content is None or isinstance(content, str | list):
+        return content_text(content)
+    return str(content)
 
 
 def _call_key(call_id: Any) -> str:
@@ -536,7 +534,7 @@ class ErrorBudget:
         explicit = _header(headers, self.episode_header)
         if explicit is not None:
             new = await self.store.get(scoped(tenant, explicit)) is None
-            return EpisodeRef(explicit, True, new, tenant=tenant)
+            return EpisodeRef(explicit, explicit=True, new=new, tenant=tenant)
         warn = not self._warned_missing_header
         self._warned_missing_header = True
         messages = body.get("messages")
@@ -544,6 +542,11 @@ class ErrorBudget:
             messages if isinstance(messages, list) else (),
             scope=self.chain_scope(tenant, body.get("model")),
         )
+        chained: dict[str, Any] = {
+            "conversation": keys,
+            "warn_missing_header": warn,
+            "tenant": tenant,
+        }
         link = None
         if keys.resume is not None:
             link = await self.chains.lookup(keys.resume)
@@ -551,16 +554,16 @@ class ErrorBudget:
             if plain is not None:
                 link = await self.chains.lookup(plain)
         if link is None:
-            return EpisodeRef(self._new_episode_id(), False, True, keys, warn, tenant)
+            return EpisodeRef(self._new_episode_id(), explicit=False, new=True, **chained)
         if not link.ambiguous:
-            return EpisodeRef(link.episode_id, False, False, keys, warn, tenant)
+            return EpisodeRef(link.episode_id, explicit=False, new=False, **chained)
         # Identical histories from different episodes: continue a copy of the latest, so each
         # conversation keeps the count they share without adding to the other's.
         fork = self._new_episode_id()
         source = await self.store.get(scoped(tenant, link.episode_id))
         if source is not None:
             await self.store.update(scoped(tenant, fork), lambda state: state.copy_from(source))
-        return EpisodeRef(fork, False, source is None, keys, warn, tenant)
+        return EpisodeRef(fork, explicit=False, new=source is None, **chained)
 
     async def remember_answer(
         self, episode: EpisodeRef | str, body: Mapping[str, Any], answer_message: Any
@@ -662,26 +665,19 @@ class ErrorBudget:
     async def observe_answer(
         self,
         episode: EpisodeRef | str,
-        first_verdict: MessageVerdict | Iterable[Channel | str],
+        first_verdict: MessageVerdict,
         budget: int | None = None,
         delivered_invalid: Sequence[CallVerdict] = (),
-        *,
-        delivered_call_ids: Iterable[str | None] | None = None,
     ) -> BudgetSnapshot:
         """Charge the first answer per τ²-bench's rule; remember delivered charged calls.
 
         ``delivered_invalid``: the invalid calls of the answer the client receives (repair off,
         or exhausted with ``pass``). Their results in later requests are absorbed, at most as
-        many as this answer was charged. (Deprecated form: channels instead of a verdict, and
-        ``delivered_call_ids``.)
+        many as this answer was charged.
         """
         episode_id, store_key = _names(episode)
-        if isinstance(first_verdict, MessageVerdict):
-            channels = [str(call.channel) for call in first_verdict.calls]
-            delivered = _delivered_positions(first_verdict, delivered_invalid)
-        else:
-            channels = [str(channel) for channel in first_verdict]
-            delivered = _legacy_positions(channels, list(delivered_call_ids or ()))
+        channels = [str(call.channel) for call in first_verdict.calls]
+        delivered = _delivered_positions(first_verdict, delivered_invalid)
         charged = [c for c in channels if c in CHARGED_CHANNELS]
         silent = tuple(c for c in channels if c in SILENT_CHANNELS)
         delivered = delivered[: len(charged)]
@@ -754,18 +750,4 @@ def _delivered_positions(
         key = _call_key(verdict.call_id)
         offset = sum(1 for c in calls if c.index < verdict.index and _call_key(c.call_id) == key)
         positions.append((key, offset))
-    return positions
-
-
-def _legacy_positions(channels: list[str], call_ids: list[str | None]) -> list[tuple[str, int]]:
-    if len(call_ids) == len([c for c in channels if c != Channel.VALID]):
-        # The ids of the answer's invalid calls, in order: keep those of charged calls.
-        invalid = [c for c in channels if c != Channel.VALID]
-        call_ids = [i for i, c in zip(call_ids, invalid, strict=True) if c in CHARGED_CHANNELS]
-    seen: dict[str, int] = {}
-    positions = []
-    for call_id in call_ids:
-        key = _call_key(call_id)
-        positions.append((key, seen.get(key, 0)))
-        seen[key] = seen.get(key, 0) + 1
     return positions

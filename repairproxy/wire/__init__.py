@@ -12,6 +12,7 @@ __all__, __getattr__ = lazy_exports(
         "Choice": "openai",
         "FunctionCall": "openai",
         "ToolCall": "openai",
+        "content_text": "openai",
         "first_message": "openai",
         "message_text": "openai",
         "messages_request": "messages",

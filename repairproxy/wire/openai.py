@@ -16,6 +16,7 @@ __all__ = [
     "Choice",
     "FunctionCall",
     "ToolCall",
+    "content_text",
     "first_message",
     "message_text",
 ]
@@ -80,7 +81,11 @@ def first_message(completion: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def message_text(message: Mapping[str, Any]) -> str:
     """The text of a message: a string content, or its text parts joined."""
-    content = message.get("content")
+    return content_text(message.get("content"))
+
+
+def content_text(content: Any) -> str:
+    """The text of a chat ``content``: the string, or its text parts joined; "" otherwise."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):

@@ -246,16 +246,18 @@ async def test_observe_answer_charges_what_tau2_bench_would() -> None:
         "invalid_json": 1,
         "empty_output": 1,
     }
-    # The deprecated form (channels, as the routes pass them today) follows the same rule.
-    legacy = await budget.observe_answer("e", [Channel.INVALID_JSON, Channel.SCHEMA_VIOLATION])
-    assert legacy.errors == 4 and legacy.silent_by_channel["invalid_json"] == 2
+    mixed = await budget.observe_answer(
+        "e", verdict(Channel.INVALID_JSON, Channel.SCHEMA_VIOLATION)
+    )
+    assert mixed.errors == 4 and mixed.silent_by_channel["invalid_json"] == 2
 
 
 @pytest.mark.anyio
 async def test_a_delivered_invalid_call_is_not_counted_twice() -> None:
     budget = ErrorBudget(MemoryEpisodeStore())
     # Repair off: the proxy counts the hallucinated call and lets it through ...
-    await budget.observe_answer("e", [Channel.UNKNOWN_TOOL], delivered_call_ids=["h1", None])
+    first = verdict(Channel.UNKNOWN_TOOL, Channel.VALID, call_ids=("h1", None))
+    await budget.observe_answer("e", first, None, invalid(first))
     # ... the agent executes it, and its error comes back in every later request.
     history = [{"role": "tool", "tool_call_id": "h1", "content": "Error: Tool 'x' not found."}]
     for _ in range(3):
@@ -379,11 +381,11 @@ async def test_twelve_turn_replay_matches_tau2_bench(proxy_counts_answers: bool)
         ]
         if proxy_counts_answers:
             hallucinated = [c for c in tool_calls if c["function"]["name"] not in DECLARED]
-            await budget.observe_answer(
-                "ep",
-                [Channel.UNKNOWN_TOOL] * len(hallucinated),
-                delivered_call_ids=[c["id"] for c in hallucinated],
+            first = verdict(
+                *[Channel.UNKNOWN_TOOL] * len(hallucinated),
+                call_ids=tuple(c["id"] for c in hallucinated),
             )
+            await budget.observe_answer("ep", first, None, invalid(first))
         history.append({"role": "assistant", "content": None, "tool_calls": tool_calls})
         for tool_call, (name, arguments) in zip(tool_calls, calls, strict=True):
             history.append(env.respond(tool_call["id"], name, arguments))
@@ -409,7 +411,7 @@ async def test_concurrent_updates_of_one_episode_are_not_lost() -> None:
 
     async def answer(index: int) -> None:
         await anyio.sleep(0)
-        await budget.observe_answer("shared", [Channel.UNKNOWN_TOOL])
+        await budget.observe_answer("shared", verdict(Channel.UNKNOWN_TOOL))
         body = {"messages": [{"role": "tool", "tool_call_id": f"t{index}", "content": "Error: x"}]}
         await budget.observe_request("shared", body)
 

@@ -14,9 +14,9 @@ from repairproxy.textcalls import (
     find_call_in_text,
     find_text_calls,
     json_value_end,
-    message_text,
     promote_calls,
 )
+from repairproxy.wire.openai import message_text
 
 # (case id, text, [(name, arguments, shape)] expected in order)
 SHAPES: list[tuple[str, str, list[tuple[str | None, Any, Shape]]]] = [
