@@ -399,12 +399,85 @@ def _print_category(category: str, counts: Counter[tuple[str, str]]) -> None:
     print(f"{category:<28} {total:>5} {shown(expected):<26} {shown(got):<40} {match:>5}")
 
 
+# --- repeats in tau2-bench's gold trajectories ----------------------------------------------------
+
+
+def run_gold_repeats(data_dir: Path) -> None:
+    """How the promotion rule treats agents' repeated calls, on τ²-bench's gold actions.
+
+    For every task (``<data>/tau2/domains/<domain>/tasks.json``), the agent's gold actions in
+    order; each one is written as text after a conversation holding every earlier gold action as
+    an assistant tool call with its result, and promoted as the proxy would. Printed: the actions
+    identical (name and arguments) to an earlier one in the same task, how many of those the rule
+    promotes, and how many gold actions any rule that refuses repeats would have refused.
+    """
+    print("\nrepeats in tau2-bench gold trajectories (each gold action written as text)")
+    print(f"{'domain':<10} {'tasks':>5} {'actions':>7} {'repeats':>7} {'promoted':>8} {'all ok':>7}")
+    for domain in ("retail", "telecom", "airline"):
+        path = data_dir / "tau2" / "domains" / domain / "tasks.json"
+        if not path.exists():
+            continue
+        tasks = json.loads(path.read_text(encoding="utf-8"))
+        actions = repeats = repeats_promoted = promoted_all = 0
+        for task in tasks:
+            gold = [
+                action
+                for action in ((task.get("evaluation_criteria") or {}).get("actions") or ())
+                if action.get("requestor", "assistant") == "assistant"
+            ]
+            names = sorted({action["name"] for action in gold})
+            tools = [
+                {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+                for name in names
+            ]
+            seen: set[str] = set()
+            messages: list[dict[str, Any]] = [{"role": "user", "content": "Help me, please."}]
+            for position, action in enumerate(gold):
+                call = {"name": action["name"], "arguments": action["arguments"]}
+                key = _canonical(call)
+                repeated = key in seen
+                result = promote_answer({"tools": tools}, json.dumps(call), messages)
+                ok = [_canonical({"name": n, "arguments": a}) for n, a in result.calls] == [key]
+                actions += 1
+                promoted_all += ok
+                repeats += repeated
+                repeats_promoted += repeated and ok
+                seen.add(key)
+                call_id = f"call_{position}"
+                arguments = json.dumps(action["arguments"])
+                function = {"name": action["name"], "arguments": arguments}
+                messages += [
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+                    },
+                    {"role": "tool", "tool_call_id": call_id, "content": '{"status": "ok"}'},
+                ]
+        print(
+            f"{domain:<10} {len(tasks):>5} {actions:>7} {repeats:>7} {repeats_promoted:>8} "
+            f"{promoted_all:>7}"
+        )
+    print(
+        "repeats: gold actions identical to an earlier one of the same task; a rule refusing "
+        "repeats would refuse exactly those (this one promotes them: 'promoted')"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--verbose", action="store_true", help="list every case that misses")
     parser.add_argument("--family", help="only this native family (file stem)")
     parser.add_argument("--corpus", choices=("native", "hostile", "all"), default="all")
+    parser.add_argument(
+        "--tau2-data",
+        type=Path,
+        help="also measure repeats in τ²-bench's gold trajectories (the data folder)",
+    )
     args = parser.parse_args(argv)
+    if args.tau2_data is not None:
+        run_gold_repeats(args.tau2_data)
+        return
     if args.corpus in ("native", "all"):
         run_native(args.family, args.verbose)
         run_native_streamed(args.family, args.verbose)
