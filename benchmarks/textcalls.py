@@ -412,7 +412,8 @@ def run_gold_repeats(data_dir: Path) -> None:
     promotes, and how many gold actions any rule that refuses repeats would have refused.
     """
     print("\nrepeats in tau2-bench gold trajectories (each gold action written as text)")
-    print(f"{'domain':<10} {'tasks':>5} {'actions':>7} {'repeats':>7} {'promoted':>8} {'all ok':>7}")
+    header = ("domain", "tasks", "actions", "repeats", "promoted", "all ok")
+    print(f"{header[0]:<10} " + " ".join(f"{name:>8}" for name in header[1:]))
     for domain in ("retail", "telecom", "airline"):
         path = data_dir / "tau2" / "domains" / domain / "tasks.json"
         if not path.exists():
@@ -455,8 +456,8 @@ def run_gold_repeats(data_dir: Path) -> None:
                     {"role": "tool", "tool_call_id": call_id, "content": '{"status": "ok"}'},
                 ]
         print(
-            f"{domain:<10} {len(tasks):>5} {actions:>7} {repeats:>7} {repeats_promoted:>8} "
-            f"{promoted_all:>7}"
+            f"{domain:<10} {len(tasks):>8} {actions:>8} {repeats:>8} {repeats_promoted:>8} "
+            f"{promoted_all:>8}"
         )
     print(
         "repeats: gold actions identical to an earlier one of the same task; a rule refusing "
