@@ -293,3 +293,75 @@ def test_agents_sdk_against_zero_config_serve_with_the_embedded_model() -> None:
         process.wait(timeout=30)
     assert ran and ran[0].lstrip("#").upper().endswith("W1")
     assert isinstance(final, str)
+
+
+_NODE_STREAM = r"""
+const OpenAI = require("openai");
+const client = new OpenAI({ baseURL: process.argv[1], apiKey: "x", maxRetries: 0 });
+(async () => {
+  const tools = JSON.parse(process.argv[2]);
+  const stream = client.responses.stream({ model: "m", input: "Where?", tools });
+  const seen = [];
+  const ids = new Set();
+  for await (const event of stream) {
+    seen.push([event.type, event.sequence_number]);
+    if (event.response) ids.add(event.response.id);
+  }
+  const final = await stream.finalResponse();
+  console.log(JSON.stringify({ id: final.id, ids: [...ids], output: final.output, seen }));
+})().catch((error) => { console.error(String(error)); process.exit(1); });
+"""
+
+
+def _node_modules() -> str | None:
+    """Where the openai npm package is installed (``npm install --prefix DIR openai``):
+    ``$REPAIRPROXY_NODE_MODULES``, else ``~/.cache/repairproxy/npm/node_modules``."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    if shutil.which("node") is None:
+        return None
+    default = Path.home() / ".cache" / "repairproxy" / "npm" / "node_modules"
+    path = Path(os.environ.get("REPAIRPROXY_NODE_MODULES", default))
+    return str(path) if (path / "openai" / "package.json").is_file() else None
+
+
+def test_the_openai_npm_client_streams_a_repaired_answer(
+    proxy: RunningProxy, upstream: ResponsesUpstream
+) -> None:
+    """The official openai npm client's ``responses.stream()`` through a repaired stream: one
+    response identity, sequence numbers 0, 1, 2, ..., the repaired call in the final output."""
+    import os
+    import subprocess
+
+    import orjson
+
+    modules = _node_modules()
+    if modules is None:
+        pytest.skip("node or the openai npm package is not installed")
+    upstream.push(
+        [message("Checking."), function_call("lookup_order", GOOD)],
+        [function_call("get_order_details", GOOD)],
+    )
+    tools = [
+        {
+            "type": "function",
+            "name": "get_order_details",
+            "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}},
+        }
+    ]
+    done = subprocess.run(
+        ["node", "-e", _NODE_STREAM, "--", proxy.base_url, orjson.dumps(tools).decode()],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NODE_PATH": modules},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = orjson.loads(done.stdout)
+    assert [number for _, number in result["seen"]] == list(range(len(result["seen"])))
+    assert result["ids"] == [result["id"]]  # one identity from response.created to the end
+    assert [item["type"] for item in result["output"]] == ["message", "function_call"]
+    assert result["output"][1]["name"] == "get_order_details"
