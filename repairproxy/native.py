@@ -35,6 +35,7 @@ __all__ = [
     "Scanner",
     "find_native_calls",
     "opening_markers",
+    "promoted_format",
     "typed_value",
 ]
 
@@ -434,11 +435,11 @@ def _llama3_json(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]
             group_end = end
             continue
         if group:
-            matches.append(NativeMatch("llama3_json", group_start, group_end, tuple(group)))
+            matches.append(NativeMatch("json", group_start, group_end, tuple(group)))
         group = [NativeCall(n, a, start, end) for n, a in calls]
         group_start, group_end = start, end
     if group:
-        matches.append(NativeMatch("llama3_json", group_start, group_end, tuple(group)))
+        matches.append(NativeMatch("json", group_start, group_end, tuple(group)))
     return matches[:MAX_MATCHES]
 
 
@@ -1908,7 +1909,7 @@ RECOGNISERS: Mapping[str, Recogniser] = MappingProxyType(
         "fenced_json": _fenced_json,
         "pythonic": _pythonic_bare,
         "granite_pythonic": _pythonic_bare_lines,
-        "llama3_json": _llama3_json,
+        "json": _llama3_json,
     }
 )
 
@@ -1954,6 +1955,26 @@ def opening_markers() -> tuple[str, ...]:
     on them)."""
     markers = {marker for group in _OPENING_MARKERS.values() for marker in group}
     return tuple(sorted(markers, key=lambda marker: (-len(marker), marker)))
+
+
+# The shapes of ``textcalls`` that are one family's format already.
+_SHAPE_FORMATS = MappingProxyType(
+    {"tool_call_tag": "hermes", "function_xml": "qwen3_xml", "fenced_json": "fenced_json"}
+)
+_SHAPE_FORMATS_JSON = "json"
+
+
+def promoted_format(shape: str, source: str) -> str:
+    """The bounded label (one of ``FAMILIES``) of a promoted text call, from its shape and text:
+    for metrics, the log line and ``X-Repairproxy-Promoted-Format``."""
+    if shape == _SHAPE_FORMATS_JSON:
+        return "json"
+    if shape in _SHAPE_FORMATS:
+        return _SHAPE_FORMATS[shape]
+    matches = find_native_calls(source)
+    family = matches[0].family if matches else "other"
+    family = "qwen3_xml" if family == "qwen3_xml_bare" else family
+    return family if family in FAMILIES else "other"
 
 
 def _schemas_of(tools: Any) -> Schemas | None:

@@ -37,6 +37,11 @@ def _paths_header(paths: tuple[str, ...]) -> bytes:
     return joined.replace("\r", " ").replace("\n", " ").encode("latin-1", "replace")
 
 
+def _formats(formats: list[str]) -> str:
+    """The distinct formats of the promoted calls, in order (bounded labels: no escaping)."""
+    return ",".join(dict.fromkeys(formats))
+
+
 def _counts(snapshot: BudgetSnapshot) -> tuple[str, str]:
     """(episode errors, budget remaining) as sent; ``unknown`` while the shared store is away."""
     if snapshot.unknown:
@@ -78,6 +83,9 @@ class Exchange:
             out.append((b"x-repairproxy-repairs", str(self.repairs).encode()))
             if record.promoted:
                 out.append((b"x-repairproxy-promoted", str(record.promoted).encode()))
+            if record.promoted_formats:
+                formats = _formats(record.promoted_formats).encode()
+                out.append((b"x-repairproxy-promoted-format", formats))
             invented = [c.tool for c in record.caught if c.tool]
             if invented:
                 shown = ",".join(_header_name(n) for n in invented[:_MAX_HEADER_NAMES])
@@ -133,6 +141,8 @@ class Exchange:
         }
         if self.record.promoted:
             fields["promoted"] = str(self.record.promoted)
+        if self.record.promoted_formats:
+            fields["promoted-format"] = _formats(self.record.promoted_formats)
         if self.repair_failed:
             fields["repair-failed"] = self.repair_failed
         if self.record.output is not None:
@@ -168,6 +178,8 @@ class Exchange:
             ]
         if record.promoted:
             event["promoted"] = record.promoted
+        if record.promoted_formats:
+            event["promoted_format"] = _formats(record.promoted_formats)
         if self.repair_failed:
             event["repair_failed"] = self.repair_failed
         if record.env_errors:

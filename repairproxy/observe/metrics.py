@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
 from repairproxy.episodes.budget import DEFAULT_ENV_ERROR_TABLE, ENV_OTHER_ERROR
+from repairproxy.native import FAMILIES
 from repairproxy.observe.record import EpisodeRecord, RepairResultKind, RequestRecord
 from repairproxy.settings import Settings
 from repairproxy.structured import OutputChannel
@@ -95,6 +96,12 @@ class _Family:
         )
         self.promoted = counter(
             "promoted_tool_calls", "Text calls promoted to structured tool_calls.", ("model",)
+        )
+        self.promoted_formats = counter(
+            "promoted_tool_call_formats",
+            "Text calls promoted, by the format they were written in (a model family's native "
+            "format: native.FAMILIES, or other).",
+            ("model", "format"),
         )
         self.repair_attempts = histogram(
             "repair_attempts",
@@ -211,6 +218,7 @@ class _ModelMetrics:
         self.hallucinated: dict[str, Any] = {}
         self.hallucinated_other: Any = None
         self.promoted = family.promoted.labels(model)
+        self.promoted_formats: dict[str, Any] = {}  # created on first use: 32 labels at most
         self.repair_attempts = family.repair_attempts.labels(model)
         self.prompt_tokens = family.repair_tokens.labels(model, "prompt")
         self.completion_tokens = family.repair_tokens.labels(model, "completion")
@@ -326,6 +334,14 @@ class Metrics:
             m.repair(repair.channel, repair.result).inc()
         if record.promoted:
             m.promoted.inc(record.promoted)
+        for label in record.promoted_formats:
+            label = label if label in FAMILIES else "other"
+            child = m.promoted_formats.get(label)
+            if child is None:
+                child = m.promoted_formats[label] = self._family.promoted_formats.labels(
+                    m.label, label
+                )
+            child.inc()
         if record.repair_attempts:
             m.repair_attempts.observe(record.repair_attempts)
             m.repair_seconds.observe(record.repair_seconds)

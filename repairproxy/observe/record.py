@@ -102,6 +102,9 @@ class RequestRecord:
     env_errors: list[str] = field(default_factory=list)  # env_* labels newly counted
     repairs: list[RepairResult] = field(default_factory=list)
     promoted: int = 0
+    # The format each promoted text call was written in (``native.FAMILIES``: a model family's
+    # native format, or "other"), in order; set where the promotion is made.
+    promoted_formats: list[str] = field(default_factory=list)
     repair_attempts: int = 0
     repair_prompt_tokens: int = 0
     repair_completion_tokens: int = 0

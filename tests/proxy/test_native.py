@@ -19,7 +19,9 @@ from typing import Any
 
 import openai
 import pytest
+from prometheus_client import CollectorRegistry
 
+from repairproxy.asgi.exchange import Exchange
 from repairproxy.native import (
     FAMILIES,
     RECOGNISERS,
@@ -27,7 +29,10 @@ from repairproxy.native import (
     Scanner,
     find_native_calls,
     opening_markers,
+    promoted_format,
 )
+from repairproxy.observe.metrics import Metrics
+from repairproxy.observe.record import RequestRecord
 from repairproxy.settings import Settings
 from tests.support.in_process import in_process_proxy
 from tests.support.mock_transport import MockTransport
@@ -214,7 +219,7 @@ GENERIC_READING_KEPT = frozenset(
         "granite_20b_fc",
         "granite_pythonic",
         "internlm2",
-        "llama3_json",
+        "json",
         "mistral",
         "phi4mini",
         "seed_oss",
@@ -295,3 +300,51 @@ async def test_through_the_proxy_the_call_is_structured_and_no_wrapper_stays(
     expected_text = case["expected_content"] or ""
     for marker in case.get("wrapper_markers", ()):
         assert marker not in (text or "") or marker in expected_text
+
+
+# --- the format label on promotions --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "source", "label"),
+    [
+        ("native", '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>', "gemma4"),
+        ("native", "[get_weather(city='Paris')]", "pythonic"),
+        ("native", '[TOOL_CALLS]get_weather{"city": "Paris"}', "mistral"),
+        (
+            "native",
+            "<function=get_weather><parameter=city>Paris</parameter></function>",
+            "qwen3_xml",
+        ),
+        ("native", "no call here", "other"),
+        ("tool_call_tag", '<tool_call>{"name": "f", "arguments": {}}</tool_call>', "hermes"),
+        ("json", '{"name": "f", "arguments": {}}', "json"),
+        ("something new", "...", "other"),
+    ],
+)
+def test_a_promoted_call_gets_a_bounded_format_label(shape: str, source: str, label: str) -> None:
+    assert promoted_format(shape, source) == label
+    assert label in FAMILIES
+
+
+def test_the_format_label_reaches_metrics_header_and_log_line() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(Settings(), registry=registry)
+    record = RequestRecord(model="m", promoted=3, promoted_formats=["gemma4", "gemma4", "bogus"])
+    metrics.request_finished(record)
+
+    def value(label: str) -> float | None:
+        return registry.get_sample_value(
+            "repairproxy_promoted_tool_call_formats_total", {"model": "m", "format": label}
+        )
+
+    assert value("gemma4") == 2
+    assert value("other") == 1  # an unknown label never becomes a series of its own
+    assert value("bogus") is None
+    exchange = Exchange(0.0, "POST", "/v1/chat/completions", record=record)
+    headers = dict(exchange.proxy_headers())
+    assert headers[b"x-repairproxy-promoted-format"] == b"gemma4,bogus"
+    assert exchange.log_event(200, log_bodies=False)["promoted_format"] == "gemma4,bogus"
+    assert b"promoted-format=gemma4,bogus" in exchange.trailer_comment()
+    quiet = Exchange(0.0, "POST", "/v1/chat/completions", record=RequestRecord(model="m"))
+    assert b"x-repairproxy-promoted-format" not in dict(quiet.proxy_headers())
