@@ -553,6 +553,8 @@ class ErrorBudget:
             plain = keys.plain_resume() if link is None else None
             if plain is not None:
                 link = await self.chains.lookup(plain)
+        if link is None and keys.elided_resume is not None:  # a failed call's turn left out
+            link = await self.chains.lookup(keys.elided_resume)
         if link is None:
             return EpisodeRef(self._new_episode_id(), explicit=False, new=True, **chained)
         if not link.ambiguous:
@@ -588,6 +590,8 @@ class ErrorBudget:
                 scope=self.chain_scope("", body.get("model")),
             )
         await self.chains.link(keys.answer_key(answer_message), episode_id)
+        if keys.elided_link is not None:
+            await self.chains.link(keys.elided_link, episode_id)
 
     # -- counting ---------------------------------------------------------------------------------
 

@@ -107,6 +107,58 @@ RESENT_CALL_MARKERS: tuple[tuple[str, str], ...] = (
 )
 
 
+# Frameworks that resend a history WITHOUT the turn of a call that failed, the error appended
+# to the user message instead: (marker opening the task's user message, marker of the error block,
+# marker that closes it, source). After an answer to such a history the proxy also remembers
+# "history + an elided answer", which the next request, cut back before its last error block,
+# is looked up by.
+ELIDED_TURN_FORMATS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "New task:\n",
+        "\nError:\n",
+        "\nNow let's retry: ",
+        "smolagents 1.26.0: after a tool error the resent history has no 'Calling tools:' turn; "
+        "the user message is 'New task:\\n{task}\\nError:\\n{error}\\nNow let's retry: ...' "
+        "(tests/data/frameworks/smolagents-1.26.0.json)",
+    ),
+)
+_ELIDED = b"\x00elided-answer"
+
+
+def _elided_format(messages: Sequence[Mapping[str, Any]]) -> tuple[str, str, str] | None:
+    """The elided-turn format a history is written in (read from its first user message)."""
+    first = next((m for m in messages if m.get("role") == "user"), None)
+    if first is None:
+        return None
+    text = _text(first.get("content"))
+    for opening, error, closing, _ in ELIDED_TURN_FORMATS:
+        if text.startswith(opening):
+            return opening, error, closing
+    return None
+
+
+def _elided_resume(
+    messages: Sequence[Mapping[str, Any]], form: tuple[str, str, str], scope: bytes
+) -> bytes | None:
+    """The key of the history this request resends with its answer elided: the last user
+    message cut back before its last error block, then the elided-answer marker."""
+    last = messages[-1] if messages else None
+    if last is None or last.get("role") != "user":
+        return None
+    text = _text(last.get("content"))
+    _, error, closing = form
+    cut = text.rfind(error)
+    if cut < 0 or closing not in text[cut:]:
+        return None
+    stream = hashlib.blake2b(_SEED + scope, digest_size=DIGEST_BYTES)
+    for message in messages[:-1]:
+        stream.update(canonical_message(message))
+    stream.update(canonical_message({"role": "user", "content": text[:cut]}))
+    stream.update(_ELIDED)
+    digest: bytes = stream.digest()
+    return digest
+
+
 def _resent_calls(text: str) -> tuple[str, list[Any]] | None:
     """(text before the marker, the calls) of an assistant text that resends delivered calls."""
     for marker, _ in RESENT_CALL_MARKERS:
@@ -222,6 +274,10 @@ class ConversationKeys:
     _messages: Sequence[Mapping[str, Any]] = field(compare=False, repr=False)
     _ids_matter: bool = field(compare=False, repr=False)
     _scope: bytes = field(default=b"", compare=False, repr=False)
+    # Frameworks that resend a history without a failed call's turn (ELIDED_TURN_FORMATS): the
+    # key to look up when ``resume`` finds nothing, and the extra key to link after an answer.
+    elided_resume: bytes | None = None
+    elided_link: bytes | None = None
 
     def plain_resume(self) -> bytes | None:
         """``resume`` without assistant call ids; None when that is ``resume`` itself."""
@@ -247,7 +303,17 @@ def conversation_keys(messages: Iterable[Any], *, scope: bytes = b"") -> Convers
     kept = _messages(messages)
     stream, resume = _stream(kept, with_call_ids=True, scope=scope)
     ids_matter = any(m.get("role") == "assistant" and _has_calls(m) for m in kept)
-    return ConversationKeys(resume, stream.digest(), stream, kept, ids_matter, scope)
+    elided_resume = elided_link = None
+    form = _elided_format(kept)
+    if form is not None:
+        elided_resume = _elided_resume(kept, form, scope)
+        if kept and kept[-1].get("role") == "user":
+            linked = stream.copy()
+            linked.update(_ELIDED)
+            elided_link = linked.digest()
+    return ConversationKeys(
+        resume, stream.digest(), stream, kept, ids_matter, scope, elided_resume, elided_link
+    )
 
 
 @dataclass(frozen=True, slots=True)

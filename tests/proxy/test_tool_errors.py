@@ -289,6 +289,11 @@ def test_smolagents_runs_chain_and_count_their_tool_errors() -> None:
     episodes = [reply.headers["x-repairproxy-episode-id"] for reply in replies]
     assert episodes[0] == episodes[1]  # the resent "Calling tools:" text continues the run
     assert episodes[2] != episodes[1]  # the second run is its own episode
+    # After the tool error smolagents resends no turn of the failed call: still the same run.
+    assert episodes[3] == episodes[2]
+    assert len(set(episodes)) == 2
+    errors = [reply.headers["x-repairproxy-episode-errors"] for reply in replies]
+    assert errors == ["0", "0", "0", "1"]
     # With the episode header the error written into the user message is counted, once.
     marked = _replay(requests, [{}, {}, {"x-episode-id": "run2"}, {"x-episode-id": "run2"}])
     assert [r.headers["x-repairproxy-episode-errors"] for r in marked[2:]] == ["0", "1"]
