@@ -108,7 +108,6 @@ class ChatRequest:
     budget: int | None  # per-request override of the episode budget
     episode: EpisodeRef | None = None
     episode_id: str | None = None
-    explicit_episode: bool = False
     snapshot: BudgetSnapshot | None = None
     forward: ChatRequestBody | None = None  # the body as it goes upstream
     forward_raw: bytes = b""
@@ -203,7 +202,6 @@ class ChatPipeline:
         ref = episode or await budget.resolve_episode(headers, request.body)
         request.episode = ref
         request.episode_id = ref.id
-        request.explicit_episode = ref.explicit
         snapshot = await budget.observe_request(ref, request.body, request.budget)
         request.snapshot = snapshot
         record.env_errors = list(snapshot.new_env_errors)

@@ -252,10 +252,6 @@ class StreamAssembler:
         if isinstance(function, dict):
             call.add(function.get("name"), function.get("arguments"))
 
-    @property
-    def has_calls(self) -> bool:
-        return bool(self.calls) or self.function_call is not None
-
     def message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.content}
         if self.calls:

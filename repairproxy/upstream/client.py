@@ -200,6 +200,16 @@ class UpstreamTimer:
     seconds: float = 0.0
     calls: int = field(default=0)
 
+    @contextmanager
+    def timing(self) -> Iterator[None]:
+        """Count one upstream call and the time spent in the block."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.calls += 1
+
 
 async def timed(chunks: AsyncIterator[bytes], timer: UpstreamTimer) -> AsyncIterator[bytes]:
     """Re-yield ``chunks``, adding the time spent waiting for each one to ``timer``.
@@ -324,15 +334,10 @@ class Upstream:
         query: bytes = b"",
     ) -> UpstreamReply:
         """Send one request and buffer the whole answer."""
-        started = time.perf_counter()
-        try:
-            with _translate_errors():
-                target = self.url.target(path, query)
-                response = await self._transport.request(method, target, headers, content)
-                body = await response.read()
-        finally:
-            timer.seconds += time.perf_counter() - started
-            timer.calls += 1
+        with timer.timing(), _translate_errors():
+            target = self.url.target(path, query)
+            response = await self._transport.request(method, target, headers, content)
+            body = await response.read()
         return UpstreamReply(response.status_code, response.headers, body)
 
     async def complete(
@@ -371,14 +376,10 @@ class Upstream:
     ) -> AsyncIterator[TransportResponse]:
         """Open a streamed request; leaving the block early (or cancellation) drops the connection,
         which is how the upstream learns to stop generating."""
-        started = time.perf_counter()
-        try:
-            with _translate_errors():
-                target = self.url.target(path, query)
-                response = await self._transport.request(method, target, headers, content)
-        finally:
-            timer.seconds += time.perf_counter() - started
-            timer.calls += 1
+        with timer.timing(), _translate_errors():
+            response = await self._transport.request(
+                method, self.url.target(path, query), headers, content
+            )
         try:
             yield response
         finally:
