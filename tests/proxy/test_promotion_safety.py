@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import openai
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -28,6 +29,8 @@ from repairproxy.settings import Settings
 from repairproxy.validation import CallRules, ToolsCache
 from tests.support.in_process import InProcessProxy, in_process_proxy
 from tests.support.mock_transport import MockTransport
+from tests.support.proxy_server import running_proxy
+from tests.support.responses_upstream import ResponsesUpstream, message
 from tests.support.scripted_upstream import completion, sse_events
 
 pytestmark = pytest.mark.anyio
@@ -287,3 +290,59 @@ def test_a_streamed_call_after_prose_is_held_to_the_end_however_the_stream_is_cu
     )
     assert "<tool_call>" not in sent and call[0] not in sent
     assert content.startswith(sent)
+
+
+# --- the Responses API's streams -----------------------------------------------------------------
+
+RESPONSES_TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "name": "delete_account",
+        "parameters": {
+            "type": "object",
+            "properties": {"user_id": {"type": "string"}},
+            "required": ["user_id"],
+        },
+    }
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "promoted"),
+    [
+        (
+            'I will not run {"name": "delete_account", "arguments": {"user_id": "u_2231"}} unless '
+            "you confirm.",
+            False,
+        ),
+        (
+            'Deleting it.\n{"name": "delete_account", "arguments": {"user_id": "u_2231"}}\n'
+            "I won't do that until you confirm.",
+            False,
+        ),
+        (
+            '<think>{"name": "delete_account", "arguments": {"user_id": "u_2231"}}</think>'
+            "Please confirm first.",
+            False,
+        ),
+        ('{"name": "delete_account", "arguments": {"user_id": "u_2231"}}', True),
+    ],
+    ids=["declined in the sentence", "declined after it", "in reasoning", "the answer is the call"],
+)
+def test_a_responses_stream_promotes_what_the_buffered_answer_would(
+    text: str, promoted: bool
+) -> None:
+    with (
+        ResponsesUpstream() as upstream,
+        running_proxy(Settings(upstream=upstream.base_url, repair="promote")) as proxy,
+    ):
+        upstream.push([message(text)])
+        with openai.OpenAI(base_url=proxy.base_url, api_key="x", max_retries=0) as client:
+            events = list(
+                client.responses.create(model="m", input="hi", tools=RESPONSES_TOOLS, stream=True)
+            )
+    final = events[-1].response
+    calls = [item.name for item in final.output if item.type == "function_call"]
+    assert calls == (["delete_account"] if promoted else [])
+    if not promoted:
+        assert final.output_text == text
