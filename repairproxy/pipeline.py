@@ -4,15 +4,16 @@ charge the budget -> one event for the observer.
 The routes frame HTTP (auth, body, headers, SSE, the log line); this module decides what the
 answer is. Buffered and streamed answers meet here the same way: the stream gate hands over the
 assembled completion, and ``judge`` returns the answer to send. Like inspect_ai's
-``Solver(state, generate)``, a step of work is given a way to call the model (``Send``) and never
-owns the transport. The chat-completions shape is read here only through small accessors
-(``first_message``), so an adapter for ``/v1/responses`` can reuse the same steps.
+``Solver(state, generate)``, a step of work is given a way to call the model
+(``repair.Complete``) and never owns the transport. The chat-completions shape is read here only
+through small accessors (``first_message``), so the Responses and Messages adapters reuse the
+same steps.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -40,6 +41,7 @@ from repairproxy.observe.record import (
 from repairproxy.observe.record import RequestRecord as Record
 from repairproxy.reask import build_output_repair_turn, repair_request
 from repairproxy.repair import (
+    Complete,
     RepairPolicy,
     caught_calls,
     repair_completion,
@@ -58,9 +60,7 @@ from repairproxy.validation import (
 )
 from repairproxy.wire.openai import ChatCompletion, ChatRequestBody, first_message
 
-__all__ = ["ChatOutcome", "ChatPipeline", "ChatRequest", "Send", "instructs", "json_object"]
-
-Send = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+__all__ = ["ChatOutcome", "ChatPipeline", "ChatRequest", "instructs", "json_object"]
 
 REPAIR_HEADER = "x-repairproxy-repair"
 BUDGET_HEADER = "x-repairproxy-budget"
@@ -243,7 +243,7 @@ class ChatPipeline:
     # -- after the upstream -----------------------------------------------------------------------
 
     async def judge(
-        self, request: ChatRequest, completion: ChatCompletion, send: Send, record: Record
+        self, request: ChatRequest, completion: ChatCompletion, send: Complete, record: Record
     ) -> ChatOutcome:
         """Validate (and maybe repair) one answer; charge the episode; fill the record. With a
         response format, the text answer that comes out is then checked (never charged)."""
@@ -259,7 +259,7 @@ class ChatPipeline:
         request: ChatRequest,
         output: OutputFormat,
         outcome: ChatOutcome,
-        send: Send,
+        send: Complete,
         record: Record,
     ) -> ChatOutcome:
         """Check the answer's text against the response format; re-ask (reflexive, constrained)
@@ -326,7 +326,7 @@ class ChatPipeline:
         return replace(outcome, answer=cast(ChatCompletion, answer), changed=True)
 
     async def _judge_calls(
-        self, request: ChatRequest, completion: ChatCompletion, send: Send, record: Record
+        self, request: ChatRequest, completion: ChatCompletion, send: Complete, record: Record
     ) -> ChatOutcome:
         """The tool calls of one answer: validated, maybe repaired, charged."""
         tools = request.tools

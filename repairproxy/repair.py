@@ -54,10 +54,10 @@ from repairproxy.wire.openai import first_message, message_text
 __all__ = [
     "DEFAULT_TEMPLATE",
     "MAX_NAME_EDITS",
+    "Complete",
     "RepairOutcome",
     "RepairPolicy",
     "RepairTemplate",
-    "SendFn",
     "build_repair_turn",
     "caught_calls",
     "edit_distance",
@@ -67,7 +67,9 @@ __all__ = [
     "with_repair_instruction",
 ]
 
-SendFn = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+# One completion for a request body: how the loop calls the model (``Upstream.complete``
+# bound to the request's headers). Not ``Send``: that is the ASGI callable (``types.Send``).
+Complete = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -443,7 +445,7 @@ async def _repair_choice(
     choice: Mapping[str, Any],
     tools: CompiledTools,
     policy: RepairPolicy,
-    send: SendFn,
+    send: Complete,
 ) -> _ChoiceRepair:
     message = choice.get("message")
     if not isinstance(message, Mapping):
@@ -550,7 +552,7 @@ async def repair_completion(
     first_response: Mapping[str, Any],
     tools: CompiledTools,
     policy: RepairPolicy,
-    send: SendFn,
+    send: Complete,
 ) -> RepairOutcome:
     """Validate the upstream's answer; promote calls written as text; re-ask for the rest.
 
