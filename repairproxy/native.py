@@ -977,65 +977,72 @@ _GEMMA_BARE = re.compile(r"[^,}\]]*")
 _GEMMA_KEY = re.compile(r"\s*([^:{}\[\],<]{1,200}?)\s*:")
 
 
-def _gemma_value(text: str, position: int, quote: str, depth: int) -> tuple[Any, int]:
-    if depth > MAX_DEPTH:
+def _gemma_value(text: str, position: int, stop: int, quote: str, depth: int) -> tuple[Any, int]:
+    """One value of Gemma's argument grammar, read within ``text[:stop]``."""
+    if depth > MAX_DEPTH or position >= stop:
         raise _Malformed
-    if text.startswith(quote, position):
-        end = text.find(quote, position + len(quote))
+    if text.startswith(quote, position, stop):
+        end = text.find(quote, position + len(quote), stop)
         if end < 0:
             raise _Malformed
         return text[position + len(quote) : end], end + len(quote)
-    if position < len(text) and text[position] == "{":
-        return _gemma_object(text, position, quote, depth + 1)
-    if position < len(text) and text[position] == "[":
+    if text[position] == "{":
+        return _gemma_object(text, position, stop, quote, depth + 1)
+    if text[position] == "[":
         items: list[Any] = []
         position += 1
         while True:
-            position = _SPACE.match(text, position).end()  # type: ignore[union-attr]
-            if text.startswith("]", position):
+            position = _space_at(text, position, stop)
+            if text.startswith("]", position, stop):
                 return items, position + 1
-            value, position = _gemma_value(text, position, quote, depth + 1)
+            value, position = _gemma_value(text, position, stop, quote, depth + 1)
             items.append(value)
-            position = _SPACE.match(text, position).end()  # type: ignore[union-attr]
-            if text.startswith(",", position):
+            position = _space_at(text, position, stop)
+            if text.startswith(",", position, stop):
                 position += 1
-            elif not text.startswith("]", position):
+            elif not text.startswith("]", position, stop):
                 raise _Malformed
-    bare = _GEMMA_BARE.match(text, position)
-    assert bare is not None
-    token = bare.group().strip()
-    if not token or position >= len(text):
+    bare = _GEMMA_BARE.match(text, position, stop)
+    token = bare.group().strip() if bare is not None else ""
+    if bare is None or not token or bare.end() >= stop:
         raise _Malformed
     value = _loads(token)
     return (token if value is _NOT_JSON or isinstance(value, (dict, list)) else value), bare.end()
 
 
-def _gemma_object(text: str, position: int, quote: str, depth: int) -> tuple[dict[str, Any], int]:
+def _space_at(text: str, position: int, stop: int) -> int:
+    found = _SPACE.match(text, position, stop)
+    return found.end() if found is not None else position
+
+
+def _gemma_object(
+    text: str, position: int, stop: int, quote: str, depth: int
+) -> tuple[dict[str, Any], int]:
     """``{key:value,...}``: keys bare or quoted; FunctionGemma may omit the comma after a string."""
     result: dict[str, Any] = {}
     position += 1
     while True:
-        position = _SPACE.match(text, position).end()  # type: ignore[union-attr]
-        if text.startswith("}", position):
+        position = _space_at(text, position, stop)
+        if text.startswith("}", position, stop):
             return result, position + 1
-        if text.startswith(quote, position):
-            key_end = text.find(quote, position + len(quote))
-            if key_end < 0 or not text.startswith(":", key_end + len(quote)):
+        if text.startswith(quote, position, stop):
+            key_end = text.find(quote, position + len(quote), stop)
+            if key_end < 0 or not text.startswith(":", key_end + len(quote), stop):
                 raise _Malformed
             key = text[position + len(quote) : key_end]
             position = key_end + len(quote) + 1
         else:
-            found = _GEMMA_KEY.match(text, position)
+            found = _GEMMA_KEY.match(text, position, stop)
             if found is None:
                 raise _Malformed
             key = found.group(1).strip()
             position = found.end()
-        value, position = _gemma_value(text, position, quote, depth)
+        value, position = _gemma_value(text, position, stop, quote, depth)
         result[key] = value
-        position = _SPACE.match(text, position).end()  # type: ignore[union-attr]
-        if text.startswith(",", position):
+        position = _space_at(text, position, stop)
+        if text.startswith(",", position, stop):
             position += 1
-        elif not text.startswith("}", position) and not (
+        elif not text.startswith("}", position, stop) and not (
             isinstance(value, str) and text[position - len(quote) : position] == quote
         ):
             raise _Malformed
@@ -1053,9 +1060,12 @@ def _gemma_format(
             return []
         matches: list[NativeMatch] = []
         position = 0
-        for found in scanner.finditer(call):
+        # Each call is read only up to where the next one starts: the reads never overlap.
+        found_calls = list(scanner.finditer(call))
+        for index, found in enumerate(found_calls):
             if found.start() < position or len(matches) >= MAX_MATCHES:
                 continue
+            limit = found_calls[index + 1].start() if index + 1 < len(found_calls) else len(text)
             start = found.start()
             prefix_start = _gemma_prefix(text, start, openers)
             if prefix_start is None:
@@ -1065,8 +1075,9 @@ def _gemma_format(
             if text.startswith("<call>", start) and prefix_start == start and not bare:
                 continue
             try:
-                arguments, end = _gemma_object(text, found.end() - 1, quote, 0)
+                arguments, end = _gemma_object(text, found.end() - 1, limit, quote, 0)
             except (_Malformed, IndexError):
+                scanner.count(limit - found.end())
                 continue
             scanner.count(end - found.end())
             name = found.group(1)
@@ -1690,9 +1701,11 @@ def _mistral(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
                 spans.append((start, read[1]))
                 position = read[1]
             continue
-        opening = text.find("[", body)
-        brace = text.find("{", body)
-        if opening < 0 or (0 <= brace < opening):
+        following = text.find(_MISTRAL, body)
+        limit = following if following >= 0 else len(text)  # read up to the next marker only
+        opening = scanner.find("[", body, limit)
+        brace = text.find("{", body, opening if opening >= 0 else limit)
+        if opening < 0 or brace >= 0:
             continue
         read = _json_at(scanner, opening)
         found = _call_objects(read[0]) if read is not None and isinstance(read[0], list) else None

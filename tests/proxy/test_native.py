@@ -184,6 +184,9 @@ ADVERSARIAL = {
     "invokes": '<steptml:invoke name="f"><steptml:parameter name="k">v',
     "gemma bare": 'call:f{a:<|"|>',
     "kimi stripped": 'functions.f:0 {"a": ',
+    "gemma unclosed": "call:f{a:[b:{c:",
+    "mistral markers": "[TOOL_CALLS]x ",
+    "harmony": "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{",
 }
 
 
