@@ -312,10 +312,6 @@ class Metrics:
                     self._models[key] = found
             return found
 
-    def model_labels(self) -> list[str]:
-        """The model label values in use, in order of first appearance."""
-        return list(self._models)
-
     def request_finished(self, record: RequestRecord) -> None:
         m = self._model(record.model)
         if record.served_model is not None and m.served is None:

@@ -1,7 +1,8 @@
 """What one request did, as one typed record, and the observer that receives it.
 
-The chat pipeline (and, later, the Responses adapter) fills one ``RequestRecord`` per request and
-hands it to a ``PipelineObserver`` when the answer has left. Metrics implement the observer; the
+The pipeline fills one ``RequestRecord`` per request, whichever API it came through (chat
+completions, Responses and Messages all reach it as a chat request), and the route hands it to a
+``PipelineObserver`` when the answer has left. Metrics implement the observer; the
 default one does nothing. One call per request, after the client has its answer: observers never
 sit on the latency path of the answer itself.
 """
