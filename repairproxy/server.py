@@ -8,7 +8,8 @@ is held forever (with the fd limit at 128, 150 such sockets starve ``/healthz``)
 
 - **header bytes**: the request line and headers of one request may take ``--max-header-bytes``
   (default 64 KiB); the parser is fed at most that many bytes before the headers end, so what it
-  holds is bounded, and the client gets ``431`` and a closed connection. (A pipelined request that
+  holds is bounded, and the client gets ``431`` and a closed connection (each refusal's body is
+  one JSON error that OpenAI and Anthropic clients both read). (A pipelined request that
   starts in the same read as the previous one's end may carry one read, <= 256 KiB, uncounted.)
 - **header-read timeout**: from the first byte of a request (or the connection's start) its headers
   must arrive within ``--header-timeout`` seconds, else ``408`` (or a silent close if nothing came).
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from repairproxy.settings import Settings
@@ -45,17 +47,36 @@ class RefusalCounter(Protocol):
     def connection_refused(self, reason: str) -> None: ...
 
 
-def _plain(status: bytes, reason: str) -> bytes:
-    body = reason.encode("ascii")
+def _refusal(status: bytes, kind: str, code: str, message: str) -> bytes:
+    """A refusal written before any route is known, as a JSON error both API families read: the
+    OpenAI shape (``error.message``, ``type``, ``code``) and Anthropic's (``"type": "error"``,
+    ``error.type``, ``error.message``) in one body."""
+    error = {"type": kind, "message": message, "code": code, "param": None}
+    body = orjson.dumps({"type": "error", "error": error})
     return (
-        b"HTTP/1.1 " + status + b"\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
         b"content-length: " + str(len(body)).encode("ascii") + b"\r\nconnection: close\r\n\r\n"
     ) + body
 
 
-_TOO_LARGE = _plain(b"431 Request Header Fields Too Large", "request line and headers too large")
-_TIMEOUT = _plain(b"408 Request Timeout", "request headers not received in time")
-_BUSY = _plain(b"503 Service Unavailable", "too many open connections")
+_TOO_LARGE = _refusal(
+    b"431 Request Header Fields Too Large",
+    "invalid_request_error",
+    "request_header_fields_too_large",
+    "request line and headers too large",
+)
+_TIMEOUT = _refusal(
+    b"408 Request Timeout",
+    "invalid_request_error",
+    "request_timeout",
+    "request headers not received in time",
+)
+_BUSY = _refusal(
+    b"503 Service Unavailable",
+    "overloaded_error",
+    "too_many_connections",
+    "too many open connections",
+)
 
 
 def _find_settings(app: Any) -> tuple[Settings, Any]:

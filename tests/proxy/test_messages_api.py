@@ -3,6 +3,7 @@ native Messages upstream (re-asks in Messages' own shape) and a chat-only upstre
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -417,3 +418,47 @@ def test_a_chat_upstream_error_is_anthropic_shaped(
         "type": "error",
         "error": {"type": "invalid_request_error", "message": "max_tokens is too large"},
     }
+
+
+def test_oversized_headers_get_a_431_the_anthropic_client_reads(upstream: MessagesUpstream) -> None:
+    """The 431 is written by the HTTP protocol before any route is known: its one JSON body is
+    Anthropic-shaped (and OpenAI-shaped) at once."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from repairproxy.app import create_app
+    from repairproxy.server import server_options
+
+    settings = Settings(upstream=upstream.base_url, max_header_bytes=4096)
+    app = create_app(settings, log_stream=io.BytesIO())
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    options = {k: v for k, v in server_options(settings).items() if k not in ("host", "port")}
+    server = uvicorn.Server(uvicorn.Config(app, **options))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        client = anthropic.Anthropic(
+            base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", api_key="x", max_retries=0
+        )
+        with pytest.raises(anthropic.APIStatusError) as caught:
+            client.messages.create(
+                model="m", max_tokens=16, messages=ASK, extra_headers={"x-big": "a" * 8192}
+            )
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+    assert caught.value.status_code == 431
+    body = caught.value.body
+    assert isinstance(body, dict) and body["type"] == "error"
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"] == "request line and headers too large"
+    assert upstream.requests == []
