@@ -462,3 +462,23 @@ def test_oversized_headers_get_a_431_the_anthropic_client_reads(upstream: Messag
     assert body["error"]["type"] == "invalid_request_error"
     assert body["error"]["message"] == "request line and headers too large"
     assert upstream.requests == []
+
+
+def test_a_stream_gets_pings_while_a_held_call_is_re_asked(
+    start: Any, upstream: MessagesUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import repairproxy.asgi.messages as framing
+
+    monkeypatch.setattr(framing, "PING_SECONDS", 0.02)
+    proxy = start()
+    upstream.slow_re_asks(0.5)
+    upstream.push(
+        [text("Checking."), tool_use("lookup_order", GOOD)], [tool_use("get_order_details", GOOD)]
+    )
+    body = {"model": "m", "max_tokens": 64, "messages": ASK, "tools": TOOLS, "stream": True}
+    response = httpx.post(proxy.base_url + "/messages", json=body, timeout=30)
+    kinds = [line[7:] for line in response.text.splitlines() if line.startswith("event: ")]
+    text_stop = kinds.index("content_block_stop")  # the prose block, released before the verdict
+    call_start = kinds.index("content_block_start", text_stop)
+    assert "ping" in kinds[text_stop:call_start]  # the client heard from us while we re-asked
+    assert kinds[-1] == "message_stop"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -109,6 +110,7 @@ class _State:
     headers: list[dict[str, str]] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
     answered: list[str] = field(default_factory=list)  # ids of the messages answered
+    delay: float = 0.0  # seconds before each answer (a slow re-ask)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -135,6 +137,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(404, {"detail": "Not Found"})
                 return
             scripted = state.script.pop(0) if state.script else [text("script exhausted")]
+            delay = state.delay if len(state.requests) > 1 else 0.0
+        if delay:
+            time.sleep(delay)
         if isinstance(scripted, tuple):  # (status, body): an error answer
             self._send(*scripted)
             return
@@ -190,6 +195,11 @@ class MessagesUpstream:
     def push(self, *answers: list[dict[str, Any]]) -> None:
         with self._server.state.lock:
             self._server.state.script.extend(answers)
+
+    def slow_re_asks(self, seconds: float) -> None:
+        """Every request after the first waits ``seconds`` before it is answered."""
+        with self._server.state.lock:
+            self._server.state.delay = seconds
 
     def push_error(self, status: int, body: Any) -> None:
         with self._server.state.lock:
