@@ -431,6 +431,7 @@ _NOT_NOW = re.compile(
     re.IGNORECASE,
 )
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n")
+_SENTENCE_CHARS = 400
 
 
 class NotACall(enum.StrEnum):
@@ -571,11 +572,15 @@ def _standing(
 ) -> list[TextCall]:
     """The calls that stand on their own lines, with no sentence around them saying they are not
     made now; every other one goes to ``prose`` with its reason."""
-    visible = list(text)
-    blanked = [*reasoning, *((call.start, call.end) for call in calls)]
-    for start, end in blanked:  # neither reasoning nor calls are prose: blank them out
-        visible[start:end] = " " * (end - start)
-    rest = "".join(visible)
+    # Neither reasoning nor calls are prose: blank them out (offsets kept).
+    pieces: list[str] = []
+    position = 0
+    for start, end in sorted([*reasoning, *((call.start, call.end) for call in calls)]):
+        start = max(start, position)
+        if end > start:
+            pieces += [text[position:start], " " * (end - start)]
+            position = end
+    rest = "".join([*pieces, text[position:]])
     kept: list[TextCall] = []
     verdicts: dict[tuple[int, int], NotACall | None] = {}
     for call in calls:
@@ -599,10 +604,12 @@ def _standing_reason(rest: str, start: int, end: int) -> NotACall | None:
         return NotACall.IN_SENTENCE
     if rest[end : len(rest) if line_end < 0 else line_end].strip():
         return NotACall.FOLLOWED
-    leading = [s for s in _SENTENCE_END.split(rest[:start]) if s.strip()]
+    # One sentence each side is read (a sentence longer than _SENTENCE_CHARS is cut).
+    before = rest[max(0, start - _SENTENCE_CHARS) : start]
+    leading = [s for s in _SENTENCE_END.split(before) if s.strip()]
     if leading and _NOT_NOW.search(leading[-1]):
         return NotACall.LEAD_IN
-    following = [s for s in _SENTENCE_END.split(rest[end:]) if s.strip()]
+    following = [s for s in _SENTENCE_END.split(rest[end : end + _SENTENCE_CHARS]) if s.strip()]
     if following and _NOT_NOW.search(following[0]):
         return NotACall.FOLLOWED
     return None
