@@ -159,6 +159,35 @@ def _run_mode(
     }
 
 
+# Only an order lookup declared, and a request no declared tool can serve: the right answer is
+# text. A re-ask that must produce a call made one up (get_order_details for an email).
+EMAIL_PROMPT = "Send an email to bob@example.com saying that his refund is on its way."
+
+
+def _send_email_case(client: httpx.Client, model: str, mode: str, max_tokens: int) -> str:
+    """What the agent receives for ``EMAIL_PROMPT`` with only ``get_order_details`` declared:
+    ``text`` or ``call:NAME`` (or ``http_STATUS``), and the re-asks it took."""
+    body = {
+        "model": model,
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": EMAIL_PROMPT},
+        ],
+        "tools": TOOLS[:1],
+        "temperature": 0.0,
+        "max_tokens": max_tokens,
+    }
+    response = client.post(
+        "/v1/chat/completions", json=body, headers={"X-Repairproxy-Repair": mode}
+    )
+    if response.status_code != 200:
+        return f"http_{response.status_code}"
+    message = response.json()["choices"][0]["message"]
+    calls = [c["function"]["name"] for c in message.get("tool_calls") or ()]
+    answer = "call:" + ",".join(calls) if calls else "text"
+    return f"{answer} (repairs {response.headers.get('x-repairproxy-repairs', '0')})"
+
+
 def _serve_proxy(upstream: str) -> tuple[subprocess.Popen[bytes], int]:
     port = _free_port()
     proxy = subprocess.Popen(
@@ -197,6 +226,10 @@ def _run_arm(label: str, upstream: str, args: argparse.Namespace) -> None:
                     + (f" repair_failed={result['failed']}" if result["failed"] else ""),
                     flush=True,
                 )
+            print("send-email case, only get_order_details declared (right: text):", flush=True)
+            for mode in args.modes:
+                answer = _send_email_case(client, args.model, mode, args.max_tokens)
+                print(f"  {mode:<12} {answer}", flush=True)
     finally:
         proxy.terminate()
         proxy.wait(timeout=10)
