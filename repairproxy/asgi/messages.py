@@ -21,7 +21,7 @@ from typing import Any, TypeVar, cast
 import orjson
 
 from repairproxy.asgi.exchange import Exchange
-from repairproxy.asgi.gate import SSEParser, call_opening
+from repairproxy.asgi.gate import SSEEvent, SSEParser, ToolCallGate
 from repairproxy.asgi.responder import Responder
 from repairproxy.errors import (
     BadRequestError,
@@ -32,6 +32,7 @@ from repairproxy.errors import (
 from repairproxy.pipeline import ChatPipeline, ChatRequest, instructs, json_object
 from repairproxy.types import API, HeaderList, Outcome, Scope
 from repairproxy.upstream.client import Upstream, UpstreamReply, response_headers, timed
+from repairproxy.validation import text_calls_allowed
 from repairproxy.wire.messages import (
     error_body,
     from_chat_completion,
@@ -51,7 +52,6 @@ CHAT_PATH = "/v1/chat/completions"
 # While a held call is re-asked, the client gets a ping this often (Anthropic pings idle streams).
 PING_SECONDS = 5.0
 _PING = b'event: ping\ndata: {"type":"ping"}\n\n'
-_FLOWING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 _JSON = (b"content-type", b"application/json")
 _SSE = (b"content-type", b"text/event-stream; charset=utf-8")
 _T = TypeVar("_T")
@@ -270,9 +270,6 @@ class MessagesCall:
             )
         finally:
             ex.snapshot = request.snapshot
-            ex.channels = tuple(c.channel for c in ex.record.caught)
-            ex.repairs = ex.record.repair_attempts
-        ex.channels, ex.repair_failed = outcome.caught, outcome.repair_failed
         answer = cast(dict[str, Any], outcome.answer)
         if self._first is not None:
             final = to_message(answer, self._first) if outcome.changed else self._first
@@ -375,26 +372,34 @@ class MessagesCall:
         self, chunks: AsyncIterator[bytes], responder: Responder, headers: HeaderList
     ) -> None:
         """Release ``message_start``, pings, thinking and prose at once, in block order; hold
-        ``tool_use`` blocks (and text that could be a call written as text) and the closing
+        ``tool_use`` blocks, text from where it could open a call written as text (the chat
+        stream gate decides, per text block), every block after a held one and the closing
         events until ``message_stop``, then judge the whole answer."""
         ex = self.ex
-        gated = self.request is not None and self.request.tools is not None
+        request = self.request
+        gated = request is not None and request.tools is not None
+        hold_text = request is not None and text_calls_allowed(request.body)
         parser = SSEParser()
         blocks: dict[int, _Block] = {}
-        pending: dict[int, list[bytes]] = {}  # held events of blocks not yet flowing
-        flowable: set[int] = set()
-        flowing = 0  # blocks 0 .. flowing-1 were released and flow as they come
+        gates: dict[int, ToolCallGate] = {}  # text blocks at the front, watched for a call
+        pending: dict[int, list[bytes]] = {}  # held events, by block
+        front = 0  # blocks before it went out whole; it is the one streaming (or held)
+        stuck = False  # the front block is held: it and every later block wait for the verdict
         tail: list[bytes] = []  # message_delta, message_stop and anything unindexed
         start: dict[str, Any] | None = None
         closing: dict[str, Any] = {}
         usage: dict[str, Any] = {}
         failed = completed = False
 
-        async def release(raw: bytes) -> None:
+        async def release(*raws: bytes) -> None:
             if not responder.started:
                 await responder.start(200, [*headers, *ex.proxy_headers(verdict=False)])
                 responder.first_byte_at = time.perf_counter()
-            await responder.body(raw)
+            for raw in raws:
+                await responder.body(raw)
+
+        def held() -> list[bytes]:
+            return [*(raw for i in sorted(pending) for raw in pending[i]), *tail]
 
         async for chunk in chunks:
             for event in parser.feed(chunk):
@@ -406,19 +411,9 @@ class MessagesCall:
                     if isinstance(start.get("usage"), dict):
                         usage.update(start["usage"])
                 elif kind == "content_block_start" and isinstance(index, int):
-                    block = _Block(payload.get("content_block") or {})
-                    blocks[index] = block
-                    if block.kind != "text" and block.kind != "tool_use":
-                        flowable.add(index)  # thinking and server-tool blocks are not calls
+                    blocks[index] = _Block(payload.get("content_block") or {})
                 elif kind == "content_block_delta" and isinstance(index, int) and index in blocks:
-                    block = blocks[index]
-                    block.add(payload.get("delta") or {})
-                    if (
-                        block.kind == "text"
-                        and index not in flowable
-                        and call_opening("".join(block.parts)) is False
-                    ):
-                        flowable.add(index)  # plain prose: this block flows from now on
+                    blocks[index].add(payload.get("delta") or {})
                 elif kind == "content_block_stop" and isinstance(index, int) and index in blocks:
                     blocks[index].stopped = True
                 elif kind == "message_delta":
@@ -430,33 +425,47 @@ class MessagesCall:
                     completed = True
                 failed = failed or kind == "error"
                 if not gated or failed:
-                    for raw in [*(p for i in sorted(pending) for p in pending[i]), *tail]:
-                        await release(raw)
+                    await release(*held(), event.raw)
                     pending.clear()
                     tail.clear()
-                    await release(event.raw)
                     continue
                 if kind in ("message_start", "ping"):
                     await release(event.raw)  # says nothing about the answer's content
                     continue
-                if isinstance(index, int):
-                    if index < flowing:
-                        await release(event.raw)
-                    else:
-                        pending.setdefault(index, []).append(event.raw)
-                else:
+                if not isinstance(index, int):
                     tail.append(event.raw)
-                while flowing in flowable:
-                    for raw in pending.pop(flowing, ()):
-                        await release(raw)
-                    flowing += 1
+                    continue
+                if stuck or index != front or index not in blocks:
+                    pending.setdefault(index, []).append(event.raw)
+                    continue
+                block = blocks[index]
+                if kind == "content_block_start":
+                    if block.kind == "tool_use":
+                        pending.setdefault(index, []).append(event.raw)
+                        stuck = True
+                    elif block.kind == "text" and hold_text:
+                        gates[index] = ToolCallGate()
+                        gates[index].feed(SSEEvent(event.raw, None))  # held with the text
+                    else:
+                        await release(event.raw)  # thinking, server tools, text that is text
+                elif kind == "content_block_delta" and index in gates:
+                    piece = (payload.get("delta") or {}).get("text", "")
+                    chat = {"choices": [{"index": 0, "delta": {"content": str(piece)}}]}
+                    await release(*gates[index].feed(SSEEvent(event.raw, orjson.dumps(chat))))
+                elif kind == "content_block_stop" and index in gates and gates[index].held:
+                    pending[index] = [*gates[index].held, event.raw]  # a call may open here
+                    stuck = True
+                elif kind == "content_block_stop":
+                    await release(event.raw)
+                    front += 1
+                else:
+                    await release(event.raw)
         for event in parser.flush():
             tail.append(event.raw)
-        held = [*(p for i in sorted(pending) for p in pending[i]), *tail]
         if failed or not gated:
             if failed:
                 ex.record.outcome = Outcome.UPSTREAM_ERROR
-            await self._finish(responder, headers, held)
+            await self._finish(responder, headers, held())
             return
         if start is None or not completed:
             raise UpstreamUnavailableError("the upstream's event stream ended before message_stop")
@@ -469,22 +478,43 @@ class MessagesCall:
         }
         self._first = first
         final, changed = await self._pinging(responder, self._judge(to_chat_completion(first)))
-        if changed:
-            held = [sse(event) for event in self._rest(final, first, flowing)]
-        await self._finish(responder, headers, held)
+        if not changed:
+            await self._finish(responder, headers, held())
+            return
+        gate = gates.get(front)
+        partial = gate if gate is not None and gate.released_content else None
+        events = self._rest(final, first, front, partial)
+        await self._finish(responder, headers, [sse(event) for event in events])
 
     @staticmethod
-    def _rest(final: dict[str, Any], first: dict[str, Any], streamed: int) -> list[dict[str, Any]]:
-        """The events still to send for ``final`` when ``first``'s first ``streamed`` blocks
-        already went out: its blocks after those (or its calls, when its beginning differs)."""
+    def _rest(
+        final: dict[str, Any], first: dict[str, Any], sent: int, partial: ToolCallGate | None
+    ) -> list[dict[str, Any]]:
+        """The events still to send for ``final`` when ``first``'s first ``sent`` blocks went
+        out whole, and (``partial``) the next one, a text block, in part: that block's text
+        after what was sent (when ``final`` still begins with it) and its stop, then the
+        blocks after those (or only the calls, when ``final`` begins differently)."""
         content = list(final.get("content") or ())
-        sent = [b.get("type") for b in (first.get("content") or ())[:streamed]]
-        if [b.get("type") for b in content[:streamed]] == sent:
-            rest = content[streamed:]
-        else:
-            rest = [b for b in content if b.get("type") == "tool_use"]
-        shown = {**final, "content": [*([{}] * streamed), *rest]}
-        return message_events(shown, first_block=streamed, preamble=False)
+        types = [b.get("type") for b in (first.get("content") or ())[:sent]]
+        rest = (
+            content[sent:]
+            if [b.get("type") for b in content[:sent]] == types
+            else [b for b in content if b.get("type") == "tool_use"]
+        )
+        events: list[dict[str, Any]] = []
+        if partial is not None:
+            text = ""
+            if rest and rest[0].get("type") == "text":
+                text = str(rest.pop(0).get("text", ""))
+            left = partial.unsent({"choices": [{"message": {"content": text}}]})
+            more = left["choices"][0]["message"].get("content")
+            if more:
+                delta = {"type": "text_delta", "text": more}
+                events.append({"type": "content_block_delta", "index": sent, "delta": delta})
+            events.append({"type": "content_block_stop", "index": sent})
+            sent += 1
+        shown = {**final, "content": [*([{}] * sent), *rest]}
+        return [*events, *message_events(shown, first_block=sent, preamble=False)]
 
     async def _finish(self, responder: Responder, headers: HeaderList, tail: list[bytes]) -> None:
         """The held events; a stream whose headers already left gets the verdict as an SSE

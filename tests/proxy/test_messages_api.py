@@ -482,3 +482,21 @@ def test_a_stream_gets_pings_while_a_held_call_is_re_asked(
     call_start = kinds.index("content_block_start", text_stop)
     assert "ping" in kinds[text_stop:call_start]  # the client heard from us while we re-asked
     assert kinds[-1] == "message_stop"
+
+
+def test_prose_then_a_text_call_streams_as_the_buffered_answer(
+    start: Any, upstream: MessagesUpstream
+) -> None:
+    """The prose flows; from where the text opens a call it is held, so the streamed message
+    the SDK assembles is the buffered one: no call markup in the text, the promoted tool_use."""
+    proxy = start(repair="promote")
+    answer = [text("Let me look that up.\n" + TEXT_CALL)]
+    upstream.push(answer, answer)
+    buffered = _create(_client(proxy), stream=False)
+    streamed = _create(_client(proxy), stream=True)
+    assert _calls(buffered) == _calls(streamed) == [("get_order_details", GOOD)]
+    assert [b.type for b in streamed.content] == [b.type for b in buffered.content]
+    texts = [b.text for b in streamed.content if b.type == "text"]
+    assert texts == [b.text for b in buffered.content if b.type == "text"]
+    assert all("tool_call" not in t for t in texts)
+    assert streamed.stop_reason == buffered.stop_reason == "tool_use"
