@@ -249,10 +249,15 @@ class ChatPipeline:
         response format, the text answer that comes out is then checked (never charged)."""
         served = completion.get("model")
         record.served_model = served if isinstance(served, str) and served else None
-        outcome = await self._judge_calls(request, completion, send, record)
-        if request.output is None:
-            return outcome
-        return await self._judge_output(request, request.output, outcome, send, record)
+        try:
+            outcome = await self._judge_calls(request, completion, send, record)
+            if request.output is not None:
+                outcome = await self._judge_output(request, request.output, outcome, send, record)
+        except BaseException:
+            record.channels = tuple(call.channel for call in record.caught)
+            raise
+        record.channels, record.repair_failed = outcome.caught, outcome.repair_failed
+        return outcome
 
     async def _judge_output(
         self,

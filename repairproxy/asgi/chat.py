@@ -87,10 +87,6 @@ class ChatCall:
             outcome = await self.pipeline.judge(self.request, completion, self._reask, ex.record)
         finally:
             ex.snapshot = self.request.snapshot
-            ex.channels = tuple(c.channel for c in ex.record.caught)
-            ex.repairs = ex.record.repair_attempts
-        ex.channels = outcome.caught
-        ex.repair_failed = outcome.repair_failed
         ex.choice_channels = _choice_channels(self.request, outcome)
         await self.pipeline.remember(self.request, outcome.answer)
         return outcome

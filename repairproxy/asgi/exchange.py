@@ -61,9 +61,6 @@ class Exchange:
     episode_id: str | None = None  # for the log line, even before a snapshot exists
     warn_missing_header: bool = False  # the first request without an episode header
     mode: str | None = None
-    channels: tuple[str, ...] = ()
-    repairs: int = 0
-    repair_failed: str | None = None
     status: int = 0
     snapshot: BudgetSnapshot | None = None
     request_body: bytes | None = None
@@ -79,8 +76,8 @@ class Exchange:
         out: HeaderList = []
         record = self.record
         if verdict:
-            out.append((b"x-repairproxy-tool-errors", ",".join(self.channels).encode()))
-            out.append((b"x-repairproxy-repairs", str(self.repairs).encode()))
+            out.append((b"x-repairproxy-tool-errors", ",".join(record.channels).encode()))
+            out.append((b"x-repairproxy-repairs", str(record.repair_attempts).encode()))
             if record.promoted:
                 out.append((b"x-repairproxy-promoted", str(record.promoted).encode()))
             if record.promoted_formats:
@@ -90,8 +87,8 @@ class Exchange:
             if invented:
                 shown = ",".join(_header_name(n) for n in invented[:_MAX_HEADER_NAMES])
                 out.append((b"x-repairproxy-unknown-tools", shown.encode()))
-            if self.repair_failed:
-                out.append((b"x-repairproxy-repair-failed", self.repair_failed.encode()))
+            if record.repair_failed:
+                out.append((b"x-repairproxy-repair-failed", record.repair_failed.encode()))
             if record.repair_attempts:
                 out.append(
                     (b"x-repairproxy-repair-prompt-tokens", b"%d" % record.repair_prompt_tokens)
@@ -135,16 +132,16 @@ class Exchange:
     def trailer_comment(self) -> bytes:
         """The verdict for a stream whose headers left before it was known."""
         fields = {
-            "tool-errors": ",".join(self.channels),
-            "repairs": str(self.repairs),
+            "tool-errors": ",".join(self.record.channels),
+            "repairs": str(self.record.repair_attempts),
             "overhead-ms": f"{self.overhead_ms():.3f}",
         }
         if self.record.promoted:
             fields["promoted"] = str(self.record.promoted)
         if self.record.promoted_formats:
             fields["promoted-format"] = _formats(self.record.promoted_formats)
-        if self.repair_failed:
-            fields["repair-failed"] = self.repair_failed
+        if self.record.repair_failed:
+            fields["repair-failed"] = self.record.repair_failed
         if self.record.output is not None:
             fields["output-errors"] = ",".join(self.record.output.caught)
             fields["output-repairs"] = str(self.record.output.repairs)
@@ -165,8 +162,8 @@ class Exchange:
             "stream": record.stream,
             "mode": self.mode,
             "outcome": record.outcome.value,
-            "channels": list(self.channels),
-            "repairs": self.repairs,
+            "channels": list(record.channels),
+            "repairs": record.repair_attempts,
             "latency_ms": round((time.perf_counter() - self.started) * 1000.0, 3),
             "overhead_ms": round(self.overhead_ms(), 3),
             "upstream_calls": self.timer.calls,
@@ -180,8 +177,8 @@ class Exchange:
             event["promoted"] = record.promoted
         if record.promoted_formats:
             event["promoted_format"] = _formats(record.promoted_formats)
-        if self.repair_failed:
-            event["repair_failed"] = self.repair_failed
+        if record.repair_failed:
+            event["repair_failed"] = record.repair_failed
         if record.env_errors:
             event["env_errors"] = list(record.env_errors)
         if record.output is not None:

@@ -228,9 +228,6 @@ class ResponsesCall:
             outcome = await self.pipeline.judge(request, completion, self._reask, ex.record)
         finally:
             ex.snapshot = request.snapshot
-            ex.channels = tuple(c.channel for c in ex.record.caught)
-            ex.repairs = ex.record.repair_attempts
-        ex.channels, ex.repair_failed = outcome.caught, outcome.repair_failed
         await self.pipeline.remember(request, outcome.answer)
         return outcome
 

@@ -102,6 +102,11 @@ class RequestRecord:
     caught: list[CaughtCall] = field(default_factory=list)
     env_errors: list[str] = field(default_factory=list)  # env_* labels newly counted
     repairs: list[RepairResult] = field(default_factory=list)
+    # What the verdict headers and the log line report: every channel caught (the first answer's,
+    # then each re-ask's; the first answer's alone when the request ended in an error), and why a
+    # re-ask could not be made ("timeout", "unavailable", a status code, "bad_answer").
+    channels: tuple[str, ...] = ()
+    repair_failed: str | None = None
     promoted: int = 0
     # The format each promoted text call was written in (``native.FAMILIES``: a model family's
     # native format, or "other"), in order; set where the promotion is made.
