@@ -223,9 +223,7 @@ class Proxy:
         self, scope: Scope, receive: Receive, responder: Responder, ex: Exchange
     ) -> None:
         headers, raw = await self._validated_request(scope, receive, ex)
-        call = ResponsesCall(
-            self.upstream, self.pipeline, ex, scope, headers, self.responses_store
-        )
+        call = ResponsesCall(self.upstream, self.pipeline, ex, scope, headers, self.responses_store)
         request = await call.prepare(raw)
         ex.warn_missing_header = request.episode is not None and request.episode.warn_missing_header
         await cancel_on_disconnect(
