@@ -60,7 +60,7 @@ def pythonic_list(source: str) -> list[tuple[str, dict[str, Any]]] | None:
     try:
         node = ast.parse(source.strip(), mode="eval").body
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
+        return _siblings(source)
     items = node.elts if isinstance(node, (ast.List, ast.Tuple)) else [node]
     calls = []
     for item in items:
@@ -70,6 +70,34 @@ def pythonic_list(source: str) -> list[tuple[str, dict[str, Any]]] | None:
             calls.append(_pythonic_call(item))
         except (Malformed, RecursionError):
             continue  # vLLM drops a call with an unreadable argument and keeps the others
+    return calls or None
+
+
+_SIBLING = re.compile(r"\)\s*,\s*(?=[A-Za-z_][\w.]*\s*\()")
+
+
+def _siblings(source: str) -> list[tuple[str, dict[str, Any]]] | None:
+    """A list Python's grammar refuses as a whole: its calls read one by one (split where one
+    call's ``)`` is followed by ``, name(``), the unreadable ones dropped, as vLLM does."""
+    text = source.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return None
+    inner = text[1:-1]
+    pieces = []
+    position = 0
+    for split in _SIBLING.finditer(inner):
+        pieces.append(inner[position : split.start() + 1])
+        position = split.end()
+    pieces.append(inner[position:])
+    if len(pieces) < 2:
+        return None
+    calls = []
+    for piece in pieces:
+        try:
+            node = ast.parse(piece.strip(), mode="eval").body
+            calls.append(_pythonic_call(node))
+        except (SyntaxError, ValueError, RecursionError, MemoryError, Malformed):
+            continue
     return calls or None
 
 
@@ -307,7 +335,17 @@ def pythonic_bare(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch
             continue
         end = ends.get(start)
         if end is None:
-            continue
+            # A quote the model broke unbalances the brackets: a list that ends its line is
+            # still read (its calls one by one), once per line.
+            line_end = text.find("\n", start)
+            line_end = len(text) if line_end < 0 else line_end
+            scanner.count(line_end - start)
+            consumed = line_end
+            end = line_end
+            while end > start and text[end - 1] in " \t\r":
+                end -= 1
+            if text[end - 1] != "]":
+                continue
         consumed = end
         scanner.count(end - start)
         source = text[start:end]
