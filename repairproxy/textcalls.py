@@ -420,16 +420,57 @@ _REASONING_OPEN = re.compile(rf"<(?:{_REASONING_TAGS})>", re.IGNORECASE)
 _REASONING_CLOSE = re.compile(rf"</(?:{_REASONING_TAGS})>", re.IGNORECASE)
 # Any fence, with its language; an unterminated one runs to the end of the text.
 _ANY_FENCE = re.compile(r"```[ \t]*([^\s`]*)[^\n`]*(?:\n.*?)?(?:```|\Z)", re.DOTALL)
-# Words that make the sentence leading into a call say it is not being made now: it is declined,
-# conditioned, narrated (already done) or an example. Checked on that one sentence only.
-_NOT_NOW = re.compile(
-    r"\b(?:not|never|cannot|can't|won't|wouldn't|shouldn't|don't|didn't|refus\w*|unable|"
-    r"without|unless|if|once|should|would|could|were|whether|in case|might|"
-    r"called|ran|executed|did|was|already|earlier|previous\w*|last|"
-    r"example|e\.g|for instance|such as|looks? like|format|syntax|template|pasted|says|said|"
-    r"quot\w*)\b|n't\b",
-    re.IGNORECASE,
+# Words that make the sentence leading into a call (or the one after it) say it is not being made
+# now: it is declined, conditioned, narrated (already done) or an example. Any word ending in
+# "n't" counts too. Checked on those two sentences only, word by word (one case-insensitive
+# regex alternation of them all measured twice as slow).
+_CUE_WORDS = frozenset(
+    [
+        "not",
+        "never",
+        "cannot",
+        "unable",
+        "without",
+        "unless",
+        "if",
+        "once",
+        "should",
+        "would",
+        "could",
+        "were",
+        "whether",
+        "might",
+        "called",
+        "ran",
+        "executed",
+        "did",
+        "was",
+        "already",
+        "earlier",
+        "last",
+        "example",
+        "format",
+        "syntax",
+        "template",
+        "pasted",
+        "says",
+        "said",
+    ]
 )
+_CUE_PREFIXES = ("refus", "previous", "quot")
+_CUE_PHRASES = ("in case", "for instance", "such as", "looks like", "look like", "e.g")
+_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
+
+
+def _not_now(sentence: str) -> bool:
+    """Whether ``sentence`` declines, conditions, narrates or exemplifies what follows it."""
+    lowered = sentence.lower().replace("\u2019", "'")
+    for word in _WORD.findall(lowered):
+        if word in _CUE_WORDS or word.endswith("n't") or word.startswith(_CUE_PREFIXES):
+            return True
+    return any(phrase in lowered for phrase in _CUE_PHRASES)
+
+
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n")
 _SENTENCE_CHARS = 400
 
@@ -607,10 +648,10 @@ def _standing_reason(rest: str, start: int, end: int) -> NotACall | None:
     # One sentence each side is read (a sentence longer than _SENTENCE_CHARS is cut).
     before = rest[max(0, start - _SENTENCE_CHARS) : start]
     leading = [s for s in _SENTENCE_END.split(before) if s.strip()]
-    if leading and _NOT_NOW.search(leading[-1]):
+    if leading and _not_now(leading[-1]):
         return NotACall.LEAD_IN
     following = [s for s in _SENTENCE_END.split(rest[end : end + _SENTENCE_CHARS]) if s.strip()]
-    if following and _NOT_NOW.search(following[0]):
+    if following and _not_now(following[0]):
         return NotACall.FOLLOWED
     return None
 
