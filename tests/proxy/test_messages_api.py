@@ -500,3 +500,21 @@ def test_prose_then_a_text_call_streams_as_the_buffered_answer(
     assert texts == [b.text for b in buffered.content if b.type == "text"]
     assert all("tool_call" not in t for t in texts)
     assert streamed.stop_reason == buffered.stop_reason == "tool_use"
+
+
+def test_messages_requests_are_counted_under_their_own_api_label(
+    start: Any, upstream: MessagesUpstream
+) -> None:
+    proxy = start()
+    upstream.push([tool_use("lookup_order", GOOD)], [tool_use("get_order_details", GOOD)])
+    _create(_client(proxy), stream=False)
+    exposition = httpx.get(proxy.root_url + "/metrics", timeout=10).text
+    counted = [
+        line
+        for line in exposition.splitlines()
+        if line.startswith("repairproxy_requests_total{") and 'api="messages"' in line
+    ]
+    assert any('outcome="repaired"' in line and line.endswith(" 1.0") for line in counted), counted
+    [logged] = [line for line in proxy.log_lines() if line.get("path") == "/v1/messages"]
+    assert logged["api"] == "messages" and logged["channels"] == ["unknown_tool"]
+    assert "validated" not in logged  # judged, not relayed
