@@ -306,7 +306,19 @@ def test_the_proxy_key_is_accepted_as_x_api_key_and_never_forwarded(
         model="m", max_tokens=16, messages=ASK
     )
     assert message.content[0].text == "hello"
-    assert "x-api-key" not in upstream.headers[0]
+    # this SDK sends the key as a Bearer token; older ones and other tools send x-api-key
+    upstream.push([text("hello again")])
+    body = {"model": "m", "max_tokens": 16, "messages": ASK}
+    response = httpx.post(
+        proxy.base_url + "/messages", json=body, headers={"x-api-key": "secret-1"}, timeout=10
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["content"][0]["text"] == "hello again"
+    assert all("x-api-key" not in sent for sent in upstream.headers)
+    refused = httpx.post(
+        proxy.base_url + "/messages", json=body, headers={"x-api-key": "wrong"}, timeout=10
+    )
+    assert refused.status_code == 401 and refused.json()["type"] == "error"
     with pytest.raises(anthropic.AuthenticationError) as caught:
         _client(proxy, api_key="wrong").messages.create(model="m", max_tokens=16, messages=ASK)
     assert caught.value.body == {
