@@ -530,3 +530,23 @@ def test_messages_requests_are_counted_under_their_own_api_label(
     [logged] = [line for line in proxy.log_lines() if line.get("path") == "/v1/messages"]
     assert logged["api"] == "messages" and logged["channels"] == ["unknown_tool"]
     assert "validated" not in logged  # judged, not relayed
+
+
+def test_an_error_after_the_stream_started_is_one_anthropic_error_event(
+    start: Any, upstream: MessagesUpstream
+) -> None:
+    proxy = start(on_exhausted="error", max_repairs=1)
+    bad = [text("Checking."), tool_use("lookup_order", GOOD)]
+    upstream.push(bad, [tool_use("lookup_order", GOOD)])
+    body = {"model": "m", "max_tokens": 64, "messages": ASK, "tools": TOOLS, "stream": True}
+    response = httpx.post(proxy.base_url + "/messages", json=body, timeout=30)
+    assert response.status_code == 200  # the headers left with the prose
+    lines = response.text.rstrip().splitlines()
+    assert lines[-2] == "event: error"
+    error = orjson.loads(lines[-1][6:])
+    assert error["type"] == "error" and error["error"]["type"] == "api_error"
+    assert "lookup_order" not in response.text  # the invalid call never reached the client
+    upstream.push(bad, [tool_use("lookup_order", GOOD)])
+    with pytest.raises(anthropic.APIStatusError) as caught:  # the SDK raises it as an error
+        _create(_client(proxy), stream=True)
+    assert isinstance(caught.value.body, dict) and caught.value.body["type"] == "error"
