@@ -109,6 +109,13 @@ def analyze(
         raise AnalysisError("no results files given")
     chosen = [(_resolve(r, arms), _resolve(c, arms)) for r, c in pairs] if pairs else []
     summary = build_summary(arms, chosen or _default_pairs(arms), families or None)
+    if not chosen and not default_pairs(arms) and len(arms) == 2:
+        reference, compared = arms[0].label, arms[1].label
+        said = (
+            f"No grid layout: the two files are compared, {reference} as the reference of "
+            f"{compared}."
+        )
+        summary = replace(summary, notes=[said, *summary.notes])
     write_report(summary, out_dir, title)
     return summary
 

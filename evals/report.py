@@ -222,11 +222,12 @@ def pct(value: float | NotAvailable, digits: int = 1) -> str:
     return _na(value) if isinstance(value, NotAvailable) else f"{100 * value:.{digits}f}%"
 
 
-def points(value: Interval | NotAvailable) -> str:
+def points(value: Interval | NotAvailable, digits: int = 1) -> str:
     """A difference of rates in percentage points with its interval."""
     if isinstance(value, NotAvailable):
         return _na(value)
-    return f"{100 * value.estimate:+.1f} [{100 * value.low:+.1f}, {100 * value.high:+.1f}]"
+    e, lo, hi = (100 * v for v in (value.estimate, value.low, value.high))
+    return f"{e:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
 
 
 def estimate(value: Interval | NotAvailable) -> str:
@@ -481,7 +482,8 @@ def _pair_sections(summary: Summary) -> list[Section]:
     )
     for p in summary.pairs:
         if isinstance(p.tost, Tost):
-            tost_text = points(p.tost.interval)
+            # Two decimals: the verdict is the interval, so its ends must read as inside or not.
+            tost_text = points(p.tost.interval, digits=2)
             equivalent = "yes" if p.tost.equivalent else "no"
         else:
             tost_text, equivalent = _na(p.tost), "n/a"

@@ -222,6 +222,7 @@ def test_two_files_outside_a_grid_layout_are_compared_by_default(tmp_path: Path)
     second = write(tmp_path / "b.json", data)
     summary = analyze([f"a={first}", f"b={second}"], None, tmp_path / "out")
     assert [(p.reference, p.compared) for p in summary.pairs] == [("a", "b")]
+    assert summary.notes[0].startswith("No grid layout: the two files are compared, a as")
 
 
 def test_labels_come_from_the_path_as_given_not_the_symlink_target(tmp_path: Path) -> None:
