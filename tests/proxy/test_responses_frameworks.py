@@ -151,6 +151,7 @@ def _agent(
     ran: list[str],
     model: str = "scripted-model",
     tool_choice: str | None = None,
+    timeout: float = 60.0,
     **agent_options: Any,
 ) -> Any:
     from agents import (
@@ -170,7 +171,7 @@ def _agent(
         ran.append(order_id)
         return f"Order {order_id}: delivered"
 
-    client = AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+    client = AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=timeout)
     agent = Agent(
         name="support",
         instructions="You help with orders. Look orders up with get_order_details.",
@@ -301,6 +302,7 @@ def test_agents_sdk_against_zero_config_serve_with_the_embedded_model() -> None:
             ran,
             model=model,
             tool_choice="required",
+            timeout=600.0,  # a CPU model on a busy machine
             tool_use_behavior="stop_on_first_tool",
         )
 
