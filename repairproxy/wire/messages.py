@@ -162,7 +162,11 @@ def _chat_messages(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     role = message.get("role")
     content = message.get("content")
     blocks: list[Any] = (
-        [{"type": "text", "text": content}] if isinstance(content, str) else list(content or ())
+        [{"type": "text", "text": content}]
+        if isinstance(content, str)
+        else list(content)
+        if isinstance(content, list)
+        else []
     )
     if role == "assistant":
         calls = [
@@ -253,7 +257,11 @@ def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]
     if last is not None and last.get("role") == role:
         content = last.get("content")
         previous = (
-            [{"type": "text", "text": content}] if isinstance(content, str) else list(content or ())
+            [{"type": "text", "text": content}]
+            if isinstance(content, str)
+            else list(content)
+            if isinstance(content, list)
+            else []
         )
         last["content"] = [*previous, *blocks]
     else:
@@ -311,11 +319,15 @@ def _tool_result(message: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _not_a_result(block: Any) -> bool:
+    return not (isinstance(block, Mapping) and block.get("type") == "tool_result")
+
+
 def _results_first(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for turn in turns:
         content = turn.get("content")
         if turn.get("role") == "user" and isinstance(content, list):
-            turn["content"] = sorted(content, key=lambda b: b.get("type") != "tool_result")
+            turn["content"] = sorted(content, key=_not_a_result)
     return turns
 
 

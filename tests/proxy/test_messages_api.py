@@ -550,3 +550,23 @@ def test_an_error_after_the_stream_started_is_one_anthropic_error_event(
     with pytest.raises(anthropic.APIStatusError) as caught:  # the SDK raises it as an error
         _create(_client(proxy), stream=True)
     assert isinstance(caught.value.body, dict) and caught.value.body["type"] == "error"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [5, [{"text": "a block without a type"}, 3, None], [{"type": "image", "source": {}}]],
+    ids=["a-number", "odd-blocks", "image-only"],
+)
+def test_odd_content_is_judged_and_forwarded_never_a_500(
+    start: Any, upstream: MessagesUpstream, content: Any
+) -> None:
+    """Content the adapter cannot read is no text to it; the upstream answers it as it would
+    without the proxy (here the invented call is re-asked, so the re-ask carries it too)."""
+    proxy = start()
+    upstream.push([tool_use("lookup_order", GOOD)], [text("ok")])
+    body = {"model": "m", "max_tokens": 16, "tools": TOOLS}
+    body["messages"] = [{"role": "user", "content": content}]
+    response = httpx.post(proxy.base_url + "/messages", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["content"] == [{"type": "text", "text": "ok"}]
+    assert upstream.requests[0]["messages"][0]["content"] == content
