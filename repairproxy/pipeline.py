@@ -107,8 +107,6 @@ class ChatRequest:
     mode: RepairMode
     budget: int | None  # per-request override of the episode budget
     episode: EpisodeRef | None = None
-    episode_id: str | None = None
-    snapshot: BudgetSnapshot | None = None
     forward: ChatRequestBody | None = None  # the body as it goes upstream
     forward_raw: bytes = b""
     probe_added: bool = False  # --margin-probe asked for logprobs the client did not
@@ -201,9 +199,9 @@ class ChatPipeline:
         budget = self.budget
         ref = episode or await budget.resolve_episode(headers, request.body)
         request.episode = ref
-        request.episode_id = ref.id
+        record.episode_id = ref.id
         snapshot = await budget.observe_request(ref, request.body, request.budget)
-        request.snapshot = snapshot
+        record.snapshot = snapshot
         record.env_errors = list(snapshot.new_env_errors)
         # An unknown budget (shared store down) is not observed: no ladder rung, no histogram.
         record.episode = (
@@ -410,7 +408,7 @@ class ChatPipeline:
                 budget=snapshot.budget,
                 exhausted=snapshot.exhausted,
             )
-        request.snapshot = snapshot
+        record.snapshot = snapshot
 
     async def episode_of_response(
         self, headers: Mapping[str, str], previous_response_id: Any

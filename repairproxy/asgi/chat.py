@@ -83,10 +83,7 @@ class ChatCall:
 
     async def _judge(self, completion: ChatCompletion) -> ChatOutcome:
         ex = self.ex
-        try:
-            outcome = await self.pipeline.judge(self.request, completion, self._reask, ex.record)
-        finally:
-            ex.snapshot = self.request.snapshot
+        outcome = await self.pipeline.judge(self.request, completion, self._reask, ex.record)
         ex.choice_channels = _choice_channels(self.request, outcome)
         await self.pipeline.remember(self.request, outcome.answer)
         return outcome

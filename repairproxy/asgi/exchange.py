@@ -58,11 +58,9 @@ class Exchange:
     path: str
     timer: UpstreamTimer = field(default_factory=UpstreamTimer)
     record: RequestRecord = field(default_factory=RequestRecord)
-    episode_id: str | None = None  # for the log line, even before a snapshot exists
     warn_missing_header: bool = False  # the first request without an episode header
     mode: str | None = None
     status: int = 0
-    snapshot: BudgetSnapshot | None = None
     request_body: bytes | None = None
     response_body: bytes | None = None
     # With n > 1: each choice's error channels, in choice order (x-repairproxy-choice-tool-errors)
@@ -116,7 +114,7 @@ class Exchange:
                     for index, channels in enumerate(self.choice_channels)
                 )
                 out.append((b"x-repairproxy-choice-tool-errors", per_choice.encode()))
-        snapshot = self.snapshot
+        snapshot = record.snapshot
         if snapshot is not None:
             out.append(
                 (b"x-repairproxy-episode-id", snapshot.episode_id.encode("latin-1", "replace"))
@@ -145,8 +143,8 @@ class Exchange:
         if self.record.output is not None:
             fields["output-errors"] = ",".join(self.record.output.caught)
             fields["output-repairs"] = str(self.record.output.repairs)
-        if self.snapshot is not None:
-            fields["episode-errors"], fields["budget-remaining"] = _counts(self.snapshot)
+        if self.record.snapshot is not None:
+            fields["episode-errors"], fields["budget-remaining"] = _counts(self.record.snapshot)
         return comment_event("x-repairproxy " + " ".join(f"{k}={v}" for k, v in fields.items()))
 
     def log_event(self, status: int, *, log_bodies: bool) -> dict[str, Any]:
@@ -158,7 +156,7 @@ class Exchange:
             "api": record.api.value,
             "status": status,
             "model": record.model,
-            "episode_id": self.episode_id,
+            "episode_id": record.episode_id,
             "stream": record.stream,
             "mode": self.mode,
             "outcome": record.outcome.value,
@@ -186,10 +184,11 @@ class Exchange:
             event["output_repairs"] = record.output.repairs
             if record.output.error_paths:
                 event["output_error_paths"] = list(record.output.error_paths)
-        if self.snapshot is not None:
-            unknown = self.snapshot.unknown
-            event["episode_errors"] = "unknown" if unknown else self.snapshot.errors
-            event["budget_remaining"] = "unknown" if unknown else self.snapshot.remaining
+        snapshot = record.snapshot
+        if snapshot is not None:
+            unknown = snapshot.unknown
+            event["episode_errors"] = "unknown" if unknown else snapshot.errors
+            event["budget_remaining"] = "unknown" if unknown else snapshot.remaining
         if log_bodies:
             event["request_body"] = (
                 self.request_body.decode("utf-8", "replace") if self.request_body else None

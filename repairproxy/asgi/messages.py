@@ -214,10 +214,7 @@ class MessagesCall:
         request = pipeline.parse_body(chat, raw, self.headers, ex.record)
         ex.record.stream = self.stream
         ex.mode = request.mode.value
-        try:
-            await pipeline.admit(request, self.headers, ex.record)
-        finally:
-            ex.episode_id, ex.snapshot = request.episode_id, request.snapshot
+        await pipeline.admit(request, self.headers, ex.record)
         if self.native:
             forward = body
             if request.tools is not None and instructs(request.mode):
@@ -264,12 +261,9 @@ class MessagesCall:
         """The Messages answer to deliver and whether it differs from the upstream's first."""
         assert self.request is not None
         ex, request = self.ex, self.request
-        try:
-            outcome = await self.pipeline.judge(
-                request, cast(ChatCompletion, completion), self._reask, ex.record
-            )
-        finally:
-            ex.snapshot = request.snapshot
+        outcome = await self.pipeline.judge(
+            request, cast(ChatCompletion, completion), self._reask, ex.record
+        )
         answer = cast(dict[str, Any], outcome.answer)
         if self._first is not None:
             final = to_message(answer, self._first) if outcome.changed else self._first

@@ -175,10 +175,7 @@ class ResponsesCall:
             linked = EpisodeRef(stored.episode_id, explicit=False, new=False, tenant=tenant)
         else:
             linked = None
-        try:
-            await pipeline.admit(request, self.headers, ex.record, episode=linked)
-        finally:
-            ex.episode_id, ex.snapshot = request.episode_id, request.snapshot
+        await pipeline.admit(request, self.headers, ex.record, episode=linked)
         self.request = request
         if self.translate:
             self._prepare_chat(request)
@@ -224,10 +221,7 @@ class ResponsesCall:
         """The pipeline's verdict on one chat-shaped answer, its figures kept on the exchange."""
         assert self.request is not None
         ex, request = self.ex, self.request
-        try:
-            outcome = await self.pipeline.judge(request, completion, self._reask, ex.record)
-        finally:
-            ex.snapshot = request.snapshot
+        outcome = await self.pipeline.judge(request, completion, self._reask, ex.record)
         await self.pipeline.remember(request, outcome.answer)
         return outcome
 
@@ -280,7 +274,7 @@ class ResponsesCall:
         record = StoredResponse(
             self.conversation,
             dict(final),
-            self.request.episode_id,
+            self.ex.record.episode_id,
             model if isinstance(model, str) else None,
         )
         await self.store.put(self.tenant, response_id, record)

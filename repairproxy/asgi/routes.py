@@ -208,10 +208,7 @@ class Proxy:
         pipeline = self.pipeline
         request = pipeline.parse(raw, headers, ex.record)
         ex.mode = request.mode.value
-        try:
-            await pipeline.admit(request, headers, ex.record)
-        finally:
-            ex.episode_id, ex.snapshot = request.episode_id, request.snapshot
+        await pipeline.admit(request, headers, ex.record)
         ex.warn_missing_header = request.episode is not None and request.episode.warn_missing_header
         pipeline.prepare_forward(request)
         call = ChatCall(self.upstream, self.pipeline, ex, request, scope, self.settings.log_bodies)

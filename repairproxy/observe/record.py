@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from repairproxy.types import API, Outcome
+
+if TYPE_CHECKING:  # the record only carries the snapshot: observe does not depend on episodes
+    from repairproxy.episodes.budget import BudgetSnapshot
 
 __all__ = [
     "CaughtCall",
@@ -102,6 +105,8 @@ class RequestRecord:
     caught: list[CaughtCall] = field(default_factory=list)
     env_errors: list[str] = field(default_factory=list)  # env_* labels newly counted
     repairs: list[RepairResult] = field(default_factory=list)
+    episode_id: str | None = None  # set once the episode is known, even before its snapshot
+    snapshot: BudgetSnapshot | None = None  # the episode's count after the last observation
     # What the verdict headers and the log line report: every channel caught (the first answer's,
     # then each re-ask's; the first answer's alone when the request ended in an error), and why a
     # re-ask could not be made ("timeout", "unavailable", a status code, "bad_answer").

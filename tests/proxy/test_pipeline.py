@@ -104,12 +104,12 @@ async def decide(
 
 async def test_a_valid_answer_passes_unchanged_and_charges_nothing() -> None:
     first = completion(VALID)
-    request, outcome, record = await decide(pipeline(), first, ScriptedSend())
+    _, outcome, record = await decide(pipeline(), first, ScriptedSend())
     assert outcome.answer == first and not outcome.changed
     assert outcome.caught == () and outcome.repairs == 0
     assert record.outcome is Outcome.OK and record.tool_calls == 1 and record.caught == []
     assert record.model == "m" and record.served_model == "served-m"
-    assert request.snapshot is not None and request.snapshot.errors == 0
+    assert record.snapshot is not None and record.snapshot.errors == 0
     assert record.episode is not None and record.episode.explicit and record.episode.new
 
 
@@ -129,9 +129,7 @@ async def test_the_instruction_goes_upstream_in_reflexive_and_not_in_off() -> No
 async def test_a_hallucinated_call_is_re_asked_and_the_fixed_answer_returned() -> None:
     send = ScriptedSend(completion(VALID))
     streamed = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
-    request, outcome, record = await decide(
-        pipeline(), completion(HALLUCINATED), send, body=streamed
-    )
+    _, outcome, record = await decide(pipeline(), completion(HALLUCINATED), send, body=streamed)
     assert record.stream and len(send.requests) == 1
     reask = send.requests[0]
     # Re-asks are buffered, whatever the client asked.
@@ -144,17 +142,17 @@ async def test_a_hallucinated_call_is_re_asked_and_the_fixed_answer_returned() -
     assert record.outcome is Outcome.REPAIRED and record.repair_attempts == 1
     assert [r.result for r in record.repairs] == [RepairResultKind.FIXED]
     # The first answer's error is charged to the episode, even though the client never saw it.
-    assert request.snapshot is not None and request.snapshot.errors == 1
+    assert record.snapshot is not None and record.snapshot.errors == 1
 
 
 async def test_repair_off_observes_and_forwards_the_invalid_answer() -> None:
     first = completion(HALLUCINATED)
     send = ScriptedSend()
-    request, outcome, record = await decide(pipeline(repair="off"), first, send)
+    _, outcome, record = await decide(pipeline(repair="off"), first, send)
     assert send.requests == [] and outcome.answer == first
     assert outcome.caught == ("unknown_tool",) and outcome.repairs == 0
     assert record.outcome is Outcome.OK and [c.channel for c in record.caught] == ["unknown_tool"]
-    assert request.snapshot is not None and request.snapshot.errors == 1
+    assert record.snapshot is not None and record.snapshot.errors == 1
 
 
 async def test_exhausted_repair_with_on_exhausted_error_raises_and_still_charges() -> None:
@@ -168,7 +166,7 @@ async def test_exhausted_repair_with_on_exhausted_error_raises_and_still_charges
         await chat.judge(request, cast(ChatCompletion, completion(HALLUCINATED)), send, record)
     assert record.outcome is Outcome.REPAIR_EXHAUSTED and record.repair_attempts == 1
     assert [r.result for r in record.repairs] == [RepairResultKind.FAILED]
-    assert request.snapshot is not None and request.snapshot.errors == 1
+    assert record.snapshot is not None and record.snapshot.errors == 1
 
 
 async def test_a_spent_budget_rejects_an_explicit_episode_before_the_upstream() -> None:
