@@ -110,8 +110,8 @@ class RepairOutcome:
     caught: tuple[Channel, ...]  # every invalid channel seen: first answer, then each re-ask's
     first_verdict: MessageVerdict
     exhausted: bool
-    # Ids of invalid calls in the returned answer (they reach the client): pass them to
-    # ErrorBudget.observe_answer(delivered_call_ids=...) so their error results are not recounted.
+    # Ids of the invalid calls in the returned answer (they reach the client); the budget is told
+    # of them through ``delivered_invalid``.
     delivered_invalid_call_ids: tuple[str, ...] = ()
     promoted: int = 0  # calls written as text returned as real tool calls
     caught_calls: tuple[CaughtCall, ...] = ()  # the first answer's invalid calls, with detail

@@ -119,7 +119,7 @@ class MessageVerdict:
 
     @property
     def error_call_ids(self) -> tuple[str, ...]:
-        """Ids of the non-valid calls (for ``ErrorBudget.observe_answer(delivered_call_ids=)``)."""
+        """Ids of the non-valid calls, in order."""
         return tuple(
             call.call_id
             for call in self.calls
