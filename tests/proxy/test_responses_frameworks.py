@@ -391,3 +391,48 @@ def test_the_openai_npm_client_streams_a_repaired_answer(
     assert result["ids"] == [result["id"]]  # one identity from response.created to the end
     assert [item["type"] for item in result["output"]] == ["message", "function_call"]
     assert result["output"][1]["name"] == "get_order_details"
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_pydantic_ai_on_a_chat_only_upstream(
+    streamed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pydantic-ai's ``openai:`` model (Responses) against a proxy whose upstream serves chat
+    completions only: translated both ways, the invented name repaired."""
+    from pydantic_ai import Agent
+
+    from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
+
+    ran: list[str] = []
+    with ScriptedUpstream() as chat:
+        chat.push(
+            completion(tool_calls=[tool_call("lookup_order", GOOD)]),
+            completion(tool_calls=[tool_call("get_order_details", GOOD)]),
+            completion(content="Your order #W1 was delivered."),
+        )
+        settings = Settings(upstream=chat.base_url, upstream_apis=("chat",), repair="reflexive")
+        with running_proxy(settings) as proxy:
+            monkeypatch.setenv("OPENAI_BASE_URL", proxy.base_url)
+            monkeypatch.setenv("OPENAI_API_KEY", "x")
+            agent = Agent("openai:scripted-model", instructions="You help with orders.")
+
+            @agent.tool_plain
+            def get_order_details(order_id: str) -> str:
+                """Get the status of an order."""
+                ran.append(order_id)
+                return f"Order {order_id}: delivered"
+
+            async def run() -> str:
+                async with agent:
+                    if streamed:
+                        async with agent.run_stream("Where is my order #W1?") as result:
+                            return str(await result.get_output())
+                    return str((await agent.run("Where is my order #W1?")).output)
+
+            final = asyncio.run(run())
+            lines = _budget_lines(proxy)
+        paths = {r.path for r in chat.requests}
+    assert final == "Your order #W1 was delivered."
+    assert ran == ["#W1"]
+    assert paths == {"/v1/chat/completions"}
+    assert lines[0] == (["unknown_tool"], 1)
