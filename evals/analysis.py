@@ -44,6 +44,7 @@ __all__ = [
     "build_summary",
     "classify_error",
     "default_pairs",
+    "family_of",
     "load_arm",
     "pair_label",
     "read_episodes",
@@ -924,17 +925,21 @@ def assign_families(
         if families is None:
             out.append(_built_in_family(reference, compared))
             continue
-        label = pair_label(reference.label, compared.label)
-        chosen = next(
-            (
-                name
-                for name, patterns in families.items()
-                if any(fnmatch.fnmatchcase(label, pattern) for pattern in patterns)
-            ),
-            OTHER_FAMILY,
-        )
-        out.append(chosen)
+        out.append(family_of(pair_label(reference.label, compared.label), families))
     return out
+
+
+def family_of(label: str, families: Mapping[str, Sequence[str]]) -> str:
+    """The first family with a pattern matching ``label`` (``REFERENCE vs COMPARED``), else
+    ``OTHER_FAMILY``."""
+    return next(
+        (
+            name
+            for name, patterns in families.items()
+            if any(fnmatch.fnmatchcase(label, pattern) for pattern in patterns)
+        ),
+        OTHER_FAMILY,
+    )
 
 
 @dataclass(frozen=True)

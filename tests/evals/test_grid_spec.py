@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import sys
 import tomllib
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from evals.analysis import family_of
 from evals.grid import (
     REPAIR_MODES,
     EmbeddedLaunch,
@@ -21,7 +23,7 @@ from evals.grid import (
 )
 from evals.logs import AgentInfo, EnvironmentInfo, Info, UserInfo, resume_differences
 from evals.provenance import PROVENANCE_FILE, cell_provenance
-from evals.repair_ablation import plan_runs
+from evals.repair_ablation import analysis_pairs, plan_runs
 from tests.evals.conftest import REPO_ROOT
 
 GRIDS = REPO_ROOT / "evals" / "grids"
@@ -190,6 +192,17 @@ def test_the_paper_grid(tau2_data_dir: Path) -> None:
     assert [p.episodes for p in planned] == [456] * 5
     planned = plan_runs(grid, grid.select(["telecom-gemma4-moe-fp8-*"]), Path("/x"), tau2_data_dir)
     assert [p.episodes for p in planned] == [456] * 5
+    # The Holm families the paper grid fixes, over all of its 176 comparisons.
+    everything = plan_runs(grid, grid.select(None), Path("/x"), tau2_data_dir)
+    labels = [
+        f"{a.parent.parent.name}/{a.parent.name} vs {b.parent.parent.name}/{b.parent.name}"
+        for a, b in analysis_pairs(grid, everything)
+    ]
+    assert Counter(family_of(label, grid.families) for label in labels) == {
+        "precision cells at mode off": 16,
+        "repair-mode comparisons": 96,
+        "other comparisons": 64,
+    }
 
 
 def test_the_cpu_grid(tau2_data_dir: Path) -> None:
