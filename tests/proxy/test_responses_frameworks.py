@@ -436,3 +436,31 @@ def test_pydantic_ai_on_a_chat_only_upstream(
     assert ran == ["#W1"]
     assert paths == {"/v1/chat/completions"}
     assert lines[0] == (["unknown_tool"], 1)
+
+
+def test_agents_sdk_full_history_run_stays_one_episode(upstream: ResponsesUpstream) -> None:
+    """The Agents SDK resends the whole history each turn (its default, no previous_response_id);
+    an answer holding text and a call must not start a new episode on the next turn."""
+    from agents import Runner
+
+    upstream.push(
+        [message("Let me check."), function_call("get_order_details", GOOD)],
+        [message("Your order #W1 was delivered.")],
+    )
+    ran: list[str] = []
+    with running_proxy(Settings(upstream=upstream.base_url, repair="reflexive")) as proxy:
+        agent, client = _agent(proxy.base_url, ran)
+
+        async def run() -> str:
+            async with client:
+                return str((await Runner.run(agent, "Where is my order #W1?")).final_output)
+
+        final = asyncio.run(run())
+        episodes = [
+            line.get("episode_id")
+            for line in proxy.log_lines()
+            if line.get("path") == "/v1/responses"
+        ]
+    assert final == "Your order #W1 was delivered."
+    assert ran == ["#W1"]
+    assert len(episodes) == 2 and episodes[0] == episodes[1], episodes
