@@ -1,5 +1,6 @@
-"""The ASGI layer: routes, the per-request exchange (headers, trailer), chat and Responses
-framing over HTTP, and the stream gate that holds tool-call deltas until a call is whole."""
+"""The ASGI layer: routes, the per-request exchange (headers, trailer), chat, Responses and
+Messages framing over HTTP, and the stream gate that holds tool-call deltas until a call is
+whole."""
 
 from repairproxy._exports import lazy_exports
 
@@ -9,6 +10,7 @@ __all__, __getattr__ = lazy_exports(
         "Proxy": "routes",
         "ChatCall": "chat",
         "ResponsesCall": "responses",
+        "MessagesCall": "messages",
         "Exchange": "exchange",
         "Responder": "responder",
         "ClientDisconnectedError": "responder",

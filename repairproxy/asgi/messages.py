@@ -6,8 +6,9 @@ The decisions are the chat pipeline's (``pipeline.py``), reached through the ada
 ``/v1/messages`` gets the request in its own shape, re-asks included; one that serves chat
 completions only (the embedded model, llama.cpp) gets the chat view, and its answer is turned into
 a Messages answer here, streamed as the events a Messages stream has. The answer keeps the first
-upstream message's id; its usage counts every attempt. Text flows at once unless it could open a
-call written as text; ``ping`` events keep a stream alive while a held call is repaired.
+upstream message's id; its usage counts every attempt. Text flows until it could open a call
+written as text (the chat stream gate decides, per text block); ``ping`` events keep a stream
+alive while a held call is repaired.
 """
 
 from __future__ import annotations
@@ -213,7 +214,6 @@ class MessagesCall:
         chat.pop("stream", None)  # re-asks and translated requests are answered whole
         request = pipeline.parse_body(chat, raw, self.headers, ex.record)
         ex.record.stream = self.stream
-        ex.mode = request.mode.value
         await pipeline.admit(request, self.headers, ex.record)
         if self.native:
             forward = body
