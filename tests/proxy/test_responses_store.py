@@ -203,7 +203,17 @@ def test_a_repaired_answer_continues_without_the_repair_turns_or_old_instruction
 def test_stored_responses_are_served_by_id_for_their_tenant_only(
     start: Any, upstream: ResponsesUpstream
 ) -> None:
-    proxy = start(repair="promote", api_keys=("key-a", "key-b"))
+    _served_by_tenant(start(repair="promote", api_keys=("key-a", "key-b")), upstream)
+
+
+def test_stored_responses_are_served_by_tenant_from_redis(
+    start: Any, upstream: ResponsesUpstream, redis: RedisServer
+) -> None:
+    proxy = start(repair="promote", api_keys=("key-a", "key-b"), episode_store=redis.url)
+    _served_by_tenant(proxy, upstream)
+
+
+def _served_by_tenant(proxy: RunningProxy, upstream: ResponsesUpstream) -> None:
     a, b = _client(proxy, "key-a"), _client(proxy, "key-b")
     upstream.push([message(TEXT_CALL)])
     first = a.responses.create(model="m", input="Where is #W1?", tools=TOOLS)
