@@ -185,6 +185,7 @@ class ChatPipeline:
             cast(ChatRequestBody, body), raw, tools, self._mode(headers), self._budget(headers)
         )
         request.output = self.formats.compile(body)
+        record.mode = request.mode
         return request
 
     async def admit(
@@ -200,6 +201,7 @@ class ChatPipeline:
         ref = episode or await budget.resolve_episode(headers, request.body)
         request.episode = ref
         record.episode_id = ref.id
+        record.warn_missing_header = ref.warn_missing_header
         snapshot = await budget.observe_request(ref, request.body, request.budget)
         record.snapshot = snapshot
         record.env_errors = list(snapshot.new_env_errors)

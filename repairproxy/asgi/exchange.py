@@ -58,8 +58,6 @@ class Exchange:
     path: str
     timer: UpstreamTimer = field(default_factory=UpstreamTimer)
     record: RequestRecord = field(default_factory=RequestRecord)
-    warn_missing_header: bool = False  # the first request without an episode header
-    mode: str | None = None
     status: int = 0
     request_body: bytes | None = None
     response_body: bytes | None = None
@@ -158,7 +156,7 @@ class Exchange:
             "model": record.model,
             "episode_id": record.episode_id,
             "stream": record.stream,
-            "mode": self.mode,
+            "mode": record.mode.value if record.mode is not None else None,
             "outcome": record.outcome.value,
             "channels": list(record.channels),
             "repairs": record.repair_attempts,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any, TypeVar, cast
@@ -109,6 +110,16 @@ def _anthropic_error(reply: UpstreamReply) -> UpstreamReply:
     headers = [(n, v) for n, v in reply.headers if n.lower() != b"content-type"]
     content = orjson.dumps(error_body(reply.status_code, message))
     return UpstreamReply(reply.status_code, [*headers, _JSON], content)
+
+
+def _content_of(chunk: Mapping[str, Any]) -> str:
+    """The text a chat stream chunk adds to choice 0."""
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+        return ""
+    delta = choices[0].get("delta")
+    text = delta.get("content") if isinstance(delta, Mapping) else None
+    return text if isinstance(text, str) else ""
 
 
 def _payload(data: bytes | None) -> dict[str, Any]:
@@ -332,18 +343,116 @@ class MessagesCall:
                 await self._relay(timed(response.iter_body(), ex.timer), responder, headers)
 
     async def _translated_stream(self, responder: Responder) -> None:
-        """A chat upstream is asked for the whole answer; the client gets it as Messages events."""
-        reply, completion = await self._first_answer()
-        if completion is None:
-            await self._whole(responder, reply, reply.content)
+        """A chat upstream's stream, gated as chat streams are (prose flows, calls and text that
+        could be a call are held), re-framed as Messages events; the rest once judged."""
+        ex, upstream = self.ex, self.upstream
+        assert self.request is not None
+        forward = dict(self.request.forward or self.request.body)
+        forward.update(stream=True, stream_options={"include_usage": True})
+        async with upstream.stream(
+            "POST", CHAT_PATH, self.out_headers, orjson.dumps(forward), ex.timer
+        ) as response:
+            content_type = response.header(b"content-type") or b""
+            if response.status_code != 200 or b"text/event-stream" not in content_type:
+                with upstream.reading():
+                    content = await response.read()
+                reply = UpstreamReply(response.status_code, response.headers, content)
+                if response.status_code >= 300:
+                    ex.record.outcome = Outcome.UPSTREAM_ERROR
+                    reply = _anthropic_error(reply)
+                    await self._whole(responder, reply, reply.content)
+                    return
+                final, _ = await self._judge(_completion_of(content, response.status_code))
+                await self._events(responder, message_events(final))
+                return
+            ex.status = 200
+            with upstream.reading():
+                await self._relay_chat(timed(response.iter_body(), ex.timer), responder)
+
+    async def _events(self, responder: Responder, events: list[dict[str, Any]]) -> None:
+        """Events to end the stream with: the whole stream (headers with the verdict) when
+        nothing went out yet, else the rest with the verdict comment before the last one."""
+        ex = self.ex
+        framed = [sse(event) for event in events]
+        if not responder.started:
+            headers: HeaderList = [_SSE, (b"cache-control", b"no-cache"), *ex.proxy_headers()]
+            await responder.start(200, headers)
+            responder.first_byte_at = time.perf_counter()
+        else:
+            framed.insert(max(len(framed) - 1, 0), ex.trailer_comment())
+        await responder.body(b"".join(framed), more=False)
+
+    async def _relay_chat(self, chunks: AsyncIterator[bytes], responder: Responder) -> None:
+        ex, request = self.ex, self.request
+        assert request is not None
+        message_id = f"msg_{secrets.token_hex(12)}"
+        model = self.body.get("model")
+        gate = ToolCallGate(
+            hold_text=request.tools is not None and text_calls_allowed(request.body)
+        )
+        parser = SSEParser()
+        opened = False  # text block 0 started
+
+        async def release(raws: list[bytes]) -> None:
+            nonlocal opened
+            for raw in raws:
+                for event in SSEParser().feed(raw):
+                    piece = _content_of(_payload(event.data))
+                    if not piece:
+                        continue
+                    out: list[dict[str, Any]] = []
+                    if not responder.started:
+                        headers: HeaderList = [_SSE, (b"cache-control", b"no-cache")]
+                        await responder.start(200, [*headers, *ex.proxy_headers(verdict=False)])
+                        responder.first_byte_at = time.perf_counter()
+                        started: dict[str, Any] = {
+                            "id": message_id,
+                            "type": "message",
+                            "role": "assistant",
+                            "model": model,
+                            "content": [],
+                            "stop_reason": None,
+                            "stop_sequence": None,
+                            "usage": {"input_tokens": 0, "output_tokens": 0},
+                        }
+                        out += [{"type": "message_start", "message": started}, {"type": "ping"}]
+                    if not opened:
+                        block = {"type": "text", "text": ""}
+                        out.append(
+                            {"type": "content_block_start", "index": 0, "content_block": block}
+                        )
+                        opened = True
+                    delta = {"type": "text_delta", "text": piece}
+                    out.append({"type": "content_block_delta", "index": 0, "delta": delta})
+                    await responder.body(b"".join(sse(e) for e in out))
+
+        async for chunk in chunks:
+            for event in parser.feed(chunk):
+                await release(gate.feed(event))
+        for event in parser.flush():
+            await release(gate.feed(event))
+        completion = gate.assembler.completion()
+        if not isinstance(completion.get("choices"), list) or not gate.assembler.meta:
+            raise UpstreamBadAnswerError("the upstream's chat stream held no chat completion")
+        final, _ = await self._pinging(responder, self._judge(completion))
+        final["id"] = message_id
+        if not opened:
+            await self._events(responder, message_events(final, preamble=not responder.started))
             return
-        final, _ = await self._judge(completion)
-        self.ex.status = 200
-        events = b"".join(sse(event) for event in message_events(final))
-        headers: HeaderList = [_SSE, (b"cache-control", b"no-cache"), *self.ex.proxy_headers()]
-        await responder.start(200, headers)
-        responder.first_byte_at = time.perf_counter()
-        await responder.body(events, more=False)
+        content = list(final.get("content") or ())
+        text = "".join(str(b.get("text", "")) for b in content if b.get("type") == "text")
+        left = gate.unsent({"choices": [{"message": {"content": text}}]})
+        more = left["choices"][0]["message"].get("content")
+        events: list[dict[str, Any]] = []
+        if more:
+            delta = {"type": "text_delta", "text": more}
+            events.append({"type": "content_block_delta", "index": 0, "delta": delta})
+        events.append({"type": "content_block_stop", "index": 0})
+        others = [b for b in content if b.get("type") != "text"]
+        shown = {**final, "content": [{}, *others]}
+        await self._events(
+            responder, [*events, *message_events(shown, first_block=1, preamble=False)]
+        )
 
     async def _pinging(self, responder: Responder, work: Awaitable[_T]) -> _T:
         """``work``'s result; a stream already under way gets a ``ping`` every PING_SECONDS."""

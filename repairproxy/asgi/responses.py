@@ -168,7 +168,6 @@ class ResponsesCall:
             if self.translate and isinstance(previous, str):
                 raise _unknown_previous(previous)  # a chat upstream has no store to ask
         request = pipeline.parse_body(to_chat_body(view), raw, self.headers, ex.record)
-        ex.mode = request.mode.value
         if stored is None:
             linked = await pipeline.episode_of_response(self.headers, previous)
         elif stored.episode_id and pipeline.settings.episode_header not in self.headers:

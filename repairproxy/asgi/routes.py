@@ -207,9 +207,7 @@ class Proxy:
         headers, raw = await self._validated_request(scope, receive, ex)
         pipeline = self.pipeline
         request = pipeline.parse(raw, headers, ex.record)
-        ex.mode = request.mode.value
         await pipeline.admit(request, headers, ex.record)
-        ex.warn_missing_header = request.episode is not None and request.episode.warn_missing_header
         pipeline.prepare_forward(request)
         call = ChatCall(self.upstream, self.pipeline, ex, request, scope, self.settings.log_bodies)
         await cancel_on_disconnect(
@@ -222,7 +220,6 @@ class Proxy:
         headers, raw = await self._validated_request(scope, receive, ex)
         call = ResponsesCall(self.upstream, self.pipeline, ex, scope, headers, self.responses_store)
         request = await call.prepare(raw)
-        ex.warn_missing_header = request.episode is not None and request.episode.warn_missing_header
         await cancel_on_disconnect(
             call.stream(responder) if request.stream else call.buffered(responder), receive
         )
@@ -233,8 +230,7 @@ class Proxy:
         headers, raw = await self._validated_request(scope, receive, ex)
         native = "messages" in self.settings.native_apis()
         call = MessagesCall(self.upstream, self.pipeline, ex, scope, headers, native=native)
-        request = await call.prepare(raw)
-        ex.warn_missing_header = request.episode is not None and request.episode.warn_missing_header
+        await call.prepare(raw)
         await cancel_on_disconnect(
             call.stream_answer(responder) if call.stream else call.buffered(responder), receive
         )
@@ -359,7 +355,7 @@ class Proxy:
         event = ex.log_event(status, log_bodies=self.settings.log_bodies)
         if ex.path not in _VALIDATED:
             event["validated"] = False
-        if ex.warn_missing_header:  # once per process, in the request's own line
+        if record.warn_missing_header:  # once per process, in the request's own line
             event["warning"] = (
                 f"no {self.settings.episode_header} header: episodes are chained by conversation "
                 "history; identical concurrent conversations cannot be told apart without it"

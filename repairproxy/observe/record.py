@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from repairproxy.types import API, Outcome
+from repairproxy.types import API, Outcome, RepairMode
 
 if TYPE_CHECKING:  # the record only carries the snapshot: observe does not depend on episodes
     from repairproxy.episodes.budget import BudgetSnapshot
@@ -105,7 +105,9 @@ class RequestRecord:
     caught: list[CaughtCall] = field(default_factory=list)
     env_errors: list[str] = field(default_factory=list)  # env_* labels newly counted
     repairs: list[RepairResult] = field(default_factory=list)
+    mode: RepairMode | None = None  # the repair mode the request runs under (header or default)
     episode_id: str | None = None  # set once the episode is known, even before its snapshot
+    warn_missing_header: bool = False  # the first request without an episode header
     snapshot: BudgetSnapshot | None = None  # the episode's count after the last observation
     # What the verdict headers and the log line report: every channel caught (the first answer's,
     # then each re-ask's; the first answer's alone when the request ended in an error), and why a

@@ -198,3 +198,14 @@ async def test_tool_choice_none_leaves_text_alone() -> None:
     _, outcome, record = await decide(pipeline(), first, send, body=body)
     assert send.requests == [] and outcome.answer == first and outcome.first_verdict is None
     assert record.caught == [] and record.outcome is Outcome.OK
+
+
+async def test_the_record_says_the_mode_and_warns_once_about_a_missing_episode_header() -> None:
+    chat = pipeline()
+    records = []
+    for headers in ({}, {}, EPISODE):
+        _, _, record = await decide(chat, completion(VALID), ScriptedSend(), headers=headers)
+        records.append(record)
+    assert [r.warn_missing_header for r in records] == [True, False, False]
+    assert all(r.mode is RepairMode.REFLEXIVE for r in records)
+    assert records[2].episode_id == "ep-1" and records[0].episode_id not in (None, "ep-1")
