@@ -73,6 +73,8 @@ class Exchange:
         record = self.record
         if verdict:
             out.append((b"x-repairproxy-tool-errors", ",".join(record.channels).encode()))
+            if record.repair_attempts:  # tool-errors then lists every attempt's channels
+                out.append((b"x-repairproxy-first-tool-errors", _first(record).encode()))
             out.append((b"x-repairproxy-repairs", str(record.repair_attempts).encode()))
             if record.promoted:
                 out.append((b"x-repairproxy-promoted", str(record.promoted).encode()))
@@ -132,6 +134,8 @@ class Exchange:
             "repairs": str(self.record.repair_attempts),
             "overhead-ms": f"{self.overhead_ms():.3f}",
         }
+        if self.record.repair_attempts:
+            fields["first-tool-errors"] = _first(self.record)
         if self.record.promoted:
             fields["promoted"] = str(self.record.promoted)
         if self.record.promoted_formats:
@@ -195,3 +199,9 @@ class Exchange:
                 self.response_body.decode("utf-8", "replace") if self.response_body else None
             )
         return event
+
+
+def _first(record: RequestRecord) -> str:
+    """The first answer's channels alone (``tool-errors`` adds each re-ask's): the study counts
+    "caught in the first answer" from it."""
+    return ",".join(dict.fromkeys(str(call.channel) for call in record.caught))
