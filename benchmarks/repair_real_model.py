@@ -215,7 +215,7 @@ def _run_arm(label: str, upstream: str, args: argparse.Namespace) -> None:
             print(f"\n== {label}: {len(prompts)} prompts, upstream {upstream}", flush=True)
             header = ("mode", "invalid answers", "right tool", "promoted", "repairs", "s/answer")
             print("{:<12} {:>15} {:>10} {:>8} {:>7} {:>8}".format(*header), flush=True)
-            for mode in args.modes:
+            for mode in args.modes if prompts else ():
                 result = _run_mode(client, args.model, mode, prompts, args.verbose, args.max_tokens)
                 print(
                     f"{mode:<12} {result['invalid_answers']:>9}/{len(prompts):<5} "

@@ -20,6 +20,7 @@ from repairproxy.validation import CallVerdict, Channel, CompiledTools, MessageV
 __all__ = [
     "DEFAULT_TEMPLATE",
     "DEFAULT_TEMPLATE_FILE",
+    "MAX_NAME_EDITS",
     "MAX_QUOTE_CHARS",
     "OPTIONAL_SECTIONS",
     "REPEAT_TEMPERATURE_FACTOR",
@@ -27,7 +28,9 @@ __all__ = [
     "RepairTemplate",
     "build_output_repair_turn",
     "build_repair_turn",
+    "edit_distance",
     "lowered_temperature",
+    "near_name",
     "quote_call",
     "repair_request",
     "with_repair_instruction",
@@ -47,7 +50,13 @@ TEMPLATE_SECTIONS = (
 # Sections a template may leave out (repair-v1 has none of them); without them a call written as
 # text gets the tool_call_in_content text (a call that conflicts with the request too), and a
 # repeated answer its channel's own text.
-OPTIONAL_SECTIONS = ("text_unknown_tool", "text_invalid_arguments", "conflict", "repeated")
+OPTIONAL_SECTIONS = (
+    "text_unknown_tool",
+    "text_invalid_arguments",
+    "unrelated_tool",
+    "conflict",
+    "repeated",
+)
 # Every placeholder a section may use; a template using another one is rejected when loaded.
 _PLACEHOLDERS = dict.fromkeys(
     (
@@ -114,6 +123,38 @@ DEFAULT_TEMPLATE_FILE = "templates/repair_v3.txt"
 DEFAULT_TEMPLATE = RepairTemplate.parse(
     importlib.resources.files("repairproxy").joinpath(DEFAULT_TEMPLATE_FILE).read_text("utf-8")
 )
+
+
+_NOT_ALNUM = re.compile(r"[^a-z0-9]")
+# ``constrained`` forces a tool the model did not name only when the name it wrote is this many
+# single-character edits (insert, delete, substitute; case and separators ignored) from it: a
+# misspelling, not another tool. Anything further is left to the model, which may decline.
+MAX_NAME_EDITS = 2
+
+
+def edit_distance(a: str, b: str, bound: int = MAX_NAME_EDITS) -> int:
+    """Levenshtein distance of ``a`` and ``b``, or ``bound + 1`` once it is certainly above it."""
+    if abs(len(a) - len(b)) > bound:
+        return bound + 1
+    previous = list(range(len(b) + 1))
+    for i, char in enumerate(a, 1):
+        current = [i]
+        for j, other in enumerate(b, 1):
+            current.append(
+                min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char != other))
+            )
+        if min(current) > bound:
+            return bound + 1
+        previous = current
+    return previous[-1]
+
+
+def near_name(name: str | None, tool: str | None) -> bool:
+    """Whether ``name`` is ``tool`` misspelled: at most ``MAX_NAME_EDITS`` edits apart."""
+    if not name or not tool:
+        return False
+    a, b = _NOT_ALNUM.sub("", name.lower()), _NOT_ALNUM.sub("", tool.lower())
+    return edit_distance(a, b) <= MAX_NAME_EDITS
 
 
 # --- the system instruction ----------------------------------------------------------------------
@@ -199,6 +240,14 @@ def _section_for(verdict: CallVerdict, template: RepairTemplate) -> str:
     """A call written as text gets the text for what was wrong inside it, if the template has it."""
     if verdict.conflict is not None and template.has("conflict"):
         return "conflict"
+    unknown = Channel.UNKNOWN_TOOL in (verdict.channel, verdict.inner)
+    if (
+        unknown
+        and template.has("unrelated_tool")
+        and not near_name(verdict.name, verdict.closest_tool)
+    ):
+        # Not a misspelling of a listed tool: naming the "closest" one invites a made-up call.
+        return "unrelated_tool"
     if verdict.text_call is not None and verdict.name and verdict.inner is not None:
         wanted = _TEXT_SECTIONS.get(verdict.inner)
         if wanted is not None and template.has(wanted):

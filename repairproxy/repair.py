@@ -32,9 +32,12 @@ from repairproxy.errors import (
 from repairproxy.observe.record import CaughtCall
 from repairproxy.reask import (
     DEFAULT_TEMPLATE,
+    MAX_NAME_EDITS,
     RepairTemplate,
     build_repair_turn,
+    edit_distance,
     lowered_temperature,
+    near_name,
     quote_call,
     repair_request,
     with_repair_instruction,
@@ -145,37 +148,6 @@ def _declared_mentions(text: str, tools: CompiledTools) -> list[str]:
     return list(found)
 
 
-# ``constrained`` forces a tool the model did not name only when the name it wrote is this many
-# single-character edits (insert, delete, substitute; case and separators ignored) from it: a
-# misspelling, not another tool. Anything further is left to the model, which may decline.
-MAX_NAME_EDITS = 2
-
-
-def edit_distance(a: str, b: str, bound: int = MAX_NAME_EDITS) -> int:
-    """Levenshtein distance of ``a`` and ``b``, or ``bound + 1`` once it is certainly above it."""
-    if abs(len(a) - len(b)) > bound:
-        return bound + 1
-    previous = list(range(len(b) + 1))
-    for i, char in enumerate(a, 1):
-        current = [i]
-        for j, other in enumerate(b, 1):
-            current.append(
-                min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char != other))
-            )
-        if min(current) > bound:
-            return bound + 1
-        previous = current
-    return previous[-1]
-
-
-def _near(name: str | None, tool: str | None) -> bool:
-    if not name or not tool:
-        return False
-    normal = re.compile(r"[^a-z0-9]")
-    a, b = normal.sub("", name.lower()), normal.sub("", tool.lower())
-    return edit_distance(a, b) <= MAX_NAME_EDITS
-
-
 def _intended_tool(call: CallVerdict, tools: CompiledTools, mentions: Sequence[str]) -> str | None:
     """The declared tool the model named (in the call, else in its text), or one within
     ``MAX_NAME_EDITS`` of the name it wrote; None when it named none (nothing is forced)."""
@@ -183,7 +155,7 @@ def _intended_tool(call: CallVerdict, tools: CompiledTools, mentions: Sequence[s
         return call.name
     if mentions:
         return mentions[0]
-    return call.closest_tool if _near(call.name, call.closest_tool) else None
+    return call.closest_tool if near_name(call.name, call.closest_tool) else None
 
 
 def escalated_tool_choice(
@@ -229,7 +201,7 @@ def escalated_tool_choice(
 
 def _closest_or_name(call: CallVerdict) -> str | None:
     if call.channel in (Channel.UNKNOWN_TOOL, Channel.TOOL_CALL_IN_CONTENT):
-        return call.closest_tool if _near(call.name, call.closest_tool) else None
+        return call.closest_tool if near_name(call.name, call.closest_tool) else None
     return call.name
 
 

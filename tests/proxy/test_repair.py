@@ -149,7 +149,10 @@ def test_repair_turn_answers_every_call_with_its_id(tools: CompiledTools) -> Non
     assert kept == [VALID]
     assert not replies[0]["content"].startswith("Error")
     unknown = replies[1]["content"]
-    assert "get_order_status" in unknown and "closest listed tool is 'get_order_details'" in unknown
+    # get_order_status is no misspelling of a listed tool: no "closest tool" is suggested, and
+    # the model is told it may answer in text.
+    assert "get_order_status" in unknown and "not a misspelling of a listed tool" in unknown
+    assert "closest" not in unknown and "plain text" in unknown
     assert "cancel_pending_order" in unknown  # the declared names are listed
     schema = replies[2]["content"]
     assert "$.reason" in schema and "ordered by mistake" in schema
@@ -733,3 +736,11 @@ async def test_a_declined_re_ask_is_delivered_as_text(
     assert message["content"] == "I can't send emails: none of my tools does that."
     assert not message.get("tool_calls")
     assert "tool_choice" not in send.requests[0]
+
+
+def test_a_misspelled_tool_still_gets_the_closest_listed_tool(tools: CompiledTools) -> None:
+    verdict = tools.check_message(completion(MISSPELLED)["choices"][0]["message"])
+    turn, _ = build_repair_turn(
+        completion(MISSPELLED)["choices"][0]["message"], verdict, tools, DEFAULT_TEMPLATE
+    )
+    assert "closest listed tool is 'get_order_details'" in turn[-1]["content"]
