@@ -16,10 +16,14 @@ import orjson
 from repairproxy.asgi.exchange import Exchange
 from repairproxy.asgi.gate import DONE_EVENT, SSEParser, ToolCallGate, completion_to_chunks
 from repairproxy.asgi.responder import Responder
-from repairproxy.errors import UpstreamBadAnswerError
 from repairproxy.pipeline import ChatOutcome, ChatPipeline, ChatRequest
 from repairproxy.types import HeaderList, Outcome, Scope
-from repairproxy.upstream.client import Upstream, UpstreamReply, response_headers, timed
+from repairproxy.upstream.client import (
+    Upstream,
+    chat_completion_of,
+    response_headers,
+    timed,
+)
 from repairproxy.validation import text_calls_allowed
 from repairproxy.wire.openai import ChatCompletion
 
@@ -43,19 +47,6 @@ def _choice_channels(request: ChatRequest, outcome: ChatOutcome) -> tuple[tuple[
         verdict = request.tools.check_message(message)
         found.append(tuple(channel.value for channel in verdict.error_channels))
     return tuple(found)
-
-
-def _completion_of(reply: UpstreamReply) -> ChatCompletion:
-    """A 2xx answer that must be a chat completion; anything else is the upstream's fault."""
-    try:
-        completion = orjson.loads(reply.content)
-    except orjson.JSONDecodeError:
-        completion = None
-    if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
-        raise UpstreamBadAnswerError(
-            f"the upstream answered {reply.status_code} with a body that is not a chat completion"
-        )
-    return cast(ChatCompletion, completion)
 
 
 class ChatCall:
@@ -95,7 +86,7 @@ class ChatCall:
         )
         content = reply.content
         if 200 <= reply.status_code < 300:
-            outcome = await self._judge(_completion_of(reply))
+            outcome = await self._judge(chat_completion_of(reply.content, reply.status_code))
             if outcome.changed:
                 content = orjson.dumps(outcome.answer)
         else:

@@ -42,7 +42,13 @@ from repairproxy.errors import (
 )
 from repairproxy.pipeline import ChatOutcome, ChatPipeline, ChatRequest, instructs, json_object
 from repairproxy.types import API, HeaderList, Outcome, Scope
-from repairproxy.upstream.client import Upstream, UpstreamReply, response_headers, timed
+from repairproxy.upstream.client import (
+    Upstream,
+    UpstreamReply,
+    chat_completion_of,
+    response_headers,
+    timed,
+)
 from repairproxy.wire.openai import ChatCompletion
 from repairproxy.wire.responses import (
     from_chat_completion,
@@ -319,7 +325,7 @@ class ResponsesCall:
             ex.record.outcome = Outcome.UPSTREAM_ERROR
             await self._whole(responder, reply, reply.content)  # chat errors are OpenAI-shaped
             return
-        outcome = await self._decide(_completion_of(reply))
+        outcome = await self._decide(chat_completion_of(reply.content, reply.status_code))
         echoed = {**self.body, "input": None}
         final = from_chat_completion(
             cast(Mapping[str, Any], outcome.answer), echoed, new_response_id()
@@ -476,19 +482,6 @@ def _unknown_previous(previous: str) -> NotFoundError:
     return NotFoundError(
         f"Previous response with id '{previous[:128]}' not found.", param="previous_response_id"
     )
-
-
-def _completion_of(reply: UpstreamReply) -> ChatCompletion:
-    """A chat-only upstream's 2xx answer, which must be a chat completion."""
-    try:
-        completion = orjson.loads(reply.content)
-    except orjson.JSONDecodeError:
-        completion = None
-    if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
-        raise UpstreamBadAnswerError(
-            f"the upstream answered {reply.status_code} with a body that is not a chat completion"
-        )
-    return cast(ChatCompletion, completion)
 
 
 # -- GET / DELETE /v1/responses/{id} ----------------------------------------------------------

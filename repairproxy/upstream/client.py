@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
 import orjson
@@ -43,6 +43,7 @@ from repairproxy.errors import (
 )
 from repairproxy.types import HeaderList
 from repairproxy.upstream.http1 import ConnectionPool, InvalidTargetError, basic_auth
+from repairproxy.wire.openai import ChatCompletion
 
 __all__ = [
     "Transport",
@@ -52,6 +53,7 @@ __all__ = [
     "UpstreamStatusError",
     "UpstreamTimer",
     "UpstreamURL",
+    "chat_completion_of",
     "proxy_from_environment",
     "response_headers",
     "timed",
@@ -228,6 +230,19 @@ async def timed(chunks: AsyncIterator[bytes], timer: UpstreamTimer) -> AsyncIter
             timer.seconds += time.perf_counter() - started
         yield chunk
         await asyncio.sleep(0)
+
+
+def chat_completion_of(content: bytes, status: int) -> ChatCompletion:
+    """A 2xx body that must be a chat completion; anything else is the upstream's fault (502)."""
+    try:
+        completion = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        completion = None
+    if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
+        raise UpstreamBadAnswerError(
+            f"the upstream answered {status} with a body that is not a chat completion"
+        )
+    return cast(ChatCompletion, completion)
 
 
 def response_headers(raw: Iterable[tuple[bytes, bytes]], *, head: bool = False) -> HeaderList:

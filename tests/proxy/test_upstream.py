@@ -21,6 +21,7 @@ from repairproxy.upstream.client import (
     Upstream,
     UpstreamTimer,
     UpstreamURL,
+    chat_completion_of,
     proxy_from_environment,
     response_headers,
 )
@@ -234,3 +235,11 @@ def test_the_proxy_reaches_its_upstream_through_http_proxy_from_the_environment(
     assert answer.json()["choices"][0]["message"]["content"] == "via the proxy"
     assert seen == [b"http://upstream.test:8000/v1/chat/completions"]
     assert upstream.requests[0].headers["host"] == "upstream.test:8000"
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[]", b'{"choices": {}}', b'{"id": "x"}'])
+def test_a_body_that_is_not_a_chat_completion_is_the_upstreams_fault(body: bytes) -> None:
+    with pytest.raises(UpstreamBadAnswerError) as caught:
+        chat_completion_of(body, 200)
+    assert "answered 200 with a body that is not a chat completion" in str(caught.value)
+    assert chat_completion_of(b'{"choices": []}', 200) == {"choices": []}
