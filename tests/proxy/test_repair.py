@@ -713,7 +713,17 @@ async def test_a_repair_v1_template_still_repairs_text_calls_and_repeats(
 def test_the_default_texts_let_a_re_ask_be_declined_in_plain_text() -> None:
     assert DEFAULT_TEMPLATE.version == "repair-v3"
     assert "answer the user in plain text" in DEFAULT_TEMPLATE.instruction
-    for section in ("unknown_tool", "text_unknown_tool", "tool_call_in_content", "conflict"):
+    for section in (
+        "unknown_tool",
+        "text_unknown_tool",
+        "unrelated_tool",
+        "tool_call_in_content",
+        "invalid_json",
+        "schema_violation",
+        "text_invalid_arguments",
+        "conflict",
+        "repeated",
+    ):
         assert "plain text" in DEFAULT_TEMPLATE.sections[section], section
 
 
