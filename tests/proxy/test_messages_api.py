@@ -401,7 +401,9 @@ def test_a_chat_upstream_answers_messages_with_a_repaired_call(
     assert first["messages"][0]["role"] == "system"
     assert first["messages"][0]["content"].startswith("You are a support agent.")
     assert first["tools"][0]["function"]["parameters"] == TOOLS[0]["input_schema"]
-    assert first["max_tokens"] == 256 and "stream" not in first
+    assert first["max_tokens"] == 256
+    assert first.get("stream", False) is stream  # a streamed request streams from the upstream
+    assert reask.get("stream", False) is False  # re-asks are answered whole
     assert reask["messages"][-1]["role"] == "tool"  # the chat re-ask, as for chat clients
 
 
@@ -570,3 +572,32 @@ def test_odd_content_is_judged_and_forwarded_never_a_500(
     assert response.status_code == 200, response.text
     assert response.json()["content"] == [{"type": "text", "text": "ok"}]
     assert upstream.requests[0]["messages"][0]["content"] == content
+
+
+def test_a_chat_upstream_stream_lets_prose_flow_before_the_verdict(
+    start_chat: Any, chat_upstream: ScriptedUpstream
+) -> None:
+    proxy = start_chat()
+    chat_upstream.push(
+        completion(content="Let me check.", tool_calls=[tool_call("lookup_order", GOOD)]),
+        completion(tool_calls=[tool_call("get_order_details", GOOD)]),
+    )
+    body = {"model": "m", "max_tokens": 64, "messages": ASK, "tools": TOOLS, "stream": True}
+    response = httpx.post(proxy.base_url + "/messages", json=body, timeout=30)
+    events = [
+        orjson.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")
+    ]
+    kinds = [e["type"] for e in events]
+    assert kinds[:3] == ["message_start", "ping", "content_block_start"]
+    texts = [
+        e["delta"]["text"]
+        for e in events
+        if e["type"] == "content_block_delta" and "text" in e["delta"]
+    ]
+    assert "".join(texts) == "Let me check."
+    starts = [e["content_block"] for e in events if e["type"] == "content_block_start"]
+    assert [b["type"] for b in starts] == ["text", "tool_use"]
+    assert starts[1]["name"] == "get_order_details"
+    # the headers left with the prose: the verdict comes as the comment before message_stop
+    assert ": x-repairproxy tool-errors=unknown_tool" in response.text
+    assert kinds[-1] == "message_stop"
