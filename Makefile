@@ -67,7 +67,7 @@ typecheck: setup
 # The quick loop: lint, types and the tests that need no model and no Debian service; downloads
 # nothing beyond the packages.
 check: lint typecheck
-	$(PY) -m pytest -m "not model and not service and not models_all"
+	$(PY) -m pytest -m "not model and not service and not models_all and not frameworks"
 
 test: model lint typecheck
 	$(PY) -m pytest

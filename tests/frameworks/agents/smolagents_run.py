@@ -8,7 +8,7 @@ import smolagents
 from smolagents import OpenAIServerModel, ToolCallingAgent, tool
 
 
-@tool
+@tool  # type: ignore[untyped-decorator]
 def get_order_details(order_id: str) -> str:
     """Get the status of an order.
 
