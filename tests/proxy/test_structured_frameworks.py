@@ -165,3 +165,29 @@ def test_instructor_json_mode(
     assert upstream.chat_requests[0]["response_format"] == {"type": "json_object"}
     assert len(upstream.chat_requests) == 2
     assert _output_lines(proxy) == [["output_not_json"]]
+
+
+DSPY_VENV = INSTRUCTOR_VENV.parent / "dspy"
+DSPY_INSTALLED = any(DSPY_VENV.glob("lib/python*/site-packages/dspy"))
+
+
+@pytest.mark.skipif(not DSPY_INSTALLED, reason="dspy's venv is absent")
+def test_dspy_json_adapter(proxy: RunningProxy, upstream: ScriptedUpstream) -> None:
+    # dspy sends response_format only for a model litellm knows to support it (an unknown
+    # name gets a prompt-only JSON request: nothing to validate).
+    upstream.push(completion(content='{"age": "forty"}'), completion(content='{"age": 40}'))
+    script = Path(__file__).resolve().parents[1] / "frameworks/agents/dspy_json.py"
+    done = subprocess.run(
+        [str(DSPY_VENV / "bin/python"), str(script), proxy.base_url, "openai/gpt-4o-mini"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = orjson.loads(done.stdout.rpartition("RESULT ")[2].splitlines()[0])
+    assert result["age"] == 40
+    assert upstream.chat_requests[0]["response_format"]["type"] == "json_schema"
+    assert len(upstream.chat_requests) == 2
+    assert _output_lines(proxy) == [["output_schema_violation"]]
