@@ -1,0 +1,160 @@
+"""The study's report at the paper grid's size: ``python -m benchmarks.report_scale``.
+
+Writes synthetic results files in τ²-bench's layout at the paper grid's full size (4 models × 3
+precisions × 2 domains × 5 repair modes = 120 files, 114 tasks × 4 trials each, laid out as
+``<cell>/<mode>/results.json`` like ``evals.repair_ablation``), runs the analysis and the report on
+them, and prints the wall time, the HTML's size, each PNG's pixel size and report.md's length.
+Smaller grids (``--models 1 --tasks 10``) are what the tests use to check sizes, never times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import struct
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.evals.fixtures_tau2 import Call, Turn, episode, not_found, results, write
+
+__all__ = ["MODELS", "MODES", "PRECISIONS", "main", "png_size", "write_grid"]
+
+MODELS = ("gemma4-dense", "gemma4-moe", "qwen36-dense", "qwen35-moe")
+PRECISIONS = ("bf16", "fp8", "int4")
+DOMAINS = ("retail", "telecom")
+MODES = ("off", "prompt", "promote", "reflexive", "constrained")
+_DECLARED = (
+    "get_order_details",
+    "get_user_details",
+    "get_product_details",
+    "find_user_id_by_email",
+    "find_user_id_by_name_zip",
+    "cancel_pending_order",
+    "modify_pending_order_items",
+)
+_INVENTED = (
+    "get_order_status",
+    "get_user_info",
+    "find_user_id_by_phone",
+    "lookup_order",
+    "search_orders",
+    "get_product_info",
+    "cancel_order",
+)
+_ARGUMENT = "Error: RetailTools.cancel_pending_order() missing 1 required positional argument: 'reason'"
+
+
+def _episode(
+    rng: random.Random, task: int, trial: int, *, success: float, invent: float, mode: str
+) -> dict[str, Any]:
+    turns = []
+    for _ in range(rng.randint(2, 5)):
+        draw = rng.random()
+        name = rng.choice(_DECLARED)
+        if draw < invent:
+            wrong = rng.choice(_INVENTED)
+            if mode == "off":
+                proxy = {"tool_errors": ["unknown_tool"], "repairs": 0, "unknown_tools": [wrong]}
+                call = Call(wrong, not_found(wrong))
+            else:
+                proxy = {
+                    "tool_errors": ["unknown_tool"],
+                    "repairs": 1,
+                    "unknown_tools": [wrong],
+                    "upstream_calls": 2,
+                    "repair_prompt_tokens": rng.randint(800, 2400),
+                    "repair_completion_tokens": rng.randint(10, 60),
+                    "repair_seconds": round(rng.uniform(0.3, 2.0), 3),
+                }
+                call = Call(name)
+        elif draw < invent + 0.04:
+            proxy, call = {"tool_errors": [], "repairs": 0}, Call(name, _ARGUMENT)
+        elif draw < invent + 0.08:
+            proxy, call = {"tool_errors": [], "repairs": 0}, Call(name, "Error: Order not found")
+        else:
+            proxy, call = {"tool_errors": [], "repairs": 0, "upstream_calls": 1}, Call(name)
+        turns.append(Turn((call,), proxy=proxy))
+    reward = 1.0 if rng.random() < success else 0.0
+    return episode(f"task_{task:03d}", trial, turns, reward=reward)
+
+
+def write_grid(
+    root: Path,
+    *,
+    models: Sequence[str] = MODELS,
+    precisions: Sequence[str] = PRECISIONS,
+    domains: Sequence[str] = DOMAINS,
+    modes: Sequence[str] = MODES,
+    tasks: int = 114,
+    trials: int = 4,
+    seed: int = 20261201,
+) -> list[Path]:
+    """One results file per model × precision × domain × mode under ``root``; their paths."""
+    rng = random.Random(seed)
+    paths = []
+    for domain in domains:
+        for m, model in enumerate(models):
+            for p, precision in enumerate(precisions):
+                cell = f"{domain}-{model}-{precision}-gpt41-k10"
+                for mode in modes:
+                    invent = 0.05 + 0.03 * p + 0.01 * m
+                    success = 0.55 - 0.02 * p + (0.03 if mode != "off" else 0.0)
+                    simulations = [
+                        _episode(rng, t, k, success=success, invent=invent, mode=mode)
+                        for t in range(tasks)
+                        for k in range(trials)
+                    ]
+                    content = results(
+                        simulations, agent_model=f"openai/{model}-{precision}", domain=domain
+                    )
+                    paths.append(write(root / cell / mode / "results.json", content))
+    return paths
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) in pixels from a PNG's IHDR chunk."""
+    head = path.read_bytes()[:24]
+    width, height = struct.unpack(">II", head[16:24])
+    return int(width), int(height)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report_scale", description=__doc__)
+    parser.add_argument("--models", type=int, default=len(MODELS))
+    parser.add_argument("--tasks", type=int, default=114)
+    parser.add_argument("--trials", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=None, help="keep the files here")
+    args = parser.parse_args(argv)
+    from evals.analyze import analyze
+
+    with tempfile.TemporaryDirectory() as scratch:
+        root = args.out or Path(scratch)
+        started = time.perf_counter()
+        paths = write_grid(
+            root / "runs", models=MODELS[: args.models], tasks=args.tasks, trials=args.trials
+        )
+        written = time.perf_counter() - started
+        started = time.perf_counter()
+        summary = analyze(paths, None, root / "report", "synthetic paper grid")
+        took = time.perf_counter() - started
+        report = root / "report"
+        print(f"{len(paths)} results files written in {written:.1f} s")
+        print(f"analysis + report of {len(paths)} files: {took:.1f} s wall")
+        print(f"arms {len(summary.arms)}, pairs {len(summary.pairs)}")
+        html_bytes = (report / "report.html").stat().st_size
+        print(f"report.html: {html_bytes / 1e6:.2f} MB")
+        lines = (report / "report.md").read_text(encoding="utf-8").splitlines()
+        print(f"report.md: {len(lines)} lines")
+        pngs = sorted(report.rglob("*.png"))
+        print(f"{len(pngs)} PNG files")
+        for png in pngs:
+            width, height = png_size(png)
+            print(f"  {png.relative_to(report)}: {width} x {height} px")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
