@@ -44,7 +44,9 @@ _INVENTED = (
     "get_product_info",
     "cancel_order",
 )
-_ARGUMENT = "Error: RetailTools.cancel_pending_order() missing 1 required positional argument: 'reason'"
+_ARGUMENT = (
+    "Error: RetailTools.cancel_pending_order() missing 1 required positional argument: 'reason'"
+)
 
 
 def _episode(

@@ -192,3 +192,111 @@ def repair_effect(summary: Summary, path: Path) -> Path | None:
     axes.grid(axis="y", alpha=0.3)
     axes.legend(fontsize=8)
     return _save(figure, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Paged figures: at the paper grid's size (120 arms, 96 pairs) one figure per page of a bounded
+# number of rows, one per cell for the sweeps, so no image grows with the grid.
+
+PAGE_ROWS = 24  # rows (arms or pairs) per page of a paged figure
+LABEL_CHARS = 44  # longest label drawn; a longer one keeps its head and tail around "…"
+PAGE_DPI = 80
+
+
+def short(label: str, limit: int = LABEL_CHARS) -> str:
+    """``label`` cut to ``limit`` characters, keeping its start and end (cell and mode)."""
+    if len(label) <= limit:
+        return label
+    head = (limit - 1) // 2
+    return f"{label[:head]}…{label[len(label) - (limit - 1 - head) :]}"
+
+
+def pages(count: int, size: int = PAGE_ROWS) -> list[range]:
+    """``range(count)`` in pages of at most ``size``."""
+    return [range(start, min(start + size, count)) for start in range(0, count, size)]
+
+
+def _save_page(figure: Figure, path: Path) -> Path:
+    figure.savefig(path, dpi=PAGE_DPI)
+    return path
+
+
+def channel_rates_page(arms: Sequence[ArmSummary], path: Path, title: str) -> Path | None:
+    """Failed agent calls per agent tool call by channel, one horizontal stacked bar per arm."""
+    if not arms:
+        return None
+    series = [*ENV_CHANNELS]
+    height = 1.4 + 0.32 * len(arms)
+    figure = Figure(figsize=(9.0, height))
+    axes = figure.add_axes((0.34, 0.9 / height, 0.44, 1 - 1.4 / height))
+    left = [0.0] * len(arms)
+    for name in series:
+        widths = [v if isinstance(v := arm.channel_rates[name], float) else 0.0 for arm in arms]
+        axes.barh(range(len(arms)), widths, left=left, label=name.replace("_", " "))
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    raw = [arm.raw_hallucination_rate for arm in arms]
+    ys = [y for y, v in enumerate(raw) if isinstance(v, float)]
+    axes.scatter(
+        [v for v in raw if isinstance(v, float)],
+        ys,
+        marker="|",
+        s=120,
+        color="black",
+        label="raw hallucinated (proxy + env)",
+        zorder=3,
+    )
+    axes.set_yticks(range(len(arms)))
+    axes.set_yticklabels([short(arm.label) for arm in arms], fontsize=7)
+    axes.invert_yaxis()
+    axes.set_xlabel("share of agent tool calls")
+    axes.set_title(title, fontsize=9)
+    axes.grid(axis="x", alpha=0.3)
+    axes.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save_page(figure, path)
+
+
+def differences_page(pairs: Sequence[PairSummary], path: Path, title: str) -> Path | None:
+    """Paired success difference with its 95% interval, one row per pair, ±7.5-point band."""
+    rows = [(p, p.difference) for p in pairs if isinstance(p.difference, Interval)]
+    if not rows:
+        return None
+    height = 1.5 + 0.3 * len(rows)
+    figure = Figure(figsize=(9.0, height))
+    axes = figure.add_axes((0.42, 1.0 / height, 0.54, 1 - 1.5 / height))
+    for y, (_, value) in enumerate(rows):
+        axes.plot([value.low, value.high], [y, y], color="tab:blue")
+        axes.plot([value.estimate], [y], marker="o", color="tab:blue", markersize=4)
+    axes.axvspan(-EQUIVALENCE_MARGIN, EQUIVALENCE_MARGIN, color="tab:green", alpha=0.12)
+    axes.axvline(0, color="grey", linewidth=1)
+    axes.set_yticks(range(len(rows)))
+    axes.set_yticklabels(
+        [short(f"{p.compared} − {p.reference.rsplit('/', 1)[-1]}", 56) for p, _ in rows],
+        fontsize=7,
+    )
+    axes.invert_yaxis()
+    axes.set_xlabel("compared − reference, success (95% CI); green: ±7.5 points", fontsize=8)
+    axes.set_title(title, fontsize=9)
+    axes.grid(axis="x", alpha=0.3)
+    return _save_page(figure, path)
+
+
+def cell_sweep(summary: Summary, cell: str, path: Path) -> Path | None:
+    """Success@K' of every mode of one cell, with Wilson 95% bands: the cell's pairs at once."""
+    arms = [a for a in summary.arms.values() if a.cell == cell]
+    if not any(_band(arm)[0] for arm in arms):
+        return None
+    figure = Figure(figsize=(6.0, 3.6))
+    axes = figure.subplots()
+    for arm in arms:
+        ks, mid, low, high = _band(arm)
+        (line,) = axes.plot(ks, mid, marker="o", markersize=3, label=arm.mode or arm.label)
+        axes.fill_between(ks, low, high, color=line.get_color(), alpha=0.12, linewidth=0)
+    axes.set_xticks(list(BUDGETS))
+    axes.set_xlabel("error budget K'", fontsize=8)
+    axes.set_ylabel("success rate", fontsize=8)
+    axes.set_ylim(0, 1)
+    axes.set_title(short(cell, 60), fontsize=9)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7, loc="lower right")
+    figure.tight_layout()
+    return _save_page(figure, path)
