@@ -137,6 +137,9 @@ class LimitedProtocol(HttpToolsProtocol):
         self._header_timer = None
         if not self._in_headers or self.transport.is_closing():
             return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            return  # an answer is being made: the keep-alive timer takes over after it
         if self._header_bytes:
             self._refused("header_timeout", _TIMEOUT)
         else:  # an idle connection that never sent a request: nothing to answer
@@ -152,7 +155,9 @@ class LimitedProtocol(HttpToolsProtocol):
             super().data_received(data)
             # A timer only for headers still incomplete after this read (most requests arrive
             # whole in one read: no timer to arm and cancel on the hot path).
-            if self._in_headers and self._header_timer is None:
+            # (A read that completed a request resets the count: no request is then started,
+            # and a timer would cut the answer still being made.)
+            if self._in_headers and self._header_bytes and self._header_timer is None:
                 self._arm_header_timer()
             return
         # Feed only what the cap allows; if the headers end within it, feed the rest as body.

@@ -6,6 +6,7 @@ anything (the timeouts are set short so the tests end soon, and every read has a
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import socket
 import threading
@@ -20,6 +21,7 @@ import uvicorn
 from repairproxy.app import RepairProxyApp, create_app
 from repairproxy.server import LimitedProtocol, server_options
 from repairproxy.settings import Settings
+from tests.support.scripted_upstream import ScriptedUpstream, completion
 
 BASE = Settings(upstream="http://127.0.0.1:9/v1")
 
@@ -194,3 +196,21 @@ def test_settings_come_from_flags() -> None:
     ) == (1000, 2.0, 3.0, 7)
     options = server_options(settings)
     assert options["timeout_keep_alive"] == 3.0 and options["http"] is LimitedProtocol
+
+
+def test_an_answer_slower_than_the_header_timeout_is_not_cut() -> None:
+    # The header timer is for a request's headers; a whole request that arrived in one read
+    # must not leave it armed while the answer is being made (it cut every answer > 10 s).
+    with ScriptedUpstream() as upstream:
+        upstream.push(dataclasses.replace(completion(content="hi"), delay=2.5))
+        settings = replace(BASE, upstream=upstream.base_url, header_timeout=1.0, repair="off")
+        with _serving(settings) as server, _connect(server.port) as client:
+            body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+            _send_all(
+                client,
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+                b"\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body),
+            )
+            answer = _answer(client)
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+            assert server.refused("header_timeout") == 0

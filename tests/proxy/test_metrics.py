@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import urllib.error
 import urllib.request
 
@@ -199,17 +198,14 @@ def test_metrics_port_server_requires_its_key() -> None:
         server.close()
 
 
-def test_request_finished_is_cheap() -> None:
+def test_request_finished_creates_no_children_after_the_first_records() -> None:
+    """Counted work, not time: once a model's children exist, a record only increments them
+    (no new series, no label lookups that grow). Its time lives in benchmarks.overhead."""
     m = Metrics(Settings())
-    records = scripted_workload(MODEL) * 50
-    for record in records[:40]:
-        m.request_finished(record)  # children created
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for record in records:
-            m.request_finished(record)
-        best = min(best, (time.perf_counter() - start) / len(records))
-    print(f"request_finished: {best * 1e6:.1f} us per record")
-    # The goal is 50 us on a quiet machine; the bound leaves room for a loaded CI box.
-    assert best < 250e-6
+    records = scripted_workload(MODEL)
+    for record in records:
+        m.request_finished(record)  # every child this workload needs, created once
+    series = sum(len(family.samples) for family in m.registry.collect())
+    for record in records * 20:
+        m.request_finished(record)
+    assert sum(len(family.samples) for family in m.registry.collect()) == series
