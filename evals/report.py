@@ -648,6 +648,8 @@ def _html(sections: Sequence[Section], title: str) -> str:
 
 def write_report(summary: Summary, out_dir: Path, title: str = "repairproxy analysis") -> None:
     """summary.json, the PNG figures, report.md and report.html into ``out_dir``."""
+    from evals import report_pages  # it builds on this module's sections
+
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(
         json.dumps(summary_to_json(summary), indent=2, ensure_ascii=False, allow_nan=False) + "\n",
@@ -656,9 +658,9 @@ def write_report(summary: Summary, out_dir: Path, title: str = "repairproxy anal
     sections = [
         *_arm_sections(summary),
         *_pair_sections(summary),
-        _figures(summary, out_dir),
+        report_pages.figures_section(summary, out_dir),
         definitions_section(),
-        _provenance_section(summary),
+        report_pages.provenance_appendix(summary),
     ]
     if summary.notes:
         sections.insert(0, Section("Notes", list(summary.notes)))

@@ -1,0 +1,98 @@
+"""The report's figures and provenance at any grid size: paged figures whose images do not grow
+with the number of arms or pairs, and the provenance as an appendix that names what every arm
+shares once and, per arm, only what differs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evals import plots
+from evals.analysis import PairSummary, Summary
+from evals.report import Figure, Section, _flatten
+
+__all__ = ["NAME_RANK_PAIRS", "figures_section", "provenance_appendix"]
+
+NAME_RANK_PAIRS = 8  # past this many pairs the Spearman column carries the name ranks
+
+
+def _pair_slug(pair: PairSummary) -> str:
+    return plots.slug(f"{pair.reference}__vs__{pair.compared}")
+
+
+def figures_section(summary: Summary, out_dir: Path) -> Section:
+    section = Section("Figures")
+    drawn: list[tuple[str, Path | None]] = []
+    cells = list(dict.fromkeys(a.cell for a in summary.arms.values() if a.cell is not None))
+    few = len(summary.pairs) <= NAME_RANK_PAIRS
+    for i, cell in enumerate([] if few else cells, 1):
+        path = out_dir / f"sweep_{i:02d}_{plots.slug(cell)}.png"
+        drawn.append((f"Success vs K': {cell}", plots.cell_sweep(summary, cell, path)))
+    if few or not cells:
+        for i, pair in enumerate(summary.pairs, 1):
+            path = out_dir / f"sweep_{i:02d}_{_pair_slug(pair)}.png"
+            drawn.append(
+                (
+                    f"Success vs K': {pair.compared} vs {pair.reference}",
+                    plots.sweep(summary, pair, path),
+                )
+            )
+    arms = list(summary.arms.values())
+    arm_pages = plots.pages(len(arms))
+    for n, page in enumerate(arm_pages, 1):
+        title = f"Channel rates per arm ({n} of {len(arm_pages)})"
+        path = out_dir / ("channels.png" if n == 1 else f"channels_{n:02d}.png")
+        drawn.append((title, plots.channel_rates_page([arms[i] for i in page], path, title)))
+    pair_pages = plots.pages(len(summary.pairs))
+    for n, page in enumerate(pair_pages, 1):
+        title = f"Paired differences ({n} of {len(pair_pages)})"
+        path = out_dir / ("differences.png" if n == 1 else f"differences_{n:02d}.png")
+        pairs = [summary.pairs[i] for i in page]
+        drawn.append((title, plots.differences_page(pairs, path, title)))
+    if len(summary.pairs) <= NAME_RANK_PAIRS:
+        for i, pair in enumerate(summary.pairs, 1):
+            path = out_dir / f"names_{i:02d}_{_pair_slug(pair)}.png"
+            drawn.append(
+                (
+                    f"Name-count ranks: {pair.compared} vs {pair.reference}",
+                    plots.name_ranks(summary, pair, path),
+                )
+            )
+    else:
+        section.paragraphs.append(
+            f"Name-rank plots are drawn for at most {NAME_RANK_PAIRS} pairs; with "
+            f"{len(summary.pairs)} the Spearman column of the pairs table carries them."
+        )
+    drawn.append(
+        ("Repair effect per cell", plots.repair_effect(summary, out_dir / "repair_effect.png"))
+    )
+    for title, drawn_path in drawn:
+        if drawn_path is None:
+            section.paragraphs.append(f"{title}: nothing to draw for this data.")
+        else:
+            section.figures.append(Figure(title, drawn_path))
+    return section
+
+
+def provenance_appendix(summary: Summary) -> Section:
+    per_arm: dict[str, dict[str, str]] = {}
+    for arm in summary.arms.values():
+        rows = dict(_flatten(arm.run_info, "results.info"))
+        rows.update(_flatten(arm.provenance) if arm.provenance else {"provenance.json": "absent"})
+        per_arm[arm.label] = rows
+    keys = list(dict.fromkeys(k for rows in per_arm.values() for k in rows))
+    # With two arms every row is read side by side; past that, shared rows are said once.
+    shared = [k for k in keys if len({rows.get(k) for rows in per_arm.values()}) == 1]
+    shared = shared if len(per_arm) > 2 else []
+    section = Section(
+        "Appendix: provenance",
+        [
+            "From each results file's info block, then the provenance.json beside it (if any). "
+            "Rows marked 'every arm' hold for all arms; the rest per arm, where they differ."
+        ],
+        header=["arm", "key", "value"],
+    )
+    first = next(iter(per_arm.values()), {})
+    section.rows += [["every arm", k, first[k]] for k in shared]
+    for label, rows in per_arm.items():
+        section.rows += [[label, k, v] for k, v in rows.items() if k not in shared]
+    return section
