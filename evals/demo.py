@@ -35,7 +35,7 @@ from repairproxy.types import RepairMode
 
 __all__ = ["main"]
 
-DEFAULT_TASK = "88"  # Retail: identify the user, look up the order, cancel it
+DEFAULT_TASK = "70"  # Retail: exchange a helmet; the demo sweep task where repair changes most
 BUDGET = 10  # the proxy's default --budget and τ²-bench's max_errors
 # τ²-bench's tools reject undeclared arguments; the first-ever turn may prefill for many minutes.
 PROXY_ARGS = ("--forbid-extra-arguments", "--upstream-timeout", "3600")
