@@ -33,7 +33,9 @@ DECLARED = {t["function"]["name"] for t in RETAIL_TOOLS}
 REQUEST = {
     "messages": [
         {"role": "system", "content": RETAIL_SYSTEM},
-        {"role": "user", "content": "I need help with an order. My email is ava.li@example.com."},
+        # Asks for the lookup outright: with the repair instruction after the tools block (the
+        # embedded server's rendering), "I need help with an order" drew a text-only reply.
+        {"role": "user", "content": "Look up my user id please. My email is ava.li@example.com."},
     ],
     "tools": RETAIL_TOOLS,
 }
