@@ -57,7 +57,7 @@ def parse_arm(text: str) -> ArmSpec:
 class AskOptions:
     max_tokens: int = 512
     seed: int = 0
-    timeout_s: float = 600.0
+    timeout_s: float = 1800.0  # a cold system turn on busy CPU cores took over 600 s
     concurrency: int = 1
     threads: int | None = None  # embedded arms: llama.cpp threads
     n_ctx: int = 16384
@@ -141,6 +141,9 @@ class Progress:
                 self._bar = tqdm(
                     total=total, initial=done, desc=label, unit="point", file=self._stream
                 )
+        if self._bar is None:  # say at once what is coming: a cold first answer can take minutes
+            self._stream.write(f"{label}: {done}/{total} points, asking\n")
+            self._stream.flush()
 
     def advance(self) -> None:
         self._done += 1

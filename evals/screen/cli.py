@@ -210,7 +210,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=None, help="embedded arms: CPU threads")
     parser.add_argument("--n-ctx", type=int, default=16384, help="embedded arms: context size")
     parser.add_argument("--model", default=None, help="model id sent (default: /models' first)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per answer")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per answer")
     return parser
 
 

@@ -507,7 +507,8 @@ def test_progress_on_a_pipe_is_plain_lines_with_an_estimate() -> None:
         progress.advance()
     progress.close()
     lines = stream.getvalue().splitlines()
-    assert len(lines) == 3 and "\r" not in stream.getvalue()
+    assert len(lines) == 4 and "\r" not in stream.getvalue()
+    assert lines[0] == "screen q: 1/4 points, asking"
     assert lines[-1].startswith("screen q: 4/4 points, ") and lines[-1].endswith("ETA 0m00s")
 
 
