@@ -9,7 +9,9 @@ Responses store (``episodes/responses_store.py``) under the id the client saw, a
 ``store: false`` (the current request's ``instructions`` only, as OpenAI does), so a promoted or
 repaired answer continues exactly the conversation the client saw. An answer the proxy changed
 gets an id of its own (a stream keeps the id its ``response.created`` announced); a gated stream
-is renumbered, so sequence numbers rise by one whatever was held or replaced. An upstream that
+is renumbered, so sequence numbers rise by one whatever was held or replaced. A stream that asked
+for a structured output (``text.format``) is held whole and checked, as chat's
+``response_format`` is, so its headers carry the verdict. An upstream that
 serves chat completions only (``--upstream-apis`` without ``responses``) is asked in chat and the
 judged answer is translated back (a stream then arrives whole once judged).
 """
@@ -384,7 +386,10 @@ class ResponsesCall:
         then judge the whole answer. A gated (or rebuilt) stream is re-framed: one id, sequence
         numbers counted here; nothing follows its terminal event."""
         ex = self.ex
-        gated = self.request is not None and self.request.tools is not None
+        # A structured output (text.format) has no prose to let through: held whole, preamble
+        # included, so the headers carry the verdict (as a chat stream with response_format).
+        hold_all = self.request is not None and self.request.output is not None
+        gated = hold_all or (self.request is not None and self.request.tools is not None)
         rewrite = gated or self.rebuilt
         parser = SSEParser()
         held: list[tuple[dict[str, Any], Any]] = []  # (event, its output index)
@@ -416,6 +421,9 @@ class ResponsesCall:
                 if kind == "response.completed" and isinstance(inner, dict):
                     final = inner
                 failed = failed or kind in _FAILED
+                if hold_all:
+                    held.append((payload, payload.get("output_index")))
+                    continue
                 if not gated or kind in _PREAMBLE:
                     await release(payload, event.raw)
                     continue
@@ -461,7 +469,9 @@ class ResponsesCall:
             raise UpstreamUnavailableError("the upstream's event stream ended before completing")
         answer, changed = await self._judge(final, streamed)
         if changed:
-            events = response_events(answer, skip=set(streamed))[2:]
+            # The preamble went out already, unless everything was held (then it leads again).
+            preamble = [p for p, _ in held if p.get("type") in _PREAMBLE]
+            events = [*preamble, *response_events(answer, skip=set(streamed))[2:]]
             tail = [self._frame(event) for event in events]
         else:
             tail = [self._frame(p) for p, _ in held]

@@ -218,3 +218,62 @@ def test_responses_text_format_is_checked_and_reasked() -> None:
             reask = upstream.requests[1]
             assert reask["text"]["format"]["type"] == "json_schema"
             assert "$.age" in str(reask["input"][-1])
+
+
+def _events(text: str) -> list[dict[str, Any]]:
+    return [orjson.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+def test_a_streamed_responses_text_format_is_held_and_reasked() -> None:
+    with ResponsesUpstream() as upstream:
+        upstream.push([message(BAD)], [message(GOOD)])
+        with _proxy(upstream.base_url, "reflexive") as proxy:
+            with _client(proxy).responses.stream(
+                model="m", input="Who is Ann?", text_format=Person
+            ) as stream:
+                events = list(stream)
+                final = stream.get_final_response()
+            assert final.output_parsed == Person(name="Ann", age=40)
+            # Nothing of the invalid answer reached the client: it was held whole.
+            deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+            assert "".join(deltas) == GOOD
+            assert [e.sequence_number for e in events] == list(range(len(events)))
+            assert events[0].type == "response.created"
+            assert events[-1].type == "response.completed"
+            ids = {e.response.id for e in events if hasattr(e, "response")}
+            assert ids == {final.id}
+            first, reask = upstream.requests
+            assert first["stream"] is True and reask["stream"] is False
+            assert reask["text"]["format"]["type"] == "json_schema"
+            assert "$.age" in str(reask["input"][-1])
+            line = [entry for entry in proxy.log_lines() if entry.get("path")][-1]
+            assert line["output_errors"] == ["output_schema_violation"]
+            assert line["output_repairs"] == 1
+
+
+def test_a_streamed_responses_text_format_with_repair_off_is_relayed_and_reported() -> None:
+    with ResponsesUpstream() as upstream:
+        upstream.push([message(BAD)])
+        with _proxy(upstream.base_url, "off") as proxy:
+            body = {
+                "model": "m",
+                "input": "Who is Ann?",
+                "stream": True,
+                "text": {
+                    "format": {
+                        "type": "json_schema",
+                        "name": "Person",
+                        "schema": Person.model_json_schema(),
+                    }
+                },
+            }
+            reply = httpx.post(f"{proxy.base_url}/responses", json=body)
+            assert reply.headers["x-repairproxy-output-errors"] == "output_schema_violation"
+            assert reply.headers["x-repairproxy-output-repairs"] == "0"
+            assert "$.age" in reply.headers["x-repairproxy-output-error-paths"]
+            events = _events(reply.text)
+            deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+            assert "".join(deltas) == BAD
+            assert [e["sequence_number"] for e in events] == list(range(len(events)))
+            assert events[-1]["type"] == "response.completed"
+            assert len(upstream.requests) == 1
