@@ -51,6 +51,8 @@ model: setup
 # screen; never part of `make model`, `make test` or CI. Its tests: pytest -m models_all.
 models-all: model
 	$(PY) -m repairproxy.local fetch --arm qwen2.5-coder-0.5b-q4_k_m-from-awq
+	$(PY) -m repairproxy.local quantize --arm q2_k-requant
+	$(PY) -m repairproxy.local quantize --arm qwen2.5-coder-0.5b-q2_k-requant
 
 # The further-quantized arm, only for studies and benchmarks that compare arms (quantize log:
 # ~/.cache/repairproxy/logs/).

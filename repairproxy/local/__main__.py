@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a shipped arm other than the reference (default: q4_k_m)",
     )
     fetch.set_defaults(run=_fetch)
-    quantize = sub.add_parser("quantize", help="make a requantized arm from q4_k_m")
+    quantize = sub.add_parser("quantize", help="make a requantized arm from its shipped base arm")
     quantize.add_argument(
         "--arm", default="q3_k_m-requant", choices=sorted(a for a in ARMS if ARMS[a].ftype)
     )

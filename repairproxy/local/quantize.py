@@ -70,7 +70,7 @@ def quantize_arm(arm: Arm, cache_dir: Path, *, threads: int | None = None) -> Qu
         raise QuantizeError(
             f"{arm.name} is the shipped reference arm; fetch it, do not quantize it"
         )
-    source = arm_path(ARMS["q4_k_m"], cache_dir)
+    source = arm_path(ARMS[arm.base], cache_dir)
     target = arm_path(arm, cache_dir, must_exist=False)
     start = time.perf_counter()
     made = False

@@ -39,6 +39,16 @@ def test_a_missing_file_names_the_fetch_command_of_this_arm(tmp_path: Path) -> N
         arm_path(arm_named(ARM), tmp_path)
 
 
+def test_its_q2_k_arm_is_requantized_from_it_not_from_the_1_5b(tmp_path: Path) -> None:
+    q2 = arm_named("qwen2.5-coder-0.5b-q2_k-requant")
+    assert q2.base == ARM and q2.ftype == 10 and q2.source is None
+    assert arm_named("q2_k").base == "q4_k_m"  # the 1.5B's own Q2_K keeps its reference
+    # The fix for a missing file fetches the 0.5B base, then quantizes.
+    fix = f"fetch --arm {ARM} && .*quantize --arm {q2.name}"
+    with pytest.raises(ModelNotFetchedError, match=fix):
+        arm_path(q2, tmp_path)
+
+
 def test_a_derived_arm_cannot_be_fetched(tmp_path: Path) -> None:
     with pytest.raises(FetchError, match="quantize"):
         fetch_arm("q3_k_m-requant", tmp_path)
