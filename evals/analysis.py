@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from evals import stats
+from evals import effects, stats
 from evals.definitions import AnswerFacts, answer_facts
 from evals.episodes import (
     BUDGETS,
@@ -35,6 +35,7 @@ from evals.stats import Interval, NotAvailable
 __all__ = [
     "BUDGETS",
     "BUILT_IN_FAMILIES",
+    "COST_MEASURES",
     "ENV_CHANNELS",
     "EVENTUAL_RECOVERY",
     "MODES_FAMILY",
@@ -181,6 +182,8 @@ class ArmSummary:
     mode: str | None
     run_info: dict[str, Any] = field(default_factory=dict)
     recovery_readings: tuple[Recovery, ...] = ()
+    pass_hat_k: dict[int, Interval | NotAvailable] = field(default_factory=dict)
+    failed_calls_histogram: dict[int, int] = field(default_factory=dict)  # calls -> episodes
 
 
 NEXT_CALL_RECOVERY = "the next agent call succeeds"
@@ -454,7 +457,15 @@ def summarize_arm(arm: Arm) -> ArmSummary:
         mode=cell_mode[1] if cell_mode else None,
         run_info=_run_info(arm.info),
         recovery_readings=recoveries(episodes),
+        pass_hat_k=effects.pass_hat_ks(
+            [(e.task_id, e.reward) for e in episodes], _int_or_none(arm.info.get("num_trials"))
+        ),
+        failed_calls_histogram=dict(sorted(Counter(e.failed_calls for e in episodes).items())),
     )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -483,6 +494,11 @@ class PairSummary:
     amplification_per_episode: dict[str, stats.RateRatio | NotAvailable] = field(
         default_factory=dict
     )
+    odds_ratio: Interval | NotAvailable = field(default=NotAvailable("not computed"))
+    power: effects.Power | NotAvailable = field(default=NotAvailable("not computed"))
+    cost_per_point: dict[str, effects.CostPerPoint | NotAvailable] = field(default_factory=dict)
+    # (task, reference successes, compared successes, paired trials) per task
+    task_shares: tuple[tuple[str, int, int, int], ...] = ()
     # Filled in per Holm family of a report.
     family: str = ""
     mcnemar_p_holm: float | NotAvailable = field(default=NotAvailable("not adjusted yet"))
@@ -573,6 +589,7 @@ def summarize_pair(
         )
     ref_all, _ = _keyed(reference.episodes)
     cmp_all, _ = _keyed(compared.episodes)
+    task_pairs = stats.TaskPairs.from_pairs(by_task)
     return PairSummary(
         reference=reference.label,
         compared=compared.label,
@@ -585,7 +602,7 @@ def summarize_pair(
         table=table,
         difference=_difference(by_task),
         mcnemar_p=stats.mcnemar_exact_p(table),
-        tost=stats.tost(stats.TaskPairs.from_pairs(by_task)),
+        tost=stats.tost(task_pairs),
         sweep_gap=sweep_gap,
         spearman=rho,
         spearman_names=len(union),
@@ -594,7 +611,48 @@ def summarize_pair(
         amplification_per_episode=amplification(
             list(ref_all.values()), list(cmp_all.values()), per="episode"
         ),
+        odds_ratio=effects.paired_odds_ratio(table),
+        power=effects.power(task_pairs, stats.EQUIVALENCE_MARGIN),
+        cost_per_point=_costs_per_point([(ref_keyed[k], cmp_keyed[k]) for k in keys]),
+        task_shares=_task_shares(by_task),
     )
+
+
+COST_MEASURES = ("repair tokens", "repair seconds")
+
+
+def _costs_per_point(
+    paired: Sequence[tuple[Episode, Episode]],
+) -> dict[str, effects.CostPerPoint | NotAvailable]:
+    """Repair tokens and seconds per episode, per point of success gained (see effects)."""
+    rows = [
+        (
+            ref.task_id,
+            ref.success,
+            cmp.success,
+            effects.episode_costs(ref.proxy_answers),
+            effects.episode_costs(cmp.proxy_answers),
+        )
+        for ref, cmp in paired
+    ]
+    return {
+        measure: effects.cost_per_point(
+            [(task, r, c, rc[i], cc[i]) for task, r, c, rc, cc in rows], measure
+        )
+        for i, measure in enumerate(COST_MEASURES)
+    }
+
+
+def _task_shares(
+    by_task: Sequence[tuple[str, bool, bool]],
+) -> tuple[tuple[str, int, int, int], ...]:
+    tasks: dict[str, list[int]] = {}
+    for task, ref, cmp in by_task:
+        row = tasks.setdefault(task, [0, 0, 0])
+        row[0] += ref
+        row[1] += cmp
+        row[2] += 1
+    return tuple((task, row[0], row[1], row[2]) for task, row in sorted(tasks.items()))
 
 
 def default_pairs(arms: Sequence[Arm]) -> list[tuple[str, str]]:

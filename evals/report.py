@@ -7,15 +7,11 @@ Rates are fractions in [0, 1] in the JSON and percentages in the text. An undefi
 
 from __future__ import annotations
 
-import base64
-import html
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evals import plots
+from evals import report_effects, report_pages
 from evals.analysis import (
     BUDGETS,
     ENV_CHANNELS,
@@ -30,6 +26,19 @@ from evals.analysis import (
     Summary,
 )
 from evals.definitions import DEFINITIONS
+from evals.report_format import (
+    Figure,
+    Section,
+    estimate,
+    interval,
+    na,
+    number,
+    p_value,
+    pct,
+    points,
+    render_html,
+    render_markdown,
+)
 from evals.stats import EQUIVALENCE_MARGIN, Interval, NotAvailable, RateRatio, Tost
 
 __all__ = ["Figure", "Section", "summary_to_json", "write_report"]
@@ -148,6 +157,7 @@ def _arm(arm: ArmSummary) -> dict[str, Any]:
         ],
         "proxy": _proxy(arm.proxy),
         "repair_cost": _cost(arm.repair_cost),
+        **report_effects.arm_json(arm),
         "run_info": arm.run_info,
         "provenance": arm.provenance,
     }
@@ -194,6 +204,7 @@ def _pair(pair: PairSummary) -> dict[str, Any]:
         "spearman_names": _value(pair.spearman),
         "spearman_name_count": pair.spearman_names,
         "novel_name_share": novel,
+        **report_effects.pair_json(pair),
     }
 
 
@@ -212,57 +223,6 @@ def summary_to_json(summary: Summary) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------
 # Text
-
-
-def _na(value: NotAvailable) -> str:
-    return f"n/a ({value.reason})"
-
-
-def pct(value: float | NotAvailable, digits: int = 1) -> str:
-    return _na(value) if isinstance(value, NotAvailable) else f"{100 * value:.{digits}f}%"
-
-
-def points(value: Interval | NotAvailable, digits: int = 1) -> str:
-    """A difference of rates in percentage points with its interval."""
-    if isinstance(value, NotAvailable):
-        return _na(value)
-    e, lo, hi = (100 * v for v in (value.estimate, value.low, value.high))
-    return f"{e:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
-
-
-def estimate(value: Interval | NotAvailable) -> str:
-    return _na(value) if isinstance(value, NotAvailable) else pct(value.estimate)
-
-
-def interval(value: Interval | NotAvailable) -> str:
-    if isinstance(value, NotAvailable):
-        return _na(value)
-    return f"{100 * value.estimate:.1f}% [{100 * value.low:.1f}, {100 * value.high:.1f}]"
-
-
-def number(value: float | NotAvailable, digits: int = 2) -> str:
-    return _na(value) if isinstance(value, NotAvailable) else f"{value:.{digits}f}"
-
-
-def p_value(value: float | NotAvailable) -> str:
-    if isinstance(value, NotAvailable):
-        return _na(value)
-    return "<0.001" if value < 0.001 else f"{value:.3f}"
-
-
-@dataclass(frozen=True)
-class Figure:
-    title: str
-    path: Path
-
-
-@dataclass
-class Section:
-    title: str
-    paragraphs: list[str] = field(default_factory=list)
-    header: list[str] = field(default_factory=list)
-    rows: list[list[str]] = field(default_factory=list)
-    figures: list[Figure] = field(default_factory=list)
 
 
 def _arm_sections(summary: Summary) -> list[Section]:
@@ -413,7 +373,7 @@ def _arm_sections(summary: Summary) -> list[Section]:
 
 def _ratio(value: RateRatio | NotAvailable) -> str:
     if isinstance(value, NotAvailable):
-        return _na(value)
+        return na(value)
     r = value.ratio
     return (
         f"{r.estimate:.2f}× [{r.low:.2f}, {r.high:.2f}] "
@@ -424,7 +384,7 @@ def _ratio(value: RateRatio | NotAvailable) -> str:
 
 def _recovery(reading: Recovery) -> str:
     if isinstance(reading.share, NotAvailable):
-        return _na(reading.share)
+        return na(reading.share)
     return f"{interval(reading.share)} of {reading.of}"
 
 
@@ -486,12 +446,12 @@ def _pair_sections(summary: Summary) -> list[Section]:
             tost_text = points(p.tost.interval, digits=2)
             equivalent = "yes" if p.tost.equivalent else "no"
         else:
-            tost_text, equivalent = _na(p.tost), "n/a"
+            tost_text, equivalent = na(p.tost), "n/a"
         if isinstance(p.novel, NotAvailable):
-            novel = _na(p.novel)
+            novel = na(p.novel)
         else:
             novel = f"{p.novel[0]}/{p.novel[1]} ({pct(p.novel[0] / p.novel[1])})"
-        rho = _na(p.spearman) if isinstance(p.spearman, NotAvailable) else f"{p.spearman:.3f}"
+        rho = na(p.spearman) if isinstance(p.spearman, NotAvailable) else f"{p.spearman:.3f}"
         section.rows.append(
             [
                 p.family,
@@ -527,129 +487,8 @@ def definitions_section() -> Section:
     )
 
 
-def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
-    if isinstance(value, Mapping):
-        out: list[tuple[str, str]] = []
-        for key, inner in value.items():
-            out.extend(_flatten(inner, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return [(prefix, json.dumps(value) if not isinstance(value, str) else value)]
-
-
-def _provenance_section(summary: Summary) -> Section:
-    section = Section(
-        "Provenance",
-        ["From each results file's info block, then the provenance.json beside it (if any)."],
-        header=["arm", "key", "value"],
-    )
-    for arm in summary.arms.values():
-        for key, value in _flatten(arm.run_info, "results.info"):
-            section.rows.append([arm.label, key, value])
-        if not arm.provenance:
-            section.rows.append([arm.label, "provenance.json", "absent"])
-            continue
-        for key, value in _flatten(arm.provenance):
-            section.rows.append([arm.label, key, value])
-    return section
-
-
-def _figures(summary: Summary, out_dir: Path) -> Section:
-    section = Section("Figures")
-    drawn: list[tuple[str, Path | None]] = []
-    for i, pair in enumerate(summary.pairs, 1):
-        name = plots.slug(f"{pair.reference}__vs__{pair.compared}")
-        drawn.append(
-            (
-                f"Success vs K': {pair.compared} vs {pair.reference}",
-                plots.sweep(summary, pair, out_dir / f"sweep_{i:02d}_{name}.png"),
-            )
-        )
-    drawn.append(("Channel rates per arm", plots.channel_rates(summary, out_dir / "channels.png")))
-    for i, pair in enumerate(summary.pairs, 1):
-        name = plots.slug(f"{pair.reference}__vs__{pair.compared}")
-        drawn.append(
-            (
-                f"Name-count ranks: {pair.compared} vs {pair.reference}",
-                plots.name_ranks(summary, pair, out_dir / f"names_{i:02d}_{name}.png"),
-            )
-        )
-    drawn.append(
-        ("Repair effect per cell", plots.repair_effect(summary, out_dir / "repair_effect.png"))
-    )
-    drawn.append(
-        ("Paired differences", plots.differences(summary.pairs, out_dir / "differences.png"))
-    )
-    for title, path in drawn:
-        if path is None:
-            section.paragraphs.append(f"{title}: nothing to draw for this data.")
-        else:
-            section.figures.append(Figure(title, path))
-    return section
-
-
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _markdown(sections: Sequence[Section], title: str) -> str:
-    lines = [f"# {title}", ""]
-    for section in sections:
-        lines += [f"## {section.title}", ""]
-        for paragraph in section.paragraphs:
-            lines += [paragraph, ""]
-        if section.header:
-            lines.append("| " + " | ".join(_md_cell(h) for h in section.header) + " |")
-            lines.append("|" + "---|" * len(section.header))
-            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in section.rows]
-            lines.append("")
-        for figure in section.figures:
-            lines += [f"![{figure.title}]({figure.path.name})", ""]
-    return "\n".join(lines)
-
-
-_CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.85em; }
-th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: left; vertical-align: top; }
-th { background: #f3f3f3; }
-figure { display: inline-block; margin: 0.5em 1em 1em 0; }
-figcaption { font-size: 0.85em; color: #555; }
-img { max-width: 100%; }
-"""
-
-
-def _html(sections: Sequence[Section], title: str) -> str:
-    out = [
-        "<!doctype html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{html.escape(title)}</h1>",
-    ]
-    for section in sections:
-        out.append(f"<h2>{html.escape(section.title)}</h2>")
-        out += [f"<p>{html.escape(p)}</p>" for p in section.paragraphs]
-        if section.header:
-            out.append("<table><tr>")
-            out += [f"<th>{html.escape(h)}</th>" for h in section.header]
-            out.append("</tr>")
-            for row in section.rows:
-                out.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>")
-            out.append("</table>")
-        for figure in section.figures:
-            data = base64.b64encode(figure.path.read_bytes()).decode("ascii")
-            out.append(
-                f'<figure><img alt="{html.escape(figure.title)}" '
-                f'src="data:image/png;base64,{data}"><figcaption>'
-                f"{html.escape(figure.title)}</figcaption></figure>"
-            )
-    out.append("</body></html>")
-    return "\n".join(out)
-
-
 def write_report(summary: Summary, out_dir: Path, title: str = "repairproxy analysis") -> None:
     """summary.json, the PNG figures, report.md and report.html into ``out_dir``."""
-    from evals import report_pages  # it builds on this module's sections
-
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(
         json.dumps(summary_to_json(summary), indent=2, ensure_ascii=False, allow_nan=False) + "\n",
@@ -658,11 +497,12 @@ def write_report(summary: Summary, out_dir: Path, title: str = "repairproxy anal
     sections = [
         *_arm_sections(summary),
         *_pair_sections(summary),
+        *report_effects.effect_sections(summary),
         report_pages.figures_section(summary, out_dir),
         definitions_section(),
         report_pages.provenance_appendix(summary),
     ]
     if summary.notes:
         sections.insert(0, Section("Notes", list(summary.notes)))
-    (out_dir / "report.md").write_text(_markdown(sections, title) + "\n", encoding="utf-8")
-    (out_dir / "report.html").write_text(_html(sections, title) + "\n", encoding="utf-8")
+    (out_dir / "report.md").write_text(render_markdown(sections, title) + "\n", encoding="utf-8")
+    (out_dir / "report.html").write_text(render_html(sections, title) + "\n", encoding="utf-8")

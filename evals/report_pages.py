@@ -8,7 +8,7 @@ from pathlib import Path
 
 from evals import plots
 from evals.analysis import PairSummary, Summary
-from evals.report import Figure, Section, _flatten
+from evals.report_format import Figure, Section, flatten
 
 __all__ = ["NAME_RANK_PAIRS", "figures_section", "provenance_appendix"]
 
@@ -76,8 +76,8 @@ def figures_section(summary: Summary, out_dir: Path) -> Section:
 def provenance_appendix(summary: Summary) -> Section:
     per_arm: dict[str, dict[str, str]] = {}
     for arm in summary.arms.values():
-        rows = dict(_flatten(arm.run_info, "results.info"))
-        rows.update(_flatten(arm.provenance) if arm.provenance else {"provenance.json": "absent"})
+        rows = dict(flatten(arm.run_info, "results.info"))
+        rows.update(flatten(arm.provenance) if arm.provenance else {"provenance.json": "absent"})
         per_arm[arm.label] = rows
     keys = list(dict.fromkeys(k for rows in per_arm.values() for k in rows))
     # With two arms every row is read side by side; past that, shared rows are said once.

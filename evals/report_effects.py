@@ -1,0 +1,197 @@
+"""The report's sections on what a reviewer asks beyond the difference: pass^k per arm, effect
+sizes with what the run could have detected, and repair cost per point of success gained (the
+numbers come from ``evals.effects`` through the summary)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evals.analysis import COST_MEASURES, ArmSummary, PairSummary, Summary
+from evals.effects import CostPerPoint, Power
+from evals.report_format import Section, na, number, points
+from evals.stats import EQUIVALENCE_MARGIN, Interval, NotAvailable
+
+__all__ = ["arm_json", "effect_sections", "pair_json"]
+
+
+def _interval_json(value: Interval | NotAvailable) -> Any:
+    if isinstance(value, NotAvailable):
+        return {"value": "n/a", "reason": value.reason}
+    return {"estimate": value.estimate, "low": value.low, "high": value.high}
+
+
+def _power_json(value: Power | NotAvailable) -> Any:
+    if isinstance(value, NotAvailable):
+        return {"value": "n/a", "reason": value.reason}
+    return {
+        "method": "normal approximation at the task-clustered standard error",
+        "standard_error": value.standard_error,
+        "detectable_difference_at_80_power": value.detectable,
+        "tost_power_at_zero": value.tost_power,
+        "margin_shown_at_80_power": value.margin_at_power,
+    }
+
+
+def _cost_json(value: CostPerPoint | NotAvailable) -> Any:
+    if isinstance(value, NotAvailable):
+        return {"value": "n/a", "reason": value.reason}
+    return {
+        "gain_points": value.gain_points,
+        "cost_per_episode": value.cost_per_episode,
+        "per_point": _interval_json(value.per_point),
+    }
+
+
+def arm_json(arm: ArmSummary) -> dict[str, Any]:
+    return {
+        "pass_hat_k": {str(k): _interval_json(v) for k, v in arm.pass_hat_k.items()},
+        "failed_calls_per_episode_histogram": {
+            str(k): v for k, v in arm.failed_calls_histogram.items()
+        },
+    }
+
+
+def pair_json(pair: PairSummary) -> dict[str, Any]:
+    return {
+        "odds_ratio_paired": _interval_json(pair.odds_ratio),
+        "power": _power_json(pair.power),
+        "cost_per_point": {k: _cost_json(v) for k, v in pair.cost_per_point.items()},
+    }
+
+
+def _ratio(value: Interval | NotAvailable) -> str:
+    if isinstance(value, NotAvailable):
+        return na(value)
+    return f"{value.estimate:.2f} [{value.low:.2f}, {value.high:.2f}]"
+
+
+def _pass_section(arms: list[ArmSummary]) -> Section:
+    ks = sorted({k for a in arms for k in a.pass_hat_k})
+    section = Section(
+        "pass^k per arm",
+        [
+            "τ²-bench's pass^k: per task C(successes, k) / C(trials, k), averaged over tasks, k up "
+            "to the fewest trials any task has; every episode of the file, as τ²-bench reads it "
+            "(so NL-unjudged episodes count with the reward the file holds). 95% interval: "
+            "Student's t over tasks."
+        ],
+        ["arm", *[f"pass^{k}" for k in ks]],
+    )
+    for a in arms:
+        cells = []
+        for k in ks:
+            value = a.pass_hat_k.get(k)
+            if value is None:
+                cells.append("n/a (fewer trials)")
+            elif isinstance(value, NotAvailable):
+                cells.append(na(value))
+            else:
+                cells.append(
+                    f"{100 * value.estimate:.1f} [{100 * value.low:.1f}, {100 * value.high:.1f}]"
+                )
+        section.rows.append([a.label, *cells])
+    return section
+
+
+def _power_cells(value: Power | NotAvailable) -> list[str]:
+    if isinstance(value, NotAvailable):
+        return [na(value)] * 4
+    return [
+        f"{100 * value.standard_error:.2f}",
+        f"{100 * value.detectable:.1f}",
+        f"{100 * value.tost_power:.0f}%",
+        f"±{100 * value.margin_at_power:.1f}",
+    ]
+
+
+def _effects_section(pairs: list[PairSummary]) -> Section:
+    margin = 100 * EQUIVALENCE_MARGIN
+    section = Section(
+        "Effect sizes and what the run could detect",
+        [
+            "Difference: compared − reference, task-clustered 95% (as the pairs table). Odds "
+            "ratio: the paired (conditional) odds ratio compared-only / reference-only with its "
+            "exact 95% interval (pairs as units, as McNemar's p). At the run's size, by the normal "
+            "approximation at the task-clustered standard error: the smallest true difference a "
+            "two-sided 5% test finds with 80% power; the power of the "
+            f"±{margin:.1f}-point TOST when the true difference is 0; and the smallest margin the "
+            "TOST shows with 80% power then. A 'no difference' reading is only as strong as the "
+            "detectable difference is small."
+        ],
+        [
+            "reference",
+            "compared",
+            "difference, 95% (points)",
+            "odds ratio, 95%",
+            "SE (points)",
+            "detectable at 80% (points)",
+            f"TOST ±{margin:.1f} power at 0",
+            "margin shown at 80%",
+        ],
+    )
+    for p in pairs:
+        section.rows.append(
+            [
+                p.reference,
+                p.compared,
+                points(p.difference),
+                _ratio(p.odds_ratio),
+                *_power_cells(p.power),
+            ]
+        )
+    return section
+
+
+def _cost_cells(value: CostPerPoint | NotAvailable | None, digits: int) -> list[str]:
+    if value is None:
+        return ["n/a", "n/a"]
+    if isinstance(value, NotAvailable):
+        return [na(value), ""]
+    per = value.per_point
+    per_text = (
+        na(per)
+        if isinstance(per, NotAvailable)
+        else f"{per.estimate:.{digits}f} [{per.low:.{digits}f}, {per.high:.{digits}f}]"
+    )
+    return [number(value.cost_per_episode, digits), per_text]
+
+
+def _cost_section(pairs: list[PairSummary]) -> Section:
+    section = Section(
+        "Repair cost per point of success gained",
+        [
+            "Per pair: the repair cost per episode (compared − reference; the proxy's "
+            "repair-prompt + repair-completion tokens, and repair seconds) over the success gained "
+            "in percentage points: what one point of success costs per episode. 95% interval: "
+            "percentile of a task bootstrap (4,000 resamples of tasks, fixed seed). n/a when no "
+            "success was gained or the gain's interval reaches 0 (the ratio is then unbounded)."
+        ],
+        [
+            "reference",
+            "compared",
+            "gain (points)",
+            "extra tokens / episode",
+            "tokens per point, 95%",
+            "extra seconds / episode",
+            "seconds per point, 95%",
+        ],
+    )
+    for p in pairs:
+        tokens = p.cost_per_point.get(COST_MEASURES[0])
+        seconds = p.cost_per_point.get(COST_MEASURES[1])
+        gain = (
+            f"{tokens.gain_points:+.1f}"
+            if isinstance(tokens, CostPerPoint)
+            else points(p.difference)
+        )
+        section.rows.append(
+            [p.reference, p.compared, gain, *_cost_cells(tokens, 0), *_cost_cells(seconds, 3)]
+        )
+    return section
+
+
+def effect_sections(summary: Summary) -> list[Section]:
+    sections = [_pass_section(list(summary.arms.values()))]
+    if summary.pairs:
+        sections += [_effects_section(summary.pairs), _cost_section(summary.pairs)]
+    return sections
