@@ -3,13 +3,22 @@
 ``Metrics`` implements the pipeline's ``PipelineObserver``. Label values are bounded: at most
 ``max_model_labels`` models and ``max_tool_labels`` invented tool names per model get their own
 value (the rest share ``_other``), every value is cut to 64 characters, and labelled children are
-cached per model so that ``request_finished`` costs a few dict lookups and counter increments.
+cached per model.
+
+``request_finished`` adds to plain numbers (``_Pending``: one lock per request instead of one per
+counter increment or histogram observation), and the sums reach prometheus-client's children when
+anything reads the registry (a collector registered first flushes them), every
+``FLUSH_EVERY`` requests, and, in multi-process mode, once per event-loop iteration (another
+worker's scrape reads this one's files). Sums are added one observation at a time, in order, so
+every exposed value is the one direct increments would have made, bit for bit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import threading
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,7 +29,7 @@ from prometheus_client.exposition import choose_encoder
 
 from repairproxy.episodes.budget import DEFAULT_ENV_ERROR_TABLE, ENV_OTHER_ERROR
 from repairproxy.native import FAMILIES
-from repairproxy.observe.record import EpisodeRecord, RepairResultKind, RequestRecord
+from repairproxy.observe.record import RepairResultKind, RequestRecord
 from repairproxy.settings import Settings
 from repairproxy.structured import OutputChannel
 from repairproxy.types import API, Outcome
@@ -32,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ANSWER_CHANNELS",
     "ENV_CHANNELS",
+    "FLUSH_EVERY",
     "MAX_LABEL_CHARS",
     "OTHER",
     "UNKNOWN_MODEL",
@@ -40,6 +50,7 @@ __all__ = [
 ]
 
 MAX_LABEL_CHARS = 64
+FLUSH_EVERY = 512  # requests whose increments may wait for a scrape (bounds what is held)
 OTHER = "_other"  # the shared label value beyond the bound
 UNKNOWN_MODEL = "_unknown"  # requests that never named a model (e.g. an unreadable body)
 
@@ -58,6 +69,68 @@ _MARGIN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 
 def _label(value: str) -> str:
     return value if len(value) <= MAX_LABEL_CHARS else value[:MAX_LABEL_CHARS]
+
+
+class _Pending:
+    """Increments not yet made on prometheus-client's children: counter deltas, and each
+    histogram's observations in order. Bounded: at most ``FLUSH_EVERY`` requests' worth."""
+
+    __slots__ = ("counts", "observed", "requests")
+
+    def __init__(self) -> None:
+        self.counts: dict[Any, float] = {}
+        self.observed: dict[Any, list[float]] = {}
+        self.requests = 0
+
+    def inc(self, child: Any, amount: float = 1) -> None:
+        counts = self.counts
+        counts[child] = counts.get(child, 0) + amount
+
+    def observe(self, child: Any, amount: float) -> None:
+        found = self.observed.get(child)
+        if found is None:
+            self.observed[child] = [amount]
+        else:
+            found.append(amount)
+
+    def apply(self) -> None:
+        for child, amount in self.counts.items():
+            child.inc(amount)
+        for child, amounts in self.observed.items():
+            _observe_all(child, amounts)
+
+
+def _observe_all(child: Any, amounts: list[float]) -> None:
+    """``child.observe(a)`` for each amount, in order, with one update of each value touched.
+
+    Uses the histogram's value holders (``_sum``, ``_buckets``, ``_upper_bounds``) as
+    prometheus-client 0.26's ``Histogram.observe`` does; tests pin the result against it."""
+    bounds = child._upper_bounds
+    counts = [0] * len(bounds)
+    total = child._sum.get()
+    for amount in amounts:
+        total += amount
+        if amount == amount:  # NaN falls in no bucket (amount <= bound is false for +Inf too)
+            counts[bisect_left(bounds, amount)] += 1
+    child._sum.set(total)
+    for index, count in enumerate(counts):
+        if count:
+            child._buckets[index].inc(count)
+
+
+class _FlushBeforeCollect:
+    """Registered first in the registry: every scrape (and ``get_sample_value``) flushes the
+    pending increments before the families are read."""
+
+    def __init__(self, flush: Callable[[], None]) -> None:
+        self._flush = flush
+
+    def describe(self) -> list[Any]:
+        return []  # no metric of its own
+
+    def collect(self) -> list[Any]:
+        self._flush()
+        return []
 
 
 class _Family:
@@ -273,8 +346,16 @@ class _ModelMetrics:
 class Metrics:
     """The proxy's Prometheus metrics; ``request_finished`` is the pipeline's observer call."""
 
+    # Multi-process mode sets this: other workers read this one's values from its files.
+    _flush_each_iteration = False
+
     def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        # Before the families, so a collect sees every request finished before it.
+        self.registry.register(_FlushBeforeCollect(self.flush))
+        self._pending = _Pending()
+        self._pending_lock = threading.Lock()  # request_finished (loop) vs a scrape (any thread)
+        self._flush_scheduled = False
         self.settings = settings
         self.max_models = max(int(getattr(settings, "max_model_labels", 20)), 1)
         self.max_tools = max(int(getattr(settings, "max_tool_labels", 50)), 1)
@@ -317,19 +398,30 @@ class Metrics:
         if record.served_model is not None and m.served is None:
             m.served = _label(record.served_model)
             self._family.served_model.labels(m.label, m.served).set(1)
-        m.requests[record.api, record.outcome].inc()
+        with self._pending_lock:
+            pending = self._pending
+            self._add(pending, m, record)
+            pending.requests += 1
+            if pending.requests >= FLUSH_EVERY:
+                self._flush_locked()
+            elif self._flush_each_iteration and not self._flush_scheduled:
+                self._schedule_flush()
+
+    def _add(self, pending: _Pending, m: _ModelMetrics, record: RequestRecord) -> None:
+        inc, observe = pending.inc, pending.observe
+        inc(m.requests[record.api, record.outcome])
         if record.tool_calls:
-            m.tool_calls.inc(record.tool_calls)
+            inc(m.tool_calls, record.tool_calls)
         for caught in record.caught:
-            m.error(caught.channel, "answer").inc()
+            inc(m.error(caught.channel, "answer"))
             if caught.tool is not None:
-                m.invented(caught.tool).inc()
+                inc(m.invented(caught.tool))
         for label in record.env_errors:
-            m.error(label, "environment").inc()
+            inc(m.error(label, "environment"))
         for repair in record.repairs:
-            m.repair(repair.channel, repair.result).inc()
+            inc(m.repair(repair.channel, repair.result))
         if record.promoted:
-            m.promoted.inc(record.promoted)
+            inc(m.promoted, record.promoted)
         for label in record.promoted_formats:
             label = label if label in FAMILIES else "other"
             child = m.promoted_formats.get(label)
@@ -337,44 +429,64 @@ class Metrics:
                 child = m.promoted_formats[label] = self._family.promoted_formats.labels(
                     m.label, label
                 )
-            child.inc()
+            inc(child)
         if record.repair_attempts:
-            m.repair_attempts.observe(record.repair_attempts)
-            m.repair_seconds.observe(record.repair_seconds)
+            observe(m.repair_attempts, record.repair_attempts)
+            observe(m.repair_seconds, record.repair_seconds)
         elif record.repairs:
-            m.repair_attempts.observe(0)  # fixed without a re-ask (a promoted text call)
+            observe(m.repair_attempts, 0)  # fixed without a re-ask (a promoted text call)
         if record.repair_prompt_tokens:
-            m.prompt_tokens.inc(record.repair_prompt_tokens)
+            inc(m.prompt_tokens, record.repair_prompt_tokens)
         if record.repair_completion_tokens:
-            m.completion_tokens.inc(record.repair_completion_tokens)
+            inc(m.completion_tokens, record.repair_completion_tokens)
         if record.output is not None:
             for channel in record.output.caught:
-                m.output_errors[channel].inc()
+                inc(m.output_errors[channel])
             if record.output.result is not None:
-                m.output_repairs[record.output.result].inc()
-        if record.episode is not None:
-            self._episode(m, record.episode)
+                inc(m.output_repairs[record.output.result])
+        episode = record.episode
+        if episode is not None:
+            if episode.new:
+                inc(m.episodes)
+            before, after = episode.errors_before, episode.errors_after
+            if after > before:
+                for k, child in m.over_budget:
+                    if before < k <= after:
+                        inc(child)
+                if episode.budget > 0 and before < episode.budget <= after:
+                    inc(m.exhausted)
+            observe(m.budget_remaining, episode.remaining)
         if record.outcome is not Outcome.CLIENT_ERROR:
-            self._family.overhead.observe(record.overhead_seconds)
+            observe(self._family.overhead, record.overhead_seconds)
         if record.upstream_seconds > 0:
-            m.upstream.observe(record.upstream_seconds)
+            observe(m.upstream, record.upstream_seconds)
         if record.first_byte_seconds is not None:
-            m.first_byte.observe(record.first_byte_seconds)
+            observe(m.first_byte, record.first_byte_seconds)
         for margin in record.tool_name_margins:
-            m.margin.observe(margin)
+            observe(m.margin, margin)
 
-    @staticmethod
-    def _episode(m: _ModelMetrics, episode: EpisodeRecord) -> None:
-        if episode.new:
-            m.episodes.inc()
-        before, after = episode.errors_before, episode.errors_after
-        if after > before:
-            for k, child in m.over_budget:
-                if before < k <= after:
-                    child.inc()
-            if episode.budget > 0 and before < episode.budget <= after:
-                m.exhausted.inc()
-        m.budget_remaining.observe(episode.remaining)
+    def flush(self) -> None:
+        """Make every pending increment on prometheus-client's children (any thread)."""
+        with self._pending_lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        pending, self._pending = self._pending, _Pending()
+        pending.apply()
+
+    def _schedule_flush(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside a loop: nothing will come back for it
+            self._flush_locked()
+            return
+        self._flush_scheduled = True
+        loop.call_soon(self._scheduled_flush)
+
+    def _scheduled_flush(self) -> None:
+        with self._pending_lock:
+            self._flush_scheduled = False
+            self._flush_locked()
 
     def exposition(self, accept: str | None) -> tuple[bytes, str]:
         """The scrape body and its content type (OpenMetrics when ``accept`` asks for it)."""

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import math
+import threading
 import urllib.error
 import urllib.request
 
 import pytest
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
-from repairproxy.observe.metrics import OTHER, UNKNOWN_MODEL, Metrics
+from repairproxy.observe.metrics import FLUSH_EVERY, OTHER, UNKNOWN_MODEL, Metrics
 from repairproxy.observe.record import CaughtCall, EpisodeRecord, RequestRecord
 from repairproxy.settings import Settings
 from repairproxy.types import API, Outcome
@@ -209,3 +213,113 @@ def test_request_finished_creates_no_children_after_the_first_records() -> None:
     for record in records * 20:
         m.request_finished(record)
     assert sum(len(family.samples) for family in m.registry.collect()) == series
+
+
+# -- increments batched per request, exact when read ----------------------------------------------
+
+
+def test_a_finished_request_is_seen_by_the_next_read_and_scrape() -> None:
+    m = Metrics(Settings())
+    m.request_finished(RequestRecord(model="m", tool_calls=2, upstream_seconds=0.3))
+    assert value(m, "tool_calls_total", model="m") == 2
+    m.request_finished(RequestRecord(model="m", tool_calls=1, upstream_seconds=0.3))
+    body, _ = m.exposition(None)
+    assert b'repairproxy_tool_calls_total{model="m"} 3.0' in body
+    assert b'repairproxy_upstream_request_duration_seconds_count{model="m"} 2.0' in body
+
+
+def _first_byte_samples(registry: CollectorRegistry) -> dict[str, float]:
+    return {
+        f"{s.name}{sorted(s.labels.items())}": s.value
+        for family in registry.collect()
+        if family.name == "repairproxy_stream_first_byte_seconds"
+        for s in family.samples
+        if not s.name.endswith("_created")
+    }
+
+
+@pytest.mark.parametrize(
+    "amounts",
+    [
+        # bounds hit exactly, values past the last bound, a float sum that reassociating the
+        # two batches would change in its last digits (7000072.450000007 instead of ...003)
+        [0.05, 0.1, 1e-9, 0.30000000000000004, 1e6, 0.1, 2.5, 0.0, 7.3] * 7,
+        [0.2, float("nan"), 400.0],  # NaN falls in no bucket and makes the sum NaN
+    ],
+)
+def test_batched_histograms_equal_direct_observations_bit_for_bit(amounts: list[float]) -> None:
+    """The values a flush makes are those prometheus-client's own ``observe`` makes, in order."""
+    m = Metrics(Settings())
+    for index, amount in enumerate(amounts):
+        m.request_finished(
+            RequestRecord(model="m", upstream_seconds=1.0, first_byte_seconds=amount)
+        )
+        if index == len(amounts) // 2:
+            m.flush()  # a second batch adds to a sum already made
+    direct_registry = CollectorRegistry()
+    direct = Histogram(
+        "repairproxy_stream_first_byte_seconds",
+        "direct",
+        ("model",),
+        registry=direct_registry,
+        buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0),
+    ).labels("m")
+    for amount in amounts:
+        direct.observe(amount)
+    got, want = _first_byte_samples(m.registry), _first_byte_samples(direct_registry)
+    assert len(got) == 16 and got.keys() == want.keys()
+    for key, expected in want.items():
+        same = got[key] == expected or (math.isnan(got[key]) and math.isnan(expected))
+        assert same, (key, got[key], expected)
+
+
+def test_pending_increments_are_bounded_without_any_scrape() -> None:
+    m = Metrics(Settings())
+    for _ in range(FLUSH_EVERY * 3 + 5):
+        m.request_finished(RequestRecord(model="m", tool_calls=1))
+    child = m._model("m").tool_calls
+    assert child._value.get() == FLUSH_EVERY * 3  # applied without a read: three full batches
+    assert value(m, "tool_calls_total", model="m") == FLUSH_EVERY * 3 + 5
+
+
+def test_multi_process_mode_writes_once_per_loop_iteration() -> None:
+    """Another worker's scrape reads this one's values, not its pending sums: they are applied
+    at the next loop iteration, before any callback that a later request's bytes schedule."""
+
+    class EachIteration(Metrics):
+        _flush_each_iteration = True
+
+    async def run() -> tuple[float, float]:
+        m = EachIteration(Settings())
+        for _ in range(16):
+            m.request_finished(RequestRecord(model="m", tool_calls=1))
+        child = m._model("m").tool_calls
+        before = child._value.get()
+        await asyncio.sleep(0)
+        return before, child._value.get()
+
+    assert asyncio.run(run()) == (0, 16)
+
+
+def test_scrapes_from_another_thread_see_exact_monotonic_counts() -> None:
+    m = Metrics(Settings())
+    total = 20_000
+    seen: list[float] = []
+    done = threading.Event()
+
+    def scrape() -> None:
+        while not done.is_set():
+            seen.append(
+                m.registry.get_sample_value("repairproxy_tool_calls_total", {"model": "m"}) or 0.0
+            )
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        for _ in range(total):
+            m.request_finished(RequestRecord(model="m", tool_calls=1))
+    finally:
+        done.set()
+        scraper.join(timeout=30)
+    assert seen == sorted(seen) and all(v <= total for v in seen)
+    assert value(m, "tool_calls_total", model="m") == total
