@@ -4,7 +4,7 @@ Small and quantized open models often write their call in the answer's text inst
 structured ``tool_calls`` field, and the upstream's parser misses it: bare JSON
 (``{"name": ..., "arguments": ...}`` or a list of them), ``<tool_call>`` blocks, fenced JSON,
 ``<function=NAME><parameter=K>v</parameter></function>`` XML, the legacy ``function_call`` shape,
-and each model family's native format (``repairproxy/native.py``, consulted when present).
+and each model family's native format (``repairproxy/native/``, consulted when present).
 ``find_text_calls`` is the one entry point that finds them all, with their spans.
 
 Promotion makes the agent *execute* what the text says, so a shape is not enough: the text around
@@ -80,7 +80,7 @@ class Shape(enum.StrEnum):
     TAGGED = "tool_call_tag"  # <tool_call>...</tool_call> (hermes)
     FENCED = "fenced_json"  # ```json ... ```
     XML = "function_xml"  # <function=NAME><parameter=K>v</parameter></function>
-    NATIVE = "native"  # a model family's own format (repairproxy/native.py)
+    NATIVE = "native"  # a model family's own format (repairproxy/native/)
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,12 +367,18 @@ def find_text_calls(
 
     The one entry point for every recogniser. Tags first (their bodies may hold anything), then
     ``<function=...>`` XML outside tags, fenced JSON, bare JSON in what is left; then each model
-    family's native format (``native``, when present) where those found nothing readable (a native
-    reading replaces a tag whose body could not be read). JSON that is not a call shape is prose.
+    family's native format (``native``, when present), which wins where it also spans the
+    family's wrapper (``_merge_native``). JSON that is not a call shape is prose.
     ``tools`` (name -> parameters schema) lets a native format that writes every value as text
     type them. This finds shapes only: ``read_text_calls`` judges which ones are calls.
     """
-    if "{" not in text and "<" not in text and "[" not in text:
+    # Only Granite's bare ``name(...)`` lines, for a declared tool, need none of ``{<[``.
+    if (
+        "{" not in text
+        and "<" not in text
+        and "[" not in text
+        and (tools is None or "(" not in text)
+    ):
         return ()
     found: list[TextCall] = []
     if "<tool_call>" in text:
@@ -391,24 +397,58 @@ def find_text_calls(
             found.extend(_bare_json_calls(text, gap_start, gap_end))
     native = _native_calls(text, tools)
     if native:
-        readable = [call for call in found if call.name is not None and call.arguments is not None]
-        unreadable = [call for call in found if call not in readable]
-        # Where a tag's body could not be read, a native reading replaces it only when it names
-        # a declared tool (``<tool_call>garbage</tool_call>`` is not GLM's call to "garbage").
-        added = [
-            call
-            for call in _outside(readable, native)
-            if _outside(unreadable, [call]) or (tools is not None and call.name in tools)
-        ]
-        found = [*readable, *_outside(added, unreadable), *added]
+        found = _merge_native(text, found, native, tools)
     found.sort(key=lambda call: call.start)
     return tuple(found[:MAX_TEXT_CALLS])
 
 
-def _outside(kept: Sequence[TextCall], calls: Iterable[TextCall]) -> list[TextCall]:
-    """``calls`` that do not overlap a call already ``kept`` (a native reading wins)."""
-    spans = [(call.start, call.end) for call in kept]
-    return [c for c in calls if not any(c.start < end and start < c.end for start, end in spans)]
+def _merge_native(
+    text: str,
+    found: Sequence[TextCall],
+    native: Sequence[TextCall],
+    tools: Mapping[str, Mapping[str, Any]] | None,
+) -> list[TextCall]:
+    """The built-in readings and the native ones, one reading per stretch of text.
+
+    A native match spans its family's wrapper and every call inside it, so where it covers text
+    the built-in readings it overlaps leave out (a marker, a separator), it wins: the wrapper is
+    cut with the call, and calls written under one wrapper are promoted together. On the
+    same span the built-in reading stays, unless it left every value a string that the native
+    reading typed by the declared schema. An unreadable built-in reading (a tag with a broken
+    body) gives way only to a native call that names a declared tool (``<tool_call>garbage``
+    is not GLM's call to "garbage"). A built-in reading that covers more than the native one
+    stays.
+    """
+    kept = list(found)
+    for span, group in _by_span(native).items():
+        start, end = span
+        overlapping = [c for c in kept if c.start < end and start < c.end]
+        if not overlapping:
+            kept.extend(group)
+            continue
+        if not all(start <= c.start and c.end <= end for c in overlapping):
+            continue  # a built-in reading reaches past the native match: it stays
+        readable = all(c.name is not None and c.arguments is not None for c in overlapping)
+        wider = bool(
+            _without_spans(text[start:end], [(c.start - start, c.end - start) for c in overlapping])
+        )
+        typed = all(c.string_values for c in overlapping) and not any(
+            c.string_values for c in group
+        )
+        if readable:
+            wins = wider or typed
+        else:
+            wins = tools is not None and all(c.name in tools for c in group)
+        if wins:
+            kept = [c for c in kept if c not in overlapping] + list(group)
+    return kept
+
+
+def _by_span(calls: Iterable[TextCall]) -> dict[tuple[int, int], list[TextCall]]:
+    groups: dict[tuple[int, int], list[TextCall]] = {}
+    for call in calls:
+        groups.setdefault((call.start, call.end), []).append(call)
+    return groups
 
 
 # --- which call shapes are calls -----------------------------------------------------------------

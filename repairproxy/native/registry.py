@@ -39,6 +39,7 @@ from repairproxy.native.xml_formats import (
 
 __all__ = [
     "FAMILIES",
+    "GATES",
     "RECOGNISERS",
     "Recogniser",
     "find_native_calls",
@@ -113,6 +114,69 @@ RECOGNISERS: Mapping[str, Recogniser] = MappingProxyType(
         "json": llama3_json,
     }
 )
+
+Gate = Callable[[str, "Schemas | None"], bool]
+
+
+def _has(marker: str) -> Gate:
+    return lambda text, schemas: marker in text
+
+
+def _has_both(first: str, second: str) -> Gate:
+    return lambda text, schemas: first in text and second in text
+
+
+def _kimi_may(text: str, schemas: Schemas | None) -> bool:
+    if KIMI_SECTION[0] in text:
+        return True
+    # Stripped: ``functions.NAME:0 {`` or ``NAME:0 {`` for a declared name.
+    if "{" not in text or ":" not in text:
+        return False
+    return "functions." in text or any(f"{name}:" in text for name in schemas or ())
+
+
+def _gemma_may(text: str, schemas: Schemas | None) -> bool:
+    return "{" in text and ("call:" in text or "<call>" in text)
+
+
+# What each recogniser cannot match without (checked before it runs, a few substring tests):
+# most answers hold no family's marker, and running every recogniser on them is most of the
+# cost of reading a text call. Each gate is a necessary condition of its recogniser, no more.
+GATES: Mapping[str, Gate] = MappingProxyType(
+    {
+        "openai_harmony": _has_both("<|message|>", "functions."),
+        "deepseek": _has(DS_CALL_BEGIN),
+        "deepseek_dsml": _has("<｜DSML｜invoke"),
+        "kimi_k2": _kimi_may,
+        "step3": _has("<steptml:invoke"),
+        "minimax_m3": _has(M3 + "<tool_call>"),
+        "minimax_m2": _has("<invoke"),
+        "gemma4": _gemma_may,
+        "functiongemma": _gemma_may,
+        "hunyuan_v3": _has_both("<tool_sep>", "<tool_call>"),
+        "glm": _has("<tool_call>"),
+        "seed_oss": _has_both("<seed:tool_call>", "<function="),
+        "qwen3_xml": _has_both("<tool_call>", "<function="),
+        "hermes": _has("<tool_call>"),
+        "tool_calls_json": _has("<tool_calls>"),
+        "granite": _has("<|tool_call|>"),
+        "granite_20b_fc": _has("<function_call>"),
+        "internlm2": _has("<|action_start|><|plugin|>"),
+        "phi4mini": _has("functools"),
+        "apertus": _has("<|tools_prefix|>"),
+        "cohere_command": _has("<|START_ACTION|>"),
+        "mistral": lambda text, schemas: MISTRAL in text or (schemas is not None and "{" in text),
+        "llama4_pythonic": _has("<|python_start|>"),
+        "lfm2": _has("<|tool_call_start|>"),
+        "olmo3": _has("<function_calls>"),
+        "qwen3_xml_bare": _has("<function="),
+        "fenced_json": _has("```"),
+        "pythonic": _has_both("[", "("),
+        "granite_pythonic": lambda text, schemas: schemas is not None and "(" in text,
+        "json": _has('"name"'),
+    }
+)
+
 
 # The labels a promotion's format can carry (metrics, log, header): the families and "other".
 FAMILIES: tuple[str, ...] = tuple(
@@ -209,8 +273,11 @@ def find_native_calls(
     scan = scanner if scanner is not None else Scanner(text)
     schemas = _schemas_of(tools)
     taken: list[NativeMatch] = []
+    text = scan.text
     for family, recognise in RECOGNISERS.items():
-        del family
+        scan.count(len(text))  # the gate: a substring search or two
+        if not GATES[family](text, schemas):
+            continue
         for match in recognise(scan, schemas):
             if not match.calls or any(match.start < m.end and m.start < match.end for m in taken):
                 continue

@@ -221,3 +221,45 @@ def test_promote_appends_after_structured_calls_with_fresh_ids() -> None:
     first, second = promoted["tool_calls"]
     assert first == existing
     assert second["id"].startswith("call_") and len(second["id"]) > 10
+
+
+WEATHER = {
+    "get_weather": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    }
+}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+        '<tool_calls>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_calls>',
+        '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+        'functools[{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+        'get_weather(city="Paris")',
+    ],
+    ids=["mistral", "tool_calls tag", "granite", "phi-4-mini", "granite pythonic"],
+)
+def test_a_native_wrapper_is_part_of_the_call(text: str) -> None:
+    (call,) = find_text_calls(text, WEATHER)
+    assert (call.name, call.arguments) == ("get_weather", {"city": "Paris"})
+    assert (call.start, call.end) == (0, len(text))  # the wrapper is cut with the call
+    assert promote_calls({"content": text}, [call])["content"] is None
+
+
+def test_a_native_reading_types_what_the_generic_one_left_as_text() -> None:
+    text = (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+    )
+    (typed,) = find_text_calls(text, WEATHER)
+    assert typed.arguments == {"city": "Paris", "days": 3} and not typed.string_values
+    (untyped,) = find_text_calls(text)
+    assert untyped.shape is Shape.XML and untyped.arguments["days"] == "3"
+
+
+def test_a_bare_call_line_needs_a_declared_tool() -> None:
+    assert find_text_calls('get_weather(city="Paris")') == ()
+    assert find_text_calls('send_email(to="bob")', WEATHER) == ()
