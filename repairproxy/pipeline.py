@@ -257,6 +257,7 @@ class ChatPipeline:
             record.channels = tuple(call.channel for call in record.caught)
             raise
         record.channels, record.repair_failed = outcome.caught, outcome.repair_failed
+        record.choice_channels = _choice_channels(request.tools, outcome)
         return outcome
 
     async def _judge_output(
@@ -516,6 +517,24 @@ def _summed_usage(first: Any, second: Any) -> Any:
 def _tool_choice_none(body: Mapping[str, Any]) -> bool:
     """The client asked for no tool call: text is text, nothing to classify or repair."""
     return body.get("tool_choice") == "none" or body.get("function_call") == "none"
+
+
+def _choice_channels(
+    tools: CompiledTools | None, outcome: ChatOutcome
+) -> tuple[tuple[str, ...], ...]:
+    """Each choice's error channels when the answer has several (``n > 1``): choice 0 as judged,
+    the others checked as they are (only choice 0 is repaired)."""
+    choices = outcome.answer.get("choices") if isinstance(outcome.answer, dict) else None
+    if tools is None or not isinstance(choices, list) or len(choices) < 2:
+        return ()
+    found = [outcome.caught]
+    for choice in choices[1:]:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            found.append(())
+            continue
+        found.append(_channels(tools.check_message(message)))
+    return tuple(found)
 
 
 def _channels(verdict: MessageVerdict) -> tuple[str, ...]:

@@ -1,5 +1,7 @@
-"""What one HTTP exchange reports: the ``X-Repairproxy-*`` headers, the SSE trailer comment, the
-one JSON log line, and the ``RequestRecord`` handed to the observer when the exchange ends."""
+"""What one HTTP exchange reports, as views of its ``RequestRecord``: the ``X-Repairproxy-*``
+headers, the SSE trailer comment and the one JSON log line. The exchange holds no fact of its own
+beyond the method, the path and the clocks: routes and the pipeline write into the record, the
+headers, the trailer, the log line and the metrics read it."""
 
 from __future__ import annotations
 
@@ -51,21 +53,35 @@ def _counts(snapshot: BudgetSnapshot) -> tuple[str, str]:
 
 @dataclass(slots=True)
 class Exchange:
-    """Per-request state of the routes; the pipeline fills ``record`` as it decides."""
+    """One request's record and clocks; every method is a view of them."""
 
     started: float
     method: str
     path: str
     timer: UpstreamTimer = field(default_factory=UpstreamTimer)
     record: RequestRecord = field(default_factory=RequestRecord)
-    status: int = 0
-    request_body: bytes | None = None
-    response_body: bytes | None = None
-    # With n > 1: each choice's error channels, in choice order (x-repairproxy-choice-tool-errors)
-    choice_channels: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def status(self) -> int:
+        """The record's status (kept while the Responses route still writes it here)."""
+        return self.record.status
+
+    @status.setter
+    def status(self, value: int) -> None:
+        self.record.status = value
 
     def overhead_ms(self) -> float:
         return max((time.perf_counter() - self.started - self.timer.seconds) * 1000.0, 0.0)
+
+    def settle(self, sent_status: int, first_byte_at: float | None) -> None:
+        """The facts known once the answer left: the status (unless a route set one the
+        responder did not send, e.g. 499), upstream time, overhead and time to first byte."""
+        record = self.record
+        record.status = record.status or sent_status
+        record.upstream_seconds = self.timer.seconds
+        record.overhead_seconds = self.overhead_ms() / 1000.0
+        if first_byte_at is not None:
+            record.first_byte_seconds = first_byte_at - self.started
 
     def proxy_headers(self, *, verdict: bool = True) -> HeaderList:
         """``X-Repairproxy-*`` headers; without ``verdict`` only what was known pre-answer."""
@@ -108,10 +124,10 @@ class Exchange:
                 if output.error_paths:
                     paths = _paths_header(output.error_paths)
                     out.append((b"x-repairproxy-output-error-paths", paths))
-            if len(self.choice_channels) > 1:  # n > 1: the headers above describe choice 0
+            if len(record.choice_channels) > 1:  # n > 1: the headers above describe choice 0
                 per_choice = ";".join(
                     f"{index}={','.join(channels)}"
-                    for index, channels in enumerate(self.choice_channels)
+                    for index, channels in enumerate(record.choice_channels)
                 )
                 out.append((b"x-repairproxy-choice-tool-errors", per_choice.encode()))
         snapshot = record.snapshot
@@ -192,13 +208,13 @@ class Exchange:
             event["episode_errors"] = "unknown" if unknown else snapshot.errors
             event["budget_remaining"] = "unknown" if unknown else snapshot.remaining
         if log_bodies:
-            event["request_body"] = (
-                self.request_body.decode("utf-8", "replace") if self.request_body else None
-            )
-            event["response_body"] = (
-                self.response_body.decode("utf-8", "replace") if self.response_body else None
-            )
+            event["request_body"] = _text(record.request_body)
+            event["response_body"] = _text(record.response_body)
         return event
+
+
+def _text(body: bytes | None) -> str | None:
+    return body.decode("utf-8", "replace") if body else None
 
 
 def _first(record: RequestRecord) -> str:

@@ -22,6 +22,7 @@ from typing import Any, TypeVar, cast
 
 import orjson
 
+from repairproxy.asgi.call import PipelineCall
 from repairproxy.asgi.exchange import Exchange
 from repairproxy.asgi.gate import SSEEvent, SSEParser, ToolCallGate
 from repairproxy.asgi.responder import Responder
@@ -31,9 +32,9 @@ from repairproxy.errors import (
     UpstreamStatusError,
     UpstreamUnavailableError,
 )
-from repairproxy.pipeline import ChatPipeline, ChatRequest, instructs, json_object
+from repairproxy.pipeline import ChatOutcome, ChatPipeline, ChatRequest, instructs, json_object
 from repairproxy.types import API, HeaderList, Outcome, Scope
-from repairproxy.upstream.client import Upstream, UpstreamReply, response_headers, timed
+from repairproxy.upstream.client import Upstream, UpstreamReply, chat_completion_of, timed
 from repairproxy.validation import text_calls_allowed
 from repairproxy.wire.messages import (
     error_body,
@@ -81,18 +82,6 @@ def _message_of(content: bytes, status: int) -> dict[str, Any]:
             f"the upstream answered {status} with a body that is not a Messages answer"
         )
     return message
-
-
-def _completion_of(content: bytes, status: int) -> dict[str, Any]:
-    try:
-        completion = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        completion = None
-    if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
-        raise UpstreamBadAnswerError(
-            f"the upstream answered {status} with a body that is not a chat completion"
-        )
-    return completion
 
 
 def _anthropic_error(reply: UpstreamReply) -> UpstreamReply:
@@ -176,8 +165,10 @@ class _Block:
         return dict(self.start)
 
 
-class MessagesCall:
+class MessagesCall(PipelineCall):
     """One ``/v1/messages`` request in flight."""
+
+    api = API.MESSAGES
 
     def __init__(
         self,
@@ -189,22 +180,17 @@ class MessagesCall:
         *,
         native: bool,
     ) -> None:
-        self.upstream = upstream
-        self.pipeline = pipeline
-        self.ex = ex
-        self.headers = headers
+        super().__init__(upstream, pipeline, ex, scope, headers)
         self.native = native
-        self.query: bytes = scope["query_string"]
-        self.out_headers = upstream.outbound_headers(scope["headers"], keep_encoding=False)
         if not native:  # Anthropic's headers mean nothing to a chat upstream
             self.out_headers = [
                 (n, v) for n, v in self.out_headers if not n.startswith(b"anthropic-")
             ]
         self.body: dict[str, Any] = {}
         self.forward: dict[str, Any] = {}
-        self.request: ChatRequest | None = None
         self.stream = False
         self._first: dict[str, Any] | None = None  # the first upstream answer (id, thinking)
+        self._final: dict[str, Any] | None = None  # the Messages answer delivered
 
     # -- before the upstream ----------------------------------------------------------------------
 
@@ -212,7 +198,6 @@ class MessagesCall:
         """Parse, find the episode (a header, else the history), count the history's error
         results, and build the body that goes upstream."""
         ex, pipeline = self.ex, self.pipeline
-        ex.record.api = API.MESSAGES
         body = json_object(raw)
         for name, kinds in (("messages", (list,)), ("tools", (list,)), ("system", (str, list))):
             if body.get(name) is not None and not isinstance(body[name], kinds):
@@ -223,9 +208,8 @@ class MessagesCall:
         self.stream = body.get("stream") is True
         chat = to_chat_body(body)
         chat.pop("stream", None)  # re-asks and translated requests are answered whole
-        request = pipeline.parse_body(chat, raw, self.headers, ex.record)
+        request = await self._open(chat, raw)
         ex.record.stream = self.stream
-        await pipeline.admit(request, self.headers, ex.record)
         if self.native:
             forward = body
             if request.tools is not None and instructs(request.mode):
@@ -238,7 +222,6 @@ class MessagesCall:
             pipeline.prepare_forward(request)
             if request.forward_raw is raw:  # unchanged: still the Messages bytes, not chat's
                 request.forward_raw = orjson.dumps(request.body)
-        self.request = request
         return request
 
     async def _reask(self, chat_body: dict[str, Any]) -> dict[str, Any]:
@@ -250,7 +233,7 @@ class MessagesCall:
             )
             if not 200 <= reply.status_code < 300:
                 raise UpstreamStatusError(_anthropic_error(reply))
-            return _completion_of(reply.content, reply.status_code)
+            return cast(dict[str, Any], chat_completion_of(reply.content, reply.status_code))
         history = len(self.request.body.get("messages") or ())
         template = self.pipeline.policies[self.request.mode].template
         payload = messages_request(
@@ -268,21 +251,22 @@ class MessagesCall:
             raise UpstreamStatusError(reply)
         return to_chat_completion(_message_of(reply.content, reply.status_code))
 
-    async def _judge(self, completion: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """The Messages answer to deliver and whether it differs from the upstream's first."""
-        assert self.request is not None
-        ex, request = self.ex, self.request
-        outcome = await self.pipeline.judge(
-            request, cast(ChatCompletion, completion), self._reask, ex.record
-        )
+    def _delivered(self, outcome: ChatOutcome) -> ChatCompletion:
+        """The Messages answer to deliver (kept as ``_final``); remembered as what the client
+        will send back, its chat view, so chaining finds it."""
         answer = cast(dict[str, Any], outcome.answer)
         if self._first is not None:
             final = to_message(answer, self._first) if outcome.changed else self._first
         else:
             final = from_chat_completion(answer, self.body.get("model"))
-        # Remember what the client will send back: its chat view, so chaining finds it.
-        await self.pipeline.remember(request, cast(ChatCompletion, to_chat_completion(final)))
-        return final, outcome.changed or self._first is None
+        self._final = final
+        return cast(ChatCompletion, to_chat_completion(final))
+
+    async def _judge(self, completion: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        """The Messages answer to deliver and whether it differs from the upstream's first."""
+        outcome = await self._decide(cast(ChatCompletion, completion))
+        assert self._final is not None
+        return self._final, outcome.changed or self._first is None
 
     # -- buffered ---------------------------------------------------------------------------------
 
@@ -299,7 +283,7 @@ class MessagesCall:
         if self.native:
             self._first = _message_of(reply.content, reply.status_code)
             return reply, to_chat_completion(self._first)
-        return reply, _completion_of(reply.content, reply.status_code)
+        return reply, cast(dict[str, Any], chat_completion_of(reply.content, reply.status_code))
 
     async def buffered(self, responder: Responder) -> None:
         reply, completion = await self._first_answer()
@@ -310,37 +294,14 @@ class MessagesCall:
         content = orjson.dumps(final) if changed else reply.content
         await self._whole(responder, reply, content)
 
-    async def _whole(self, responder: Responder, reply: UpstreamReply, content: bytes) -> None:
-        self.ex.status = reply.status_code
-        headers = response_headers(reply.headers)
-        headers.extend(self.ex.proxy_headers())
-        responder.first_byte_at = time.perf_counter()
-        await responder.whole(reply.status_code, headers, content)
-
     # -- streamed ---------------------------------------------------------------------------------
 
     async def stream_answer(self, responder: Responder) -> None:
         if not self.native:
             await self._translated_stream(responder)
             return
-        ex, upstream = self.ex, self.upstream
         assert self.request is not None
-        async with upstream.stream(
-            "POST", MESSAGES_PATH, self.out_headers, self.request.forward_raw, ex.timer, self.query
-        ) as response:
-            headers = response_headers(response.headers)
-            content_type = response.header(b"content-type") or b""
-            if response.status_code != 200 or b"text/event-stream" not in content_type:
-                with upstream.reading():
-                    content = await response.read()
-                if response.status_code >= 300:
-                    ex.record.outcome = Outcome.UPSTREAM_ERROR
-                reply = UpstreamReply(response.status_code, response.headers, content)
-                await self._whole(responder, reply, content)
-                return
-            ex.status = 200
-            with upstream.reading():
-                await self._relay(timed(response.iter_body(), ex.timer), responder, headers)
+        await self._stream(MESSAGES_PATH, self.request.forward_raw, responder, self._relay)
 
     async def _translated_stream(self, responder: Responder) -> None:
         """A chat upstream's stream, gated as chat streams are (prose flows, calls and text that
@@ -362,10 +323,10 @@ class MessagesCall:
                     reply = _anthropic_error(reply)
                     await self._whole(responder, reply, reply.content)
                     return
-                final, _ = await self._judge(_completion_of(content, response.status_code))
+                final, _ = await self._judge(chat_completion_of(content, response.status_code))
                 await self._events(responder, message_events(final))
                 return
-            ex.status = 200
+            ex.record.status = 200
             with upstream.reading():
                 await self._relay_chat(timed(response.iter_body(), ex.timer), responder)
 

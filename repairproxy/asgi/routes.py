@@ -1,7 +1,7 @@
 """The proxy's routes as plain ASGI handlers: HTTP framing only.
 
 ``POST /v1/chat/completions`` reads the body, asks the pipeline (``pipeline.py``) what to forward,
-and hands the answer's framing (JSON or SSE) to ``chat_http.ChatCall``. Every other ``/v1/*``
+and hands the answer's framing (JSON or SSE) to ``asgi.chat.ChatCall``. Every other ``/v1/*``
 route is relayed as it is, except ``POST /v1/responses`` and ``POST /v1/messages``, which go
 through the same pipeline via ``asgi.responses.ResponsesCall`` and ``asgi.messages.MessagesCall``
 (the log line marks relayed routes ``validated: false``; errors on ``/v1/messages*`` are
@@ -164,7 +164,7 @@ class Proxy:
             else:
                 raise NotFoundError(f"no route for {method} {path}")
         except ClientDisconnectedError:
-            ex.status = 499  # nginx's "client closed request", for the log only
+            ex.record.status = 499  # nginx's "client closed request", for the log only
         except UpstreamStatusError as exc:
             ex.record.outcome = Outcome.UPSTREAM_ERROR
             await self._send_reply(responder, ex, exc.reply)
@@ -175,7 +175,7 @@ class Proxy:
                 # The upstream failed mid-body: the client must see a cut body, never one that
                 # looks complete. Returning without the last message makes the server close
                 # the connection without the final chunk.
-                ex.status = exc.status_code
+                ex.record.status = exc.status_code
                 return
             await self._send_error(responder, ex, exc)
         except Exception as exc:  # the process must survive any bug in one request
@@ -198,18 +198,15 @@ class Proxy:
         if scope["query_string"]:
             _raw_target(scope)  # the query goes upstream as sent: refuse what a URL cannot hold
         raw = await read_body(receive, headers, self.settings.max_body_bytes)
-        ex.request_body = raw if self.settings.log_bodies else None
+        ex.record.request_body = raw if self.settings.log_bodies else None
         return headers, raw
 
     async def _chat(
         self, scope: Scope, receive: Receive, responder: Responder, ex: Exchange
     ) -> None:
         headers, raw = await self._validated_request(scope, receive, ex)
-        pipeline = self.pipeline
-        request = pipeline.parse(raw, headers, ex.record)
-        await pipeline.admit(request, headers, ex.record)
-        pipeline.prepare_forward(request)
-        call = ChatCall(self.upstream, self.pipeline, ex, request, scope, self.settings.log_bodies)
+        call = ChatCall(self.upstream, self.pipeline, ex, scope, headers)
+        request = await call.prepare(raw)
         await cancel_on_disconnect(
             call.stream(responder) if request.stream else call.buffered(responder), receive
         )
@@ -249,7 +246,7 @@ class Proxy:
             self.responses_store, tenant, method, path, scope["query_string"]
         )
         if found is not None:
-            ex.status = found[0]
+            ex.record.status = found[0]
             await responder.whole(found[0], [_JSON], orjson.dumps(found[1]))
         elif self.settings.api_keys or "responses" not in self.settings.native_apis():
             response_id = path[len(RESPONSES_PATH) + 1 :].partition("/")[0]
@@ -319,13 +316,13 @@ class Proxy:
             return
         headers = response_headers(reply.headers)
         headers.extend(ex.proxy_headers())
-        ex.status = reply.status_code
+        ex.record.status = reply.status_code
         await responder.whole(reply.status_code, headers, reply.content)
 
     async def _send_error(
         self, responder: Responder, ex: Exchange, error: RepairProxyError
     ) -> None:
-        ex.status = error.status_code
+        ex.record.status = error.status_code
         anthropic = _is_messages(ex.path)
         payload = orjson.dumps(error.to_anthropic() if anthropic else error.to_openai())
         if responder.started:
@@ -345,14 +342,9 @@ class Proxy:
 
     def _finish(self, ex: Exchange, responder: Responder) -> None:
         """The one log line, then the observer (metrics): both after the answer left."""
-        status = ex.status or responder.status
+        ex.settle(responder.status, responder.first_byte_at)
         record = ex.record
-        record.status = status
-        record.upstream_seconds = ex.timer.seconds
-        record.overhead_seconds = ex.overhead_ms() / 1000.0
-        if responder.first_byte_at is not None:
-            record.first_byte_seconds = responder.first_byte_at - ex.started
-        event = ex.log_event(status, log_bodies=self.settings.log_bodies)
+        event = ex.log_event(record.status, log_bodies=self.settings.log_bodies)
         if ex.path not in _VALIDATED:
             event["validated"] = False
         if record.warn_missing_header:  # once per process, in the request's own line

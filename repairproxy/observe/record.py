@@ -93,14 +93,15 @@ class OutputRecord:
 
 @dataclass(slots=True)
 class RequestRecord:
-    """Everything metrics need to know about one request; filled as the request goes."""
+    """Every fact of one request, written once as the request goes: the ``X-Repairproxy-*``
+    headers, the stream trailer, the log line (``asgi/exchange.py``) and the metrics read it."""
 
     api: API = API.CHAT
     model: str | None = None  # as the client asked (the metrics' model label)
     served_model: str | None = None  # as the upstream's answer names it
     stream: bool = False
     outcome: Outcome = Outcome.OK
-    status: int = 0
+    status: int = 0  # the status sent (499: the client went away first)
     tool_calls: int = 0  # calls seen in the first answer, text calls included
     caught: list[CaughtCall] = field(default_factory=list)
     env_errors: list[str] = field(default_factory=list)  # env_* labels newly counted
@@ -114,6 +115,9 @@ class RequestRecord:
     # re-ask could not be made ("timeout", "unavailable", a status code, "bad_answer").
     channels: tuple[str, ...] = ()
     repair_failed: str | None = None
+    # With n > 1: each choice's error channels, in choice order (choice 0 as judged, the others
+    # as they came: only choice 0 is repaired).
+    choice_channels: tuple[tuple[str, ...], ...] = ()
     promoted: int = 0
     # The format each promoted text call was written in (``native.FAMILIES``: a model family's
     # native format, or "other"), in order; set where the promotion is made.
@@ -128,6 +132,8 @@ class RequestRecord:
     tool_name_margins: list[float] = field(default_factory=list)
     episode: EpisodeRecord | None = None
     output: OutputRecord | None = None  # set when the request asked for a JSON response format
+    request_body: bytes | None = None  # kept only with --log-bodies
+    response_body: bytes | None = None
 
 
 class PipelineObserver(Protocol):

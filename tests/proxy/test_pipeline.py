@@ -209,3 +209,15 @@ async def test_the_record_says_the_mode_and_warns_once_about_a_missing_episode_h
     assert [r.warn_missing_header for r in records] == [True, False, False]
     assert all(r.mode is RepairMode.REFLEXIVE for r in records)
     assert records[2].episode_id == "ep-1" and records[0].episode_id not in (None, "ep-1")
+
+
+async def test_judge_writes_each_choice_channels_into_the_record() -> None:
+    # n > 1: choice 0 is judged (and repaired), the others checked as they came.
+    first = completion(VALID)
+    second = completion(HALLUCINATED)["choices"][0]
+    first["choices"].append({**second, "index": 1})
+    body = {**BODY, "n": 2}
+    _, _, record = await decide(pipeline(repair="off"), first, ScriptedSend(), body=body)
+    assert record.choice_channels == ((), ("unknown_tool",))
+    _, _, single = await decide(pipeline(repair="off"), completion(VALID), ScriptedSend())
+    assert single.choice_channels == ()

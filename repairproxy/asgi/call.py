@@ -1,0 +1,118 @@
+"""What every validated route does around its own framing, written once: the preamble (the chat
+view parsed, the repair mode read, the episode admitted), the verdict (judge, then remember what
+the client got), and the upstream answers that are sent on whole as they came.
+
+Chat completions, Responses and Messages subclass ``PipelineCall`` and add only their framing:
+the body they forward, how a re-ask is asked, and how the judged answer is written back. The
+facts of the request go into ``ex.record`` and nowhere else (``asgi/exchange.py`` reads them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+from repairproxy.asgi.exchange import Exchange
+from repairproxy.asgi.responder import Responder
+from repairproxy.episodes.budget import EpisodeRef
+from repairproxy.pipeline import ChatOutcome, ChatPipeline, ChatRequest
+from repairproxy.types import API, HeaderList, Outcome, Scope
+from repairproxy.upstream.client import Upstream, UpstreamReply, response_headers, timed
+from repairproxy.wire.openai import ChatCompletion
+
+__all__ = ["PipelineCall", "Relay"]
+
+# What a route does with an upstream event stream: (chunks, responder, the upstream's headers).
+Relay = Callable[[AsyncIterator[bytes], Responder, HeaderList], Awaitable[None]]
+
+
+class PipelineCall:
+    """One validated request in flight: the steps every API shares; framing in subclasses."""
+
+    api: API = API.CHAT
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        pipeline: ChatPipeline,
+        ex: Exchange,
+        scope: Scope,
+        headers: Mapping[str, str],
+    ) -> None:
+        self.upstream = upstream
+        self.pipeline = pipeline
+        self.ex = ex
+        self.headers = headers
+        self.query: bytes = scope["query_string"]
+        self.out_headers = upstream.outbound_headers(scope["headers"], keep_encoding=False)
+        self.request: ChatRequest | None = None
+        ex.record.api = self.api  # before the body is read: a 400 is logged under its API
+
+    # -- the preamble -----------------------------------------------------------------------------
+
+    async def _open(
+        self,
+        chat_body: dict[str, Any],
+        raw: bytes,
+        *,
+        episode: Callable[[], Awaitable[EpisodeRef | None]] | None = None,
+    ) -> ChatRequest:
+        """Parse the chat view (the repair mode with it), then admit the episode: ``episode``
+        finds it when the API links turns itself (after parsing: a malformed body is a 400
+        first), else the pipeline does (a header, else the history)."""
+        record = self.ex.record
+        request = self.pipeline.parse_body(chat_body, raw, self.headers, record)
+        linked = await episode() if episode is not None else None
+        await self.pipeline.admit(request, self.headers, record, episode=linked)
+        self.request = request
+        return request
+
+    # -- the verdict ------------------------------------------------------------------------------
+
+    async def _reask(self, chat_body: dict[str, Any]) -> dict[str, Any]:
+        """One re-ask of the pipeline's repair loop, answered as a chat completion."""
+        raise NotImplementedError
+
+    def _delivered(self, outcome: ChatOutcome) -> ChatCompletion:
+        """The chat view of what the client gets, remembered so its next turn continues the
+        episode. An adapter that delivers another shape frames it here."""
+        return outcome.answer
+
+    async def _decide(self, completion: ChatCompletion) -> ChatOutcome:
+        """Judge one chat-shaped answer (re-asks included), then remember what is delivered."""
+        assert self.request is not None
+        outcome = await self.pipeline.judge(self.request, completion, self._reask, self.ex.record)
+        await self.pipeline.remember(self.request, self._delivered(outcome))
+        return outcome
+
+    # -- answers sent on whole --------------------------------------------------------------------
+
+    async def _whole(self, responder: Responder, reply: UpstreamReply, content: bytes) -> None:
+        """One JSON (or error) answer with every header the verdict gives."""
+        self.ex.record.status = reply.status_code
+        headers = response_headers(reply.headers)
+        headers.extend(self.ex.proxy_headers())
+        responder.first_byte_at = time.perf_counter()
+        await responder.whole(reply.status_code, headers, content)
+
+    async def _stream(self, path: str, body: bytes, responder: Responder, relay: Relay) -> None:
+        """Ask ``path`` for a stream: an event stream goes to ``relay``; anything else (an
+        error, a JSON body) is sent on whole, as it came."""
+        ex, upstream = self.ex, self.upstream
+        async with upstream.stream(
+            "POST", path, self.out_headers, body, ex.timer, self.query
+        ) as response:
+            headers = response_headers(response.headers)
+            content_type = response.header(b"content-type") or b""
+            if response.status_code != 200 or b"text/event-stream" not in content_type:
+                with upstream.reading():
+                    content = await response.read()
+                if response.status_code >= 300:
+                    ex.record.outcome = Outcome.UPSTREAM_ERROR
+                reply = UpstreamReply(response.status_code, response.headers, content)
+                await self._whole(responder, reply, content)
+                return
+            ex.record.status = 200
+            with upstream.reading():
+                await relay(timed(response.iter_body(), ex.timer), responder, headers)
