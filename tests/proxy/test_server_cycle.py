@@ -1,0 +1,231 @@
+"""The server's response cycle (``repairproxy.server._Cycle``) against uvicorn's own, message for
+message: the same ASGI messages must write the same bytes, raise the same errors and leave the
+connection in the same state; and the real server must use it for every request."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import uvicorn
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from repairproxy.server import LimitedProtocol, _Cycle
+
+
+class _Transport:
+    """Records what a cycle writes and whether it closed the connection."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        return None
+
+    def resume_reading(self) -> None:
+        return None
+
+
+def _run(
+    cls: type[RequestResponseCycle],
+    messages: list[dict[str, Any]],
+    *,
+    method: str = "GET",
+    keep_alive: bool = True,
+    default_headers: list[tuple[bytes, bytes]] | None = None,
+) -> tuple[list[bytes], bool, bool, bool, str | None, int]:
+    async def go() -> tuple[list[bytes], bool, bool, bool, str | None, int]:
+        transport = _Transport()
+        responses: list[int] = []
+        cycle = cls(
+            scope={"type": "http", "method": method, "http_version": "1.1"},  # type: ignore[typeddict-item]
+            transport=transport,  # type: ignore[arg-type]
+            flow=FlowControl(transport),  # type: ignore[arg-type]
+            logger=logging.getLogger("test"),
+            access_logger=logging.getLogger("test.access"),
+            access_log=False,
+            default_headers=default_headers or [],
+            message_event=asyncio.Event(),
+            expect_100_continue=False,
+            keep_alive=keep_alive,
+            on_response=lambda: responses.append(1),
+        )
+        error = None
+        try:
+            for message in messages:
+                await cycle.send(message)  # type: ignore[arg-type]
+        except (RuntimeError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        return (
+            transport.writes,
+            transport.closed,
+            cycle.keep_alive,
+            cycle.response_complete,
+            error,
+            len(responses),
+        )
+
+    return asyncio.run(go())
+
+
+def _start(status: int, headers: Any) -> dict[str, Any]:
+    return {"type": "http.response.start", "status": status, "headers": headers}
+
+
+def _body(body: bytes = b"", more: bool = False) -> dict[str, Any]:
+    return {"type": "http.response.body", "body": body, "more_body": more}
+
+
+_MANY = [(f"x-repairproxy-h{i}".encode(), f"value {i}, ok".encode()) for i in range(20)]
+CASES: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
+    "json": ([_start(200, [(b"content-length", b"2"), *_MANY]), _body(b"{}")], {}),
+    "stream": (
+        [_start(200, [(b"content-type", b"text/event-stream")]), _body(b"a", True), _body()],
+        {},
+    ),
+    "stream, empty chunk in the middle": (
+        [_start(200, []), _body(b"a", True), _body(b"", True), _body(b"b")],
+        {},
+    ),
+    "explicit chunked": (
+        [_start(200, [(b"Transfer-Encoding", b"Chunked")]), _body(b"abc")],
+        {},
+    ),
+    "head": ([_start(200, [(b"content-length", b"10")]), _body(b"")], {"method": "HEAD"}),
+    "204": ([_start(204, []), _body()], {}),
+    "upper-case names": (
+        [_start(200, [(b"Content-Length", b"1"), (b"X-A", b"B")]), _body(b"x")],
+        {},
+    ),
+    "connection close": (
+        [_start(200, [(b"content-length", b"0"), (b"connection", b"keep-alive, Close")]), _body()],
+        {},
+    ),
+    "http/1.0": ([_start(200, [(b"content-length", b"0")]), _body()], {"keep_alive": False}),
+    "default headers": (
+        [_start(200, [(b"content-length", b"0")]), _body()],
+        {"default_headers": [(b"server", b"uvicorn")]},
+    ),
+    "headers as a tuple": ([_start(200, ((b"content-length", b"1"),)), _body(b"x")], {}),
+    "bad name": ([_start(200, [(b"x-ok", b"1"), (b"bad name", b"1")])], {}),
+    "bad name characters": ([_start(200, [(b"x(y)", b"1")])], {}),
+    "bad value": ([_start(200, [(b"x-ok", b"1"), (b"x-b", b"a\r\nset-cookie: x")])], {}),
+    "nul in value": ([_start(200, [(b"x-b", b"a\x00")])], {}),
+    "tab in value is allowed": (
+        [_start(200, [(b"content-length", b"0"), (b"x", b"a\tb")]), _body()],
+        {},
+    ),
+    "longer than content-length": ([_start(200, [(b"content-length", b"1")]), _body(b"xy")], {}),
+    "shorter than content-length": ([_start(200, [(b"content-length", b"3")]), _body(b"xy")], {}),
+    "body first": ([_body(b"x")], {}),
+    "start twice": ([_start(200, []), _start(200, [])], {}),
+    "after the end": ([_start(200, [(b"content-length", b"0")]), _body(), _body()], {}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_cycle_writes_and_raises_what_uvicorns_does(case: str) -> None:
+    messages, options = CASES[case]
+    ours, theirs = (
+        _run(_Cycle, messages, **options),
+        _run(RequestResponseCycle, messages, **options),
+    )
+    writes, closed, keep_alive, complete, error, responses = ours
+    assert writes == theirs[0]
+    assert (closed, keep_alive, complete, responses) == (*theirs[1:4], theirs[5])
+    # Which of two bad headers is named first may differ; that one is refused may not.
+    assert (error is None) == (theirs[4] is None)
+    if error is not None and theirs[4] is not None:
+        assert error.split(" ")[0:3] == theirs[4].split(" ")[0:3]
+
+
+def test_the_cases_cover_each_outcome() -> None:
+    """The table above is not vacuous: some cases raise, some close, some chunk."""
+    results = {case: _run(RequestResponseCycle, m, **o) for case, (m, o) in CASES.items()}
+    assert results["bad value"][4] == "RuntimeError: Invalid HTTP header value."
+    assert results["bad name"][4] == "RuntimeError: Invalid HTTP header name."
+    assert results["connection close"][1] is True
+    assert b"transfer-encoding: chunked" in b"".join(results["stream"][0])
+
+
+def _asgi_app(headers: list[tuple[bytes, bytes]]) -> Any:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    return app
+
+
+@contextmanager
+def _serving(app: Any, seen: list[type]) -> Iterator[int]:
+    class Recording(LimitedProtocol):
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            seen.append(type(self.cycle))
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, http=Recording, loop="asyncio", lifespan="off", log_level="error")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def _exchange(port: int, requests: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+        client.sendall(requests)
+        chunks = []
+        while chunk := client.recv(65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def test_the_real_server_answers_every_request_through_the_cycle() -> None:
+    seen: list[type] = []
+    app = _asgi_app([(b"content-length", b"2"), *_MANY])
+    with _serving(app, seen) as port:
+        keep = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
+        answer = _exchange(
+            port, keep * 2 + b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        )
+    assert answer.count(b"HTTP/1.1 200 OK\r\n") == 3
+    assert answer.count(b"x-repairproxy-h19: value 19, ok\r\n") == 3
+    assert seen == [_Cycle, _Cycle, _Cycle]
+
+
+def test_an_invalid_header_from_the_app_never_reaches_the_client() -> None:
+    seen: list[type] = []
+    with _serving(_asgi_app([(b"x-a", b"1\r\nx-injected: 1")]), seen) as port:
+        answer = _exchange(port, b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    assert answer == b""  # as uvicorn does: the response had started, the connection closes
+    assert seen == [_Cycle]
