@@ -13,7 +13,7 @@ import enum
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -287,80 +287,14 @@ class CompiledTools:
         index: int = 0,
         call_id: str | None = None,
     ) -> CallVerdict:
-        """Classify one call: unknown_tool, invalid_json, schema_violation or valid."""
-        validator = self._validators.get(name) if isinstance(name, str) else None
-        if validator is None:
-            closest = self.closest_name(name) if isinstance(name, str) else self.closest_name("")
-            shown = name if isinstance(name, str) and name else "(no name)"
-            declared = ", ".join(self.names) or "(none)"
-            hint = f" Did you mean {closest!r}?" if closest else ""
-            return CallVerdict(
-                index,
-                call_id,
-                name if isinstance(name, str) else None,
-                Channel.UNKNOWN_TOOL,
-                f"Tool {_short(shown)!r} does not exist.{hint} Declared tools: {declared}.",
-                closest_tool=closest,
-                arguments=arguments,
-            )
-        if isinstance(arguments, Mapping):
-            parsed: Any = arguments
-        elif not isinstance(arguments, str | None):
-            # Some upstreams hand over decoded arguments; anything but an object is wrong.
-            parsed = arguments
-        else:
-            try:
-                parsed = orjson.loads(arguments if arguments is not None else "")
-            except orjson.JSONDecodeError as exc:
-                return CallVerdict(
-                    index,
-                    call_id,
-                    name,
-                    Channel.INVALID_JSON,
-                    f"The arguments of {name!r} are not valid JSON ({exc}). "
-                    "Send the arguments as one JSON object, e.g. {} when there are none.",
-                    arguments=arguments,
-                )
-        if type(parsed) is not dict and not isinstance(parsed, Mapping):
-            return CallVerdict(
-                index,
-                call_id,
-                name,
-                Channel.INVALID_JSON,
-                f"The arguments of {name!r} must be a JSON object, not {type(parsed).__name__}.",
-                arguments=arguments,
-            )
-        try:
-            valid = validator.is_valid(parsed)
-        except (ValueError, TypeError, RecursionError):
-            return CallVerdict(
-                index,
-                call_id,
-                name,
-                Channel.INVALID_JSON,
-                "The arguments hold non-JSON values.",
-                arguments=arguments,
-            )
-        if valid:
-            return CallVerdict(index, call_id, name, Channel.VALID, "")
-        try:
-            paths = tuple(
-                f"{_json_path(error.instance_path)}: {_short(error.message)}"
-                for _, error in zip(
-                    range(MAX_ERROR_PATHS), validator.iter_errors(parsed), strict=False
-                )
-            )
-        except (ValueError, TypeError, RecursionError):
-            paths = ("$: the arguments could not be checked (nested too deeply)",)
-        return CallVerdict(
-            index,
-            call_id,
-            name,
-            Channel.SCHEMA_VIOLATION,
-            f"The arguments of {name!r} do not match its parameters schema: " + "; ".join(paths),
-            error_paths=paths,
-            arguments=arguments,
-        )
+        """Classify one call: unknown_tool, invalid_json, schema_violation or valid (the
+        checks of ``_CALL_CHECKS``, in order; the first that finds a fault decides)."""
+        call = _Call(index, call_id, name, arguments)
+        for check in _CALL_CHECKS:
+            verdict = check(self, call)
+            if verdict is not None:
+                return verdict
+        return CallVerdict(index, call_id, name, Channel.VALID, "")
 
     def check_message(
         self,
@@ -469,6 +403,108 @@ class CompiledTools:
         return self.check_call(
             function.get("name"), function.get("arguments"), index=index, call_id=call_id
         )
+
+
+@dataclass(slots=True)
+class _Call:
+    """One call as ``check_call`` reads it; each check may fill what the next one needs."""
+
+    index: int
+    call_id: str | None
+    name: str | None
+    arguments: str | Mapping[str, Any] | None
+    validator: jsonschema_rs.Validator | None = None
+    parsed: Any = None
+
+    def fault(self, channel: Channel, diagnosis: str, **extra: Any) -> CallVerdict:
+        return CallVerdict(
+            self.index,
+            self.call_id,
+            self.name,
+            channel,
+            diagnosis,
+            arguments=self.arguments,
+            **extra,
+        )
+
+
+def _declared(tools: CompiledTools, call: _Call) -> CallVerdict | None:
+    """The name is a declared tool (else unknown_tool, with the closest declared name)."""
+    name = call.name
+    call.validator = tools._validators.get(name) if isinstance(name, str) else None
+    if call.validator is not None:
+        return None
+    closest = tools.closest_name(name) if isinstance(name, str) else tools.closest_name("")
+    shown = name if isinstance(name, str) and name else "(no name)"
+    declared = ", ".join(tools.names) or "(none)"
+    hint = f" Did you mean {closest!r}?" if closest else ""
+    call.name = name if isinstance(name, str) else None
+    return call.fault(
+        Channel.UNKNOWN_TOOL,
+        f"Tool {_short(shown)!r} does not exist.{hint} Declared tools: {declared}.",
+        closest_tool=closest,
+    )
+
+
+def _decoded(tools: CompiledTools, call: _Call) -> CallVerdict | None:
+    """The arguments decode as JSON (some upstreams hand them over decoded already)."""
+    arguments = call.arguments
+    if not isinstance(arguments, str | None):
+        call.parsed = arguments  # decoded: anything but an object is caught next
+        return None
+    try:
+        call.parsed = orjson.loads(arguments if arguments is not None else "")
+    except orjson.JSONDecodeError as exc:
+        return call.fault(
+            Channel.INVALID_JSON,
+            f"The arguments of {call.name!r} are not valid JSON ({exc}). "
+            "Send the arguments as one JSON object, e.g. {} when there are none.",
+        )
+    return None
+
+
+def _an_object(tools: CompiledTools, call: _Call) -> CallVerdict | None:
+    """The arguments are one JSON object."""
+    if type(call.parsed) is dict or isinstance(call.parsed, Mapping):
+        return None
+    return call.fault(
+        Channel.INVALID_JSON,
+        f"The arguments of {call.name!r} must be a JSON object, not {type(call.parsed).__name__}.",
+    )
+
+
+def _schema_holds(tools: CompiledTools, call: _Call) -> CallVerdict | None:
+    """The arguments match the tool's parameters schema (else its first failing paths)."""
+    validator = call.validator
+    assert validator is not None  # _declared ran first
+    try:
+        if validator.is_valid(call.parsed):
+            return None
+    except (ValueError, TypeError, RecursionError):
+        return call.fault(Channel.INVALID_JSON, "The arguments hold non-JSON values.")
+    try:
+        paths = tuple(
+            f"{_json_path(error.instance_path)}: {_short(error.message)}"
+            for _, error in zip(
+                range(MAX_ERROR_PATHS), validator.iter_errors(call.parsed), strict=False
+            )
+        )
+    except (ValueError, TypeError, RecursionError):
+        paths = ("$: the arguments could not be checked (nested too deeply)",)
+    return call.fault(
+        Channel.SCHEMA_VIOLATION,
+        f"The arguments of {call.name!r} do not match its parameters schema: " + "; ".join(paths),
+        error_paths=paths,
+    )
+
+
+# The checks of one call, in order; each returns the verdict on a fault, None to go on.
+_CALL_CHECKS: tuple[Callable[[CompiledTools, _Call], CallVerdict | None], ...] = (
+    _declared,
+    _decoded,
+    _an_object,
+    _schema_holds,
+)
 
 
 def _with_rules(verdict: MessageVerdict, rules: CallRules) -> MessageVerdict:
