@@ -13,7 +13,8 @@ is renumbered, so sequence numbers rise by one whatever was held or replaced. A 
 for a structured output (``text.format``) is held whole and checked, as chat's
 ``response_format`` is, so its headers carry the verdict. An upstream that
 serves chat completions only (``--upstream-apis`` without ``responses``) is asked in chat and the
-judged answer is translated back (a stream then arrives whole once judged).
+judged answer is translated back; a stream is then asked as a chat stream and framed as Responses
+events while it arrives (prose flows, calls are held as the chat stream gate holds them).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from urllib.parse import parse_qs
 import orjson
 
 from repairproxy.asgi.exchange import Exchange
-from repairproxy.asgi.gate import MAX_HELD_CONTENT_CHARS, SSEParser, call_opening
+from repairproxy.asgi.gate import MAX_HELD_CONTENT_CHARS, SSEParser, ToolCallGate, call_opening
 from repairproxy.asgi.responder import Responder
 from repairproxy.episodes.budget import EpisodeRef
 from repairproxy.episodes.responses_store import (
@@ -51,10 +52,16 @@ from repairproxy.upstream.client import (
     response_headers,
     timed,
 )
+from repairproxy.validation import text_calls_allowed
 from repairproxy.wire.openai import ChatCompletion
 from repairproxy.wire.responses import (
     from_chat_completion,
+    message_item,
+    message_item_closed,
+    message_item_opened,
+    new_item_id,
     new_response_id,
+    output_text_delta,
     response_events,
     responses_request,
     to_chat_body,
@@ -290,7 +297,7 @@ class ResponsesCall:
 
     async def buffered(self, responder: Responder) -> None:
         if self.translate:
-            await self._translated(responder, stream=False)
+            await self._translated(responder)
             return
         ex = self.ex
         assert self.request is not None
@@ -315,9 +322,8 @@ class ResponsesCall:
 
     # -- a chat-only upstream ---------------------------------------------------------------------
 
-    async def _translated(self, responder: Responder, *, stream: bool) -> None:
-        """Ask the upstream in chat, judge, answer in Responses (JSON, or the whole event
-        stream at once: there is nothing to release before the verdict)."""
+    async def _translated(self, responder: Responder) -> None:
+        """Ask the upstream in chat, judge, answer one Responses JSON object."""
         ex = self.ex
         assert self.request is not None
         reply = await self.upstream.request(
@@ -334,20 +340,137 @@ class ResponsesCall:
         )
         await self._keep(final)
         ex.status = 200
-        headers = [*(_SSE_HEADERS if stream else _JSON_HEADERS), *ex.proxy_headers()]
+        headers = [*_JSON_HEADERS, *ex.proxy_headers()]
         responder.first_byte_at = time.perf_counter()
-        if not stream:
-            await responder.whole(200, headers, orjson.dumps(final))
+        await responder.whole(200, headers, orjson.dumps(final))
+
+    async def _translated_stream(self, responder: Responder) -> None:
+        """A chat upstream's stream, gated as chat streams are (prose flows as ``output_text``
+        deltas; calls, text that could be a call and a structured output are held), framed as
+        Responses events; the rest once judged."""
+        ex, upstream = self.ex, self.upstream
+        assert self.request is not None
+        forward = dict(self.request.forward or self.request.body)
+        forward.update(stream=True, stream_options={"include_usage": True})
+        async with upstream.stream(
+            "POST", _CHAT_PATH, self.out_headers, orjson.dumps(forward), ex.timer, self.query
+        ) as response:
+            content_type = response.header(b"content-type") or b""
+            if response.status_code != 200 or b"text/event-stream" not in content_type:
+                with upstream.reading():
+                    content = await response.read()
+                reply = UpstreamReply(response.status_code, response.headers, content)
+                if not 200 <= response.status_code < 300:
+                    ex.record.outcome = Outcome.UPSTREAM_ERROR
+                    await self._whole(responder, reply, content)  # chat errors are OpenAI-shaped
+                    return
+                completion = chat_completion_of(content, response.status_code)
+                await self._relay_chat(_no_chunks(), responder, completion)
+                return
+            ex.status = 200
+            with upstream.reading():
+                await self._relay_chat(timed(response.iter_body(), ex.timer), responder)
+
+    async def _relay_chat(
+        self,
+        chunks: AsyncIterator[bytes],
+        responder: Responder,
+        whole: ChatCompletion | None = None,
+    ) -> None:
+        """Frame a chat stream (or a ``whole`` answer) as a Responses stream: one response id,
+        the text of message item 0 as it is released by the chat gate, then the judged rest
+        (the text's remainder, the calls, the terminal event) with the verdict comment."""
+        ex, request = self.ex, self.request
+        assert request is not None
+        self.response_id = response_id = new_response_id()
+        echoed = {**self.body, "input": None}
+        gate = ToolCallGate(
+            hold_text=request.tools is not None and text_calls_allowed(request.body),
+            hold_all=request.output is not None,
+        )
+        parser = SSEParser()
+        item = message_item(new_item_id("msg"), "", status="in_progress")
+        sent: list[str] = []  # the text pieces the client has
+        upstream_error: dict[str, Any] | None = None
+
+        async def release(raws: list[bytes]) -> None:
+            for raw in raws:
+                for event in SSEParser().feed(raw):
+                    piece = _chat_text(_payload(event.data))
+                    if not piece:
+                        continue
+                    out: list[dict[str, Any]] = []
+                    if not responder.started:
+                        await responder.start(
+                            200, [*_SSE_HEADERS, *ex.proxy_headers(verdict=False)]
+                        )
+                        responder.first_byte_at = time.perf_counter()
+                        meta: dict[str, Any] = {
+                            "model": gate.assembler.meta.get("model"),
+                            "choices": [{}],
+                        }
+                        opened = from_chat_completion(meta, echoed, response_id)
+                        opened.update(status="in_progress", usage=None)
+                        out += [
+                            {"type": "response.created", "response": opened},
+                            {"type": "response.in_progress", "response": opened},
+                        ]
+                    if not sent:
+                        out += message_item_opened(item, 0)
+                    sent.append(piece)
+                    out.append(output_text_delta(item, 0, piece))
+                    await responder.body(b"".join(self._frame(e) for e in out))
+
+        async for chunk in chunks:
+            for event in parser.feed(chunk):
+                payload = _payload(event.data)
+                if "error" in payload and "choices" not in payload:
+                    upstream_error = upstream_error or payload
+                await release(gate.feed(event))
+        for event in parser.flush():
+            gate.feed(event)
+        if upstream_error is not None:  # the upstream's own in-band error: passed on, not judged
+            ex.record.outcome = Outcome.UPSTREAM_ERROR
+            if not responder.started:
+                await responder.start(200, [*_SSE_HEADERS, *ex.proxy_headers()])
+                responder.first_byte_at = time.perf_counter()
+            await responder.body(error_event(upstream_error), more=False)
             return
-        await responder.start(200, headers)
-        frames = b"".join(self._frame(event) for event in response_events(final))
-        await responder.body(frames, more=False)
+        if whole is None:
+            if not gate.assembler.meta:
+                raise UpstreamBadAnswerError("the upstream's chat stream held no chat completion")
+            whole = cast(ChatCompletion, gate.assembler.completion())
+        outcome = await self._decide(whole)
+        final = from_chat_completion(cast(Mapping[str, Any], outcome.answer), echoed, response_id)
+        if not sent:
+            await self._keep(final)
+            await self._finish(
+                responder, _SSE_HEADERS, [self._frame(e) for e in response_events(final)]
+            )
+            return
+        shown = "".join(sent)
+        answer = "".join(
+            str(part.get("text", ""))
+            for out in final["output"]
+            if out.get("type") == "message"
+            for part in out.get("content") or ()
+        )
+        rest = answer[len(shown) :] if answer.startswith(shown) else ""  # a re-ask's new text
+        item = message_item(str(item["id"]), shown + rest)
+        final["output"] = [item, *(o for o in final["output"] if o.get("type") != "message")]
+        await self._keep(final)
+        events = [
+            *([output_text_delta(item, 0, rest)] if rest else []),
+            *message_item_closed(item, 0),
+            *response_events(final, skip={0})[2:],
+        ]
+        await self._finish(responder, _SSE_HEADERS, [self._frame(e) for e in events])
 
     # -- streamed ---------------------------------------------------------------------------------
 
     async def stream(self, responder: Responder) -> None:
         if self.translate:
-            await self._translated(responder, stream=True)
+            await self._translated_stream(responder)
             return
         ex, upstream = self.ex, self.upstream
         assert self.request is not None
@@ -559,6 +682,22 @@ async def stored_response(
         "last_id": id_of(page[-1]) if page else None,
         "has_more": len(items) > limit,
     }
+
+
+async def _no_chunks() -> AsyncIterator[bytes]:
+    """An empty stream (an upstream that answered a stream request with one JSON body)."""
+    return
+    yield b""  # pragma: no cover - makes this an async generator
+
+
+def _chat_text(chunk: Mapping[str, Any]) -> str:
+    """The text a chat stream chunk adds to choice 0."""
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+        return ""
+    delta = choices[0].get("delta")
+    text = delta.get("content") if isinstance(delta, Mapping) else None
+    return text if isinstance(text, str) else ""
 
 
 def _payload(data: bytes | None) -> dict[str, Any]:

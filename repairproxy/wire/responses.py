@@ -28,7 +28,12 @@ from typing import Any
 __all__ = [
     "from_chat_completion",
     "from_chat_messages",
+    "message_item",
+    "message_item_closed",
+    "message_item_opened",
+    "new_item_id",
     "new_response_id",
+    "output_text_delta",
     "response_events",
     "responses_request",
     "to_chat_body",
@@ -246,8 +251,12 @@ def to_chat_completion(response: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _item_id(prefix: str) -> str:
+def new_item_id(prefix: str) -> str:
+    """An output item id of the proxy's own (``msg``, ``fc``, ``call``)."""
     return f"{prefix}_{secrets.token_hex(12)}"
+
+
+_item_id = new_item_id
 
 
 def new_response_id() -> str:
@@ -380,6 +389,15 @@ def response_events(
     for index, item in enumerate(response.get("output") or ()):
         if index in skip:
             continue
+        if item.get("type") == "message" and len(item.get("content") or ()) == 1:
+            text = str(item["content"][0].get("text", ""))
+            for event in (
+                *message_item_opened(item, index),
+                output_text_delta(item, index, text),
+                *message_item_closed(item, index),
+            ):
+                events.append({**event, "sequence_number": first_sequence + len(events)})
+            continue
         if item.get("type") == "message":
             emit("response.output_item.added", output_index=index, item={**item, "content": []})
             for part_index, part in enumerate(item.get("content") or ()):
@@ -406,3 +424,53 @@ def response_events(
     incomplete = response.get("status") == "incomplete"
     emit("response.incomplete" if incomplete else "response.completed", response=dict(response))
     return events
+
+
+# -- one assistant message item, streamed as its text arrives -------------------------------------
+
+
+def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    """An assistant message output item with one ``output_text`` part."""
+    part = {"type": "output_text", "text": text, "annotations": []}
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": status,
+        "role": "assistant",
+        "content": [part],
+    }
+
+
+def message_item_opened(item: Mapping[str, Any], index: int) -> list[dict[str, Any]]:
+    """The events that open a message item and its one text part (no sequence numbers)."""
+    part = {"type": "output_text", "text": "", "annotations": []}
+    ids = {"item_id": item.get("id"), "output_index": index}
+    added = {**item, "status": "in_progress", "content": []}
+    return [
+        {"type": "response.output_item.added", "output_index": index, "item": added},
+        {"type": "response.content_part.added", "content_index": 0, "part": part, **ids},
+    ]
+
+
+def output_text_delta(item: Mapping[str, Any], index: int, delta: str) -> dict[str, Any]:
+    """One piece of a message item's text (no sequence number)."""
+    return {
+        "type": "response.output_text.delta",
+        "item_id": item.get("id"),
+        "output_index": index,
+        "content_index": 0,
+        "delta": delta,
+    }
+
+
+def message_item_closed(item: Mapping[str, Any], index: int) -> list[dict[str, Any]]:
+    """The events that close a message item whose whole text (``item``'s) was streamed."""
+    content = item.get("content") or [{}]
+    part = content[0]
+    ids = {"item_id": item.get("id"), "output_index": index}
+    text = part.get("text", "")
+    return [
+        {"type": "response.output_text.done", "content_index": 0, "text": text, **ids},
+        {"type": "response.content_part.done", "content_index": 0, "part": part, **ids},
+        {"type": "response.output_item.done", "output_index": index, "item": dict(item)},
+    ]

@@ -5,6 +5,8 @@ official openai client against a scripted chat-only upstream."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -13,10 +15,13 @@ import httpx
 import openai
 import orjson
 import pytest
+from pydantic import BaseModel
 
 from repairproxy.settings import Settings
+from repairproxy.types import RepairMode
 from tests.support.proxy_server import RunningProxy, running_proxy
 from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
+from tests.support.servers import raw_server
 
 TOOLS: list[Any] = [
     {
@@ -145,7 +150,7 @@ def test_the_official_client_streams_a_translated_answer(
     assert [i.name for i in final.output if i.type == "function_call"] == ["get_order_details"]
     assert events[0].type == "response.created" and events[-1].type == "response.completed"
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    created = events[0].response  # type: ignore[union-attr]
+    created = events[0].response
     assert created.id == final.id
     _only_chat(upstream)
 
@@ -171,3 +176,121 @@ def test_an_upstream_error_is_passed_on(start: Any, upstream: ScriptedUpstream) 
     sent = httpx.post(proxy.base_url + "/responses", json={"model": "m", "input": "hi"}, timeout=30)
     assert sent.status_code == 400
     assert sent.json()["error"]["message"] == "model 'm' does not exist"
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    body = {"id": "c1", "object": "chat.completion.chunk", "model": "m", "choices": [choice]}
+    frame = b"data: " + orjson.dumps({**body, **extra}) + b"\n\n"
+    return b"%x\r\n%s\r\n" % (len(frame), frame)
+
+
+def test_a_translated_stream_flows_as_the_chat_stream_arrives() -> None:
+    """Prose reaches the client while the chat upstream is still answering (the upstream waits
+    until the client saw it; an answer judged whole never would); the invented call after it is
+    held, repaired, and framed as a function_call item: one id, sequence 0, 1, 2, ..."""
+    seen = threading.Event()
+    waited: list[bool] = []
+    requests: list[dict[str, Any]] = []
+    prose = "Checking the order. "
+
+    async def handle(_r: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes) -> None:
+        request = orjson.loads(raw.split(b"\r\n\r\n", 1)[1])
+        requests.append(request)
+        if not request.get("stream"):  # the re-ask
+            reply = completion(
+                content=prose, tool_calls=[tool_call("get_order_details", GOOD, "call_2")]
+            )
+            payload = orjson.dumps(reply.body)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
+            writer.write(b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
+        writer.write(b"transfer-encoding: chunked\r\n\r\n")
+        writer.write(_chunk({"role": "assistant", "content": prose}))
+        await writer.drain()
+        waited.append(await asyncio.get_running_loop().run_in_executor(None, seen.wait, 10))
+        call = {"index": 0, "id": "call_1", "type": "function"}
+        call["function"] = {"name": "lookup_order", "arguments": orjson.dumps(GOOD).decode()}
+        writer.write(_chunk({"tool_calls": [call]}))
+        writer.write(_chunk({}, "tool_calls"))
+        usage = {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}
+        writer.write(_chunk({}, None, choices=[], usage=usage))
+        frame = b"data: [DONE]\n\n"
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(frame), frame))
+
+    with raw_server(handle) as url:
+        settings = Settings(
+            upstream=url + "/v1", upstream_apis=("chat",), repair=RepairMode.REFLEXIVE
+        )
+        with running_proxy(settings) as proxy:
+            events = []
+            with _client(proxy).responses.stream(model="m", input="Where?", tools=TOOLS) as stream:
+                for event in stream:
+                    events.append(event)
+                    if event.type == "response.output_text.delta":
+                        seen.set()
+                final = stream.get_final_response()
+    assert waited == [True]
+    assert final.output_text == prose
+    assert [i.name for i in final.output if i.type == "function_call"] == ["get_order_details"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    ids = {e.response.id for e in events if hasattr(e, "response")}
+    assert ids == {final.id}
+    assert final.usage is not None and final.usage.total_tokens > 13  # both attempts counted
+    assert [r.get("stream") for r in requests] == [True, False]
+    assert requests[0]["stream_options"] == {"include_usage": True}
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+
+
+def test_a_translated_stream_with_a_text_format_is_held_and_reasked(
+    start: Any, upstream: ScriptedUpstream
+) -> None:
+    proxy = start()
+    upstream.push(
+        completion(content='{"name": "Ann", "age": "forty"}'),
+        completion(content='{"name": "Ann", "age": 40}'),
+    )
+    with _client(proxy).responses.stream(
+        model="m", input="Who is Ann?", text_format=Person
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert final.output_parsed == Person(name="Ann", age=40)
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == '{"name": "Ann", "age": 40}'  # the bad answer never left
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    first, reask = upstream.chat_requests
+    assert first["stream"] is True and reask["stream"] is False
+    assert first["response_format"]["type"] == "json_schema"
+    assert "$.age" in reask["messages"][-1]["content"]
+    _only_chat(upstream)
+
+
+def test_a_translated_stream_with_repair_off_says_what_was_wrong(
+    start: Any, upstream: ScriptedUpstream
+) -> None:
+    proxy = start(repair="off")
+    upstream.push(completion(content='{"name": "Ann"}'))
+    body = {
+        "model": "m",
+        "input": "Who is Ann?",
+        "stream": True,
+        "text": {
+            "format": {"type": "json_schema", "name": "P", "schema": Person.model_json_schema()}
+        },
+    }
+    reply = httpx.post(proxy.base_url + "/responses", json=body, timeout=30)
+    assert reply.headers["x-repairproxy-output-errors"] == "output_schema_violation"
+    events = [
+        orjson.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: ")
+    ]
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text == '{"name": "Ann"}'
+    assert events[-1]["type"] == "response.completed"
+    assert len(upstream.chat_requests) == 1
