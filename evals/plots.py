@@ -7,22 +7,34 @@ never drawn as 0.
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from matplotlib.figure import Figure
+from PIL import Image
 
 from evals.analysis import BUDGETS, ENV_CHANNELS, ArmSummary, PairSummary, Summary
 from evals.stats import EQUIVALENCE_MARGIN, Interval, average_ranks
 
 __all__ = [
-    "channel_rates",
-    "differences",
+    "CELLS_PER_PAGE",
+    "LABEL_CHARS",
+    "PAGE_DPI",
+    "PAGE_ROWS",
+    "cell_sweep",
+    "channel_rates_page",
+    "differences_page",
+    "failed_calls_page",
     "name_ranks",
-    "repair_effect",
+    "pages",
+    "repair_effect_page",
+    "short",
     "slug",
     "sweep",
+    "task_pairs",
+    "task_shift_page",
 ]
 
 _DPI = 110
@@ -32,10 +44,21 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:80] or "x"
 
 
+def _write_png(figure: Figure, path: Path, dpi: int) -> Path:
+    """The figure as a 256-colour palette PNG: a quarter of the RGBA file's bytes, the same
+    picture to the eye (the report embeds every figure, so its size is theirs)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, dpi=dpi, format="png")
+    buffer.seek(0)
+    with Image.open(buffer) as image:
+        palette = image.convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE)
+        palette.save(path, format="PNG", optimize=True)
+    return path
+
+
 def _save(figure: Figure, path: Path) -> Path:
     figure.tight_layout()
-    figure.savefig(path, dpi=_DPI)
-    return path
+    return _write_png(figure, path, _DPI)
 
 
 def _band(arm: ArmSummary) -> tuple[list[int], list[float], list[float], list[float]]:
@@ -82,32 +105,6 @@ def sweep(summary: Summary, pair: PairSummary, path: Path) -> Path | None:
     return _save(figure, path)
 
 
-def channel_rates(summary: Summary, path: Path) -> Path | None:
-    """Failed agent calls per agent tool call, by channel, plus the raw hallucination rate."""
-    arms = list(summary.arms.values())
-    series = [*ENV_CHANNELS, "raw hallucinated (proxy + env)"]
-    if not arms:
-        return None
-    figure = Figure(figsize=(max(7.5, 1.4 * len(arms) + 3.5), 4.2))
-    axes = figure.subplots()
-    width = 0.8 / len(series)
-    for s, name in enumerate(series):
-        xs, heights = [], []
-        for a, arm in enumerate(arms):
-            value = arm.channel_rates[name] if name in ENV_CHANNELS else arm.raw_hallucination_rate
-            if isinstance(value, float):
-                xs.append(a + (s - (len(series) - 1) / 2) * width)
-                heights.append(value)
-        axes.bar(xs, heights, width=width, label=name.replace("_", " "))
-    axes.set_xticks(range(len(arms)))
-    axes.set_xticklabels([arm.label for arm in arms], rotation=20, ha="right", fontsize=8)
-    axes.set_ylabel("share of agent tool calls")
-    axes.set_title("Failed agent tool calls by channel", fontsize=10)
-    axes.grid(axis="y", alpha=0.3)
-    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return _save(figure, path)
-
-
 def name_ranks(summary: Summary, pair: PairSummary, path: Path) -> Path | None:
     """Rank of each hallucinated name in both arms (1 = most frequent; ties share a rank)."""
     ref = summary.arms[pair.reference].names
@@ -137,63 +134,6 @@ def name_ranks(summary: Summary, pair: PairSummary, path: Path) -> Path | None:
     return _save(figure, path)
 
 
-def differences(pairs: Sequence[PairSummary], path: Path) -> Path | None:
-    """Paired success difference per pair with its 95% interval and the ±7.5-point band."""
-    rows = [(p, p.difference) for p in pairs if isinstance(p.difference, Interval)]
-    if not rows:
-        return None
-    figure = Figure(figsize=(6.4, 1.2 + 0.45 * len(rows)))
-    axes = figure.subplots()
-    for y, (_, interval) in enumerate(rows):
-        axes.plot([interval.low, interval.high], [y, y], color="tab:blue")
-        axes.plot([interval.estimate], [y], marker="o", color="tab:blue")
-    axes.axvspan(-EQUIVALENCE_MARGIN, EQUIVALENCE_MARGIN, color="tab:green", alpha=0.12)
-    axes.axvline(0, color="grey", linewidth=1)
-    axes.set_yticks(range(len(rows)))
-    axes.set_yticklabels([f"{p.compared} − {p.reference}" for p, _ in rows], fontsize=8)
-    axes.set_xlabel("success difference (95% CI); green: ±7.5-point equivalence band")
-    axes.set_title("Paired success difference", fontsize=10)
-    axes.grid(axis="x", alpha=0.3)
-    return _save(figure, path)
-
-
-def repair_effect(summary: Summary, path: Path) -> Path | None:
-    """Success by repair mode within each grid cell, with Wilson 95% error bars."""
-    cells: dict[str, list[ArmSummary]] = {}
-    for arm in summary.arms.values():
-        if arm.cell is not None:
-            cells.setdefault(arm.cell, []).append(arm)
-    cells = {cell: arms for cell, arms in cells.items() if len(arms) > 1}
-    if not cells:
-        return None
-    modes = sorted({arm.mode for arms in cells.values() for arm in arms if arm.mode})
-    figure = Figure(figsize=(max(6.4, 1.6 * len(cells) + 2), 4.2))
-    axes = figure.subplots()
-    width = min(0.8 / len(modes), 0.25)
-    for m, mode in enumerate(modes):
-        xs, heights, lows, highs = [], [], [], []
-        for c, arms in enumerate(cells.values()):
-            found = next((a for a in arms if a.mode == mode), None)
-            if found is None or not isinstance(found.success, Interval):
-                continue
-            xs.append(c + (m - (len(modes) - 1) / 2) * width)
-            heights.append(found.success.estimate)
-            lows.append(found.success.estimate - found.success.low)
-            highs.append(found.success.high - found.success.estimate)
-        axes.bar(xs, heights, width=width, yerr=[lows, highs], capsize=3, label=mode)
-        for x, height in zip(xs, heights, strict=True):  # at the foot, clear of the error bars
-            axes.text(x, 0.02, f"{100 * height:.0f}%", ha="center", fontsize=7, color="white")
-    axes.set_xticks(range(len(cells)))
-    axes.set_xticklabels(list(cells), rotation=20, ha="right", fontsize=8)
-    axes.set_xlim(-0.6, len(cells) - 0.4)
-    axes.set_ylim(0, 1.05)
-    axes.set_ylabel("success rate at the run's budget")
-    axes.set_title("Repair effect per cell", fontsize=10)
-    axes.grid(axis="y", alpha=0.3)
-    axes.legend(fontsize=8)
-    return _save(figure, path)
-
-
 # ---------------------------------------------------------------------------------------------
 # Paged figures: at the paper grid's size (120 arms, 96 pairs) one figure per page of a bounded
 # number of rows, one per cell for the sweeps, so no image grows with the grid.
@@ -217,8 +157,7 @@ def pages(count: int, size: int = PAGE_ROWS) -> list[range]:
 
 
 def _save_page(figure: Figure, path: Path) -> Path:
-    figure.savefig(path, dpi=PAGE_DPI)
-    return path
+    return _write_png(figure, path, PAGE_DPI)
 
 
 def channel_rates_page(arms: Sequence[ArmSummary], path: Path, title: str) -> Path | None:
@@ -299,4 +238,136 @@ def cell_sweep(summary: Summary, cell: str, path: Path) -> Path | None:
     axes.grid(alpha=0.3)
     axes.legend(fontsize=7, loc="lower right")
     figure.tight_layout()
+    return _save_page(figure, path)
+
+
+CELLS_PER_PAGE = 6  # grid cells per page of the repair-effect figure
+FAILED_CALLS_MAX = 10  # the failed-calls histogram's last column pools this many and more
+
+
+def repair_effect_page(
+    cells: Sequence[tuple[str, Sequence[ArmSummary]]], path: Path, title: str
+) -> Path | None:
+    """Success by repair mode within each of a page of grid cells, with Wilson 95% error bars."""
+    cells = [(cell, arms) for cell, arms in cells if len(arms) > 1]
+    if not cells:
+        return None
+    modes = sorted({arm.mode for _, arms in cells for arm in arms if arm.mode})
+    figure = Figure(figsize=(9.0, 4.0))
+    axes = figure.add_axes((0.14, 0.3, 0.72, 0.6))
+    width = min(0.8 / max(len(modes), 1), 0.25)
+    for m, mode in enumerate(modes):
+        xs, heights, lows, highs = [], [], [], []
+        for c, (_, arms) in enumerate(cells):
+            found = next((a for a in arms if a.mode == mode), None)
+            if found is None or not isinstance(found.success, Interval):
+                continue
+            xs.append(c + (m - (len(modes) - 1) / 2) * width)
+            heights.append(found.success.estimate)
+            lows.append(found.success.estimate - found.success.low)
+            highs.append(found.success.high - found.success.estimate)
+        axes.bar(xs, heights, width=width, yerr=[lows, highs], capsize=2, label=mode)
+        for x, height in zip(xs, heights, strict=True):  # at the foot, clear of the error bars
+            axes.text(x, 0.02, f"{100 * height:.0f}", ha="center", fontsize=6, color="white")
+    axes.set_xticks(range(len(cells)))
+    axes.set_xticklabels(
+        [short(cell, 30) for cell, _ in cells], rotation=20, ha="right", fontsize=7
+    )
+    axes.set_xlim(-0.6, len(cells) - 0.4)
+    axes.set_ylim(0, 1.05)
+    axes.set_ylabel("success at the run's budget", fontsize=8)
+    axes.set_title(title, fontsize=9)
+    axes.grid(axis="y", alpha=0.3)
+    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save_page(figure, path)
+
+
+def task_pairs(pair: PairSummary, path: Path) -> Path | None:
+    """Per task, the compared arm's success share against the reference's (marker area: how
+    many tasks sit on that point); above the diagonal the compared arm did better."""
+    if not pair.task_shares:
+        return None
+    points: dict[tuple[float, float], int] = {}
+    for _, ref, cmp, n in pair.task_shares:
+        key = (ref / n, cmp / n)
+        points[key] = points.get(key, 0) + 1
+    figure = Figure(figsize=(4.8, 4.4))
+    axes = figure.subplots()
+    xs, ys = [k[0] for k in points], [k[1] for k in points]
+    counts = list(points.values())
+    axes.scatter(xs, ys, s=[18 * c for c in counts], alpha=0.55, color="tab:blue")
+    for x, y, count in zip(xs, ys, counts, strict=True):
+        if count > 1:
+            axes.annotate(str(count), (x, y), fontsize=6, ha="center", va="center")
+    axes.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
+    axes.set_xlim(-0.08, 1.08)
+    axes.set_ylim(-0.08, 1.08)
+    axes.set_xlabel(f"success share per task: {short(pair.reference, 40)}", fontsize=7)
+    axes.set_ylabel(f"{short(pair.compared, 40)}", fontsize=7)
+    axes.set_title("Success per task, paired", fontsize=9)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    return _save_page(figure, path)
+
+
+def task_shift_page(pairs: Sequence[PairSummary], path: Path, title: str) -> Path | None:
+    """Per pair, the share of tasks on which the compared arm did worse, the same, or better
+    than the reference (success share over the task's paired trials)."""
+    rows = [p for p in pairs if p.task_shares]
+    if not rows:
+        return None
+    height = 1.5 + 0.3 * len(rows)
+    figure = Figure(figsize=(9.0, height))
+    axes = figure.add_axes((0.42, 1.0 / height, 0.42, 1 - 1.5 / height))
+    shares = []
+    for p in rows:
+        total = len(p.task_shares)
+        worse = sum(1 for _, r, c, _ in p.task_shares if c < r) / total
+        better = sum(1 for _, r, c, _ in p.task_shares if c > r) / total
+        shares.append((worse, 1.0 - worse - better, better))
+    left = [0.0] * len(rows)
+    for i, (label, colour) in enumerate(
+        (("worse", "tab:red"), ("same", "lightgrey"), ("better", "tab:green"))
+    ):
+        widths = [s[i] for s in shares]
+        axes.barh(range(len(rows)), widths, left=left, color=colour, label=label)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    axes.set_yticks(range(len(rows)))
+    axes.set_yticklabels(
+        [short(f"{p.compared} − {p.reference.rsplit('/', 1)[-1]}", 56) for p in rows], fontsize=7
+    )
+    axes.invert_yaxis()
+    axes.set_xlim(0, 1)
+    axes.set_xlabel("share of tasks: compared did worse / the same / better", fontsize=8)
+    axes.set_title(title, fontsize=9)
+    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save_page(figure, path)
+
+
+def failed_calls_page(arms: Sequence[ArmSummary], path: Path, title: str) -> Path | None:
+    """Each arm's histogram of failed tool calls per episode, one row per arm (colour: share of
+    the arm's episodes; the last column pools ``FAILED_CALLS_MAX`` and more)."""
+    rows = [a for a in arms if a.failed_calls_histogram]
+    if not rows:
+        return None
+    columns = FAILED_CALLS_MAX + 1
+    grid = []
+    for arm in rows:
+        total = sum(arm.failed_calls_histogram.values())
+        line = [0.0] * columns
+        for calls, episodes in arm.failed_calls_histogram.items():
+            line[min(calls, FAILED_CALLS_MAX)] += episodes / total
+        grid.append(line)
+    height = 1.5 + 0.3 * len(rows)
+    figure = Figure(figsize=(9.0, height))
+    axes = figure.add_axes((0.34, 1.0 / height, 0.5, 1 - 1.5 / height))
+    image = axes.imshow(grid, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
+    axes.set_xticks(range(columns))
+    axes.set_xticklabels([*map(str, range(FAILED_CALLS_MAX)), f"{FAILED_CALLS_MAX}+"], fontsize=7)
+    axes.set_yticks(range(len(rows)))
+    axes.set_yticklabels([short(arm.label) for arm in rows], fontsize=7)
+    axes.set_xlabel("failed tool calls in the episode (agent's and user's)", fontsize=8)
+    axes.set_title(title, fontsize=9)
+    colour_axes = figure.add_axes((0.86, 1.0 / height, 0.02, 1 - 1.5 / height))
+    figure.colorbar(image, cax=colour_axes).set_label("share of episodes", fontsize=7)
     return _save_page(figure, path)

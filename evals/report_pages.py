@@ -42,13 +42,28 @@ def figures_section(summary: Summary, out_dir: Path) -> Section:
         title = f"Channel rates per arm ({n} of {len(arm_pages)})"
         path = out_dir / ("channels.png" if n == 1 else f"channels_{n:02d}.png")
         drawn.append((title, plots.channel_rates_page([arms[i] for i in page], path, title)))
+    for n, page in enumerate(arm_pages, 1):
+        title = (
+            f"Failed tool calls per episode, each row an arm's histogram ({n} of {len(arm_pages)})"
+        )
+        path = out_dir / f"failed_calls_{n:02d}.png"
+        drawn.append((title, plots.failed_calls_page([arms[i] for i in page], path, title)))
     pair_pages = plots.pages(len(summary.pairs))
     for n, page in enumerate(pair_pages, 1):
         title = f"Paired differences ({n} of {len(pair_pages)})"
         path = out_dir / ("differences.png" if n == 1 else f"differences_{n:02d}.png")
         pairs = [summary.pairs[i] for i in page]
         drawn.append((title, plots.differences_page(pairs, path, title)))
-    if len(summary.pairs) <= NAME_RANK_PAIRS:
+    for n, page in enumerate(pair_pages, 1):
+        title = f"Per task: compared worse, same, better ({n} of {len(pair_pages)})"
+        path = out_dir / f"task_shift_{n:02d}.png"
+        pairs = [summary.pairs[i] for i in page]
+        drawn.append((title, plots.task_shift_page(pairs, path, title)))
+    if few:
+        for i, pair in enumerate(summary.pairs, 1):
+            path = out_dir / f"tasks_{i:02d}_{_pair_slug(pair)}.png"
+            title = f"Success per task: {pair.compared} vs {pair.reference}"
+            drawn.append((title, plots.task_pairs(pair, path)))
         for i, pair in enumerate(summary.pairs, 1):
             path = out_dir / f"names_{i:02d}_{_pair_slug(pair)}.png"
             drawn.append(
@@ -59,12 +74,17 @@ def figures_section(summary: Summary, out_dir: Path) -> Section:
             )
     else:
         section.paragraphs.append(
-            f"Name-rank plots are drawn for at most {NAME_RANK_PAIRS} pairs; with "
-            f"{len(summary.pairs)} the Spearman column of the pairs table carries them."
+            f"Per-task scatter and name-rank plots are drawn for at most {NAME_RANK_PAIRS} "
+            f"pairs; with {len(summary.pairs)} the per-task pages and the Spearman column of "
+            "the pairs table carry them."
         )
-    drawn.append(
-        ("Repair effect per cell", plots.repair_effect(summary, out_dir / "repair_effect.png"))
-    )
+    by_cell = [(cell, [a for a in arms if a.cell == cell]) for cell in cells]
+    by_cell = [(cell, members) for cell, members in by_cell if len(members) > 1]
+    cell_pages = plots.pages(len(by_cell), plots.CELLS_PER_PAGE)
+    for n, page in enumerate(cell_pages, 1):
+        title = f"Repair effect per cell ({n} of {len(cell_pages)})"
+        path = out_dir / ("repair_effect.png" if n == 1 else f"repair_effect_{n:02d}.png")
+        drawn.append((title, plots.repair_effect_page([by_cell[i] for i in page], path, title)))
     for title, drawn_path in drawn:
         if drawn_path is None:
             section.paragraphs.append(f"{title}: nothing to draw for this data.")

@@ -90,9 +90,12 @@ def test_cli_writes_summary_report_and_plots(tmp_path: Path) -> None:
     assert pngs == [
         "channels.png",
         "differences.png",
+        "failed_calls_01.png",
         "names_01_q4-off__vs__retail_reflexive.png",
         "repair_effect.png",
         "sweep_01_q4-off__vs__retail_reflexive.png",
+        "task_shift_01.png",
+        "tasks_01_q4-off__vs__retail_reflexive.png",
     ]
     for name in pngs:
         assert (out / name).read_bytes().startswith(PNG_MAGIC)

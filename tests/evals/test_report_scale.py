@@ -1,0 +1,58 @@
+"""The report's size does not grow with the grid beyond its bound: on a synthetic grid of 12
+cells (36 arms, 24 pairs: more than a page of arms, of cells and of pairs' name plots) every
+figure stays within a page's pixels, paged figures come in pages, and report.html stays under
+the paper grid's budget per cell (2 MB for 24 cells). Sizes only; the benchmark prints times."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+from benchmarks.report_scale import png_size, write_grid
+from evals import plots
+from evals.analyze import analyze
+
+PAPER_CELLS = 24
+PAPER_HTML_BYTES = 2_000_000
+MAX_WIDTH = 720  # 9 inches at the pages' 80 dpi
+MAX_HEIGHT = 1_000  # a 24-row page is 726 px
+
+
+def test_the_reports_figures_and_html_stay_bounded_as_cells_grow(tmp_path: Path) -> None:
+    modes = ("off", "prompt", "reflexive")
+    paths = write_grid(
+        tmp_path / "runs",
+        models=("m1", "m2"),
+        precisions=("bf16", "fp8", "int4"),
+        modes=modes,
+        tasks=3,
+        trials=2,
+    )
+    cells = len(paths) // len(modes)
+    assert cells == 12
+    out = tmp_path / "report"
+    summary = analyze(paths, None, out, "scale")
+    assert len(summary.arms) == 36 and len(summary.pairs) == 24
+
+    pngs = sorted(out.glob("*.png"))
+    sizes = {png.name: png_size(png) for png in pngs}
+    too_big = {n: s for n, s in sizes.items() if s[0] > MAX_WIDTH or s[1] > MAX_HEIGHT}
+    assert not too_big, too_big
+
+    def count(prefix: str) -> int:
+        return sum(1 for name in sizes if re.fullmatch(rf"{prefix}(_\d\d)?\.png", name))
+
+    arm_pages = math.ceil(36 / plots.PAGE_ROWS)
+    assert count("channels") == arm_pages == 2
+    assert sum(1 for n in sizes if n.startswith("failed_calls_")) == arm_pages
+    assert count("repair_effect") == math.ceil(cells / plots.CELLS_PER_PAGE) == 2
+    assert count("differences") == 1
+    assert sum(1 for n in sizes if n.startswith("sweep_")) == cells  # one per cell, not per pair
+    assert not any(n.startswith(("names_", "tasks_")) for n in sizes)  # past 8 pairs: tables
+
+    html_bytes = (out / "report.html").stat().st_size
+    assert html_bytes <= cells * PAPER_HTML_BYTES / PAPER_CELLS, html_bytes
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert markdown.index("## Definitions") < markdown.index("## Appendix: provenance")
+    assert markdown.rstrip().rfind("## ") == markdown.index("## Appendix: provenance")
