@@ -1,7 +1,9 @@
 """Structured logging: one canonical JSON line per request, built without global structlog state.
 
 Prompt and answer text never reach the log unless ``--log-bodies`` is set; the caller decides what
-goes into the event, this module only renders it.
+goes into the event, this module only renders it. One processor (``_render``) adds the level and
+the timestamp and renders the line, where structlog's stock chain takes three calls for it; its
+bytes are those of ``add_log_level``, ``TimeStamper(fmt="iso", utc=True)`` and ``JSONRenderer``.
 """
 
 from __future__ import annotations
@@ -9,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import datetime
 import sys
 from typing import IO, Any, BinaryIO, cast
 
 import orjson
 import structlog
-from structlog.typing import FilteringBoundLogger
+from structlog.typing import EventDict, FilteringBoundLogger
 
 __all__ = ["LoopBatchedWriter", "RequestLogger", "configure_logging"]
 
@@ -23,8 +26,17 @@ _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 RequestLogger = FilteringBoundLogger
 
 
-def _orjson_bytes(obj: Any, **_: Any) -> bytes:
-    return orjson.dumps(obj, default=str)
+# structlog's add_log_level names: "warn" is the stdlib's alias, exception() logs at error.
+_LEVEL_NAMES = {"warn": "warning", "exception": "error"}
+_UTC = datetime.UTC
+
+
+def _render(_logger: Any, method_name: str, event_dict: EventDict) -> bytes:
+    """Level, then timestamp (ISO 8601, UTC, ``Z``), then one orjson line."""
+    event_dict["level"] = _LEVEL_NAMES.get(method_name, method_name)
+    now = datetime.datetime.now(tz=_UTC)
+    event_dict["timestamp"] = now.isoformat().replace("+00:00", "Z")
+    return orjson.dumps(event_dict, default=str)
 
 
 class LoopBatchedWriter:
@@ -71,11 +83,7 @@ def configure_logging(level: str = "info", stream: IO[bytes] | None = None) -> R
         structlog.BytesLogger(
             cast(BinaryIO, stream if stream is not None else LoopBatchedWriter(sys.stdout.buffer))
         ),
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.JSONRenderer(serializer=_orjson_bytes),
-        ],
+        processors=[_render],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level.lower(), 20)),
         cache_logger_on_first_use=True,
     )

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
+from pathlib import Path
+from typing import Any
 
 import orjson
+import structlog
 
 from repairproxy.observe.logging import LoopBatchedWriter, configure_logging
 
@@ -16,7 +20,7 @@ class CountingTarget(io.BytesIO):
         super().__init__()
         self.writes = 0
 
-    def write(self, data: object) -> int:  # type: ignore[override]
+    def write(self, data: object) -> int:
         self.writes += 1
         return super().write(data)  # type: ignore[arg-type]
 
@@ -45,3 +49,56 @@ def test_outside_a_loop_each_line_is_written_at_once() -> None:
     logger = configure_logging("info", LoopBatchedWriter(target))  # type: ignore[arg-type]
     logger.info("startup")
     assert target.writes == 1 and b'"startup"' in target.getvalue()
+
+
+def _stock_logger(stream: io.BytesIO) -> Any:
+    """structlog's own chain for the same line: what the one processor must write."""
+    return structlog.wrap_logger(
+        structlog.BytesLogger(stream),
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.JSONRenderer(
+                serializer=lambda obj, **_: orjson.dumps(obj, default=str)
+            ),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(10),
+    )
+
+
+_TIME = re.compile(rb'"timestamp":"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?Z"')
+
+
+def test_the_line_is_structlogs_stock_chain_byte_for_byte_but_the_time() -> None:
+    ours, stock = io.BytesIO(), io.BytesIO()
+    event = {
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "status": 200,
+        "channels": ["unknown_tool"],
+        "latency_ms": 0.5,
+        "model": None,
+        "level": "overridden",  # a field named like the level is overwritten, in its place
+        "odd": Path("/tmp/x"),  # not JSON: rendered with str()
+    }
+    for logger in (configure_logging("debug", ours), _stock_logger(stock)):
+        logger.info("request", **event)
+        logger.warning("store", error="away")
+        logger.exception("unhandled", error="x")
+        logger.debug("dbg")
+    got, want = ours.getvalue().splitlines(), stock.getvalue().splitlines()
+    assert len(got) == len(want) == 4
+    for line, expected in zip(got, want, strict=True):
+        assert _TIME.search(line) is not None
+        assert _TIME.sub(b"T", line) == _TIME.sub(b"T", expected)
+    first = orjson.loads(got[0])
+    assert list(first)[-2:] == ["event", "timestamp"] and first["level"] == "info"
+    assert orjson.loads(got[2])["level"] == "error"
+
+
+def test_the_level_filter_still_drops_lower_levels() -> None:
+    stream = io.BytesIO()
+    logger = configure_logging("warning", stream)
+    logger.info("request")
+    logger.warning("kept")
+    assert [orjson.loads(line)["event"] for line in stream.getvalue().splitlines()] == ["kept"]
