@@ -366,6 +366,7 @@ class ChatPipeline:
         record.caught = list(repaired.caught_calls) or record.caught
         record.repair_attempts = repaired.attempts
         record.promoted = repaired.promoted
+        record.promoted_formats = list(repaired.promoted_formats)
         record.repair_prompt_tokens = repaired.repair_prompt_tokens
         record.repair_completion_tokens = repaired.repair_completion_tokens
         if repaired.repair_failed is not None:

@@ -29,6 +29,7 @@ from repairproxy.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
+from repairproxy.native import promoted_format
 from repairproxy.observe.record import CaughtCall
 from repairproxy.reask import (
     DEFAULT_TEMPLATE,
@@ -42,7 +43,7 @@ from repairproxy.reask import (
     repair_request,
     with_repair_instruction,
 )
-from repairproxy.textcalls import fresh_call_id, promote_calls
+from repairproxy.textcalls import TextCall, fresh_call_id, promote_calls
 from repairproxy.types import OnExhausted, RepairMode
 from repairproxy.validation import (
     CallRules,
@@ -65,7 +66,9 @@ __all__ = [
     "caught_calls",
     "edit_distance",
     "escalated_tool_choice",
+    "promotable_text_calls",
     "promote",
+    "promoted_formats",
     "repair_completion",
     "with_repair_instruction",
 ]
@@ -117,6 +120,8 @@ class RepairOutcome:
     # of them through ``delivered_invalid``.
     delivered_invalid_call_ids: tuple[str, ...] = ()
     promoted: int = 0  # calls written as text returned as real tool calls
+    # The format of each promoted call (``native.FAMILIES``), choice 0's first, in order.
+    promoted_formats: tuple[str, ...] = ()
     caught_calls: tuple[CaughtCall, ...] = ()  # the first answer's invalid calls, with detail
     delivered_invalid: tuple[CallVerdict, ...] = ()  # invalid calls the client still receives
     repair_prompt_tokens: int = 0  # usage of the re-asks alone
@@ -216,25 +221,36 @@ def promote(message: Mapping[str, Any], verdict: MessageVerdict) -> tuple[Mappin
     promoted. Calls written together (one JSON list, one tag) are promoted together or not at all.
     Returns the message (the same object when nothing was promoted) and how many were promoted.
     """
-    text_calls = [v for v in verdict.calls if v.text_call is not None]
-    if not text_calls:
+    chosen = promotable_text_calls(verdict)
+    if not chosen:
         return message, 0
+    promoted = promote_calls(message, chosen)
+    count = len(promoted.get("tool_calls") or ()) - len(message.get("tool_calls") or ())
+    return promoted, count
+
+
+def promotable_text_calls(verdict: MessageVerdict) -> list[TextCall]:
+    """The text calls ``promote`` turns into tool calls: every group (calls sharing one span)
+    whose calls are all promotable."""
     spans: dict[tuple[int, int], list[CallVerdict]] = {}
-    for call in text_calls:
-        assert call.text_call is not None
-        spans.setdefault((call.text_call.start, call.text_call.end), []).append(call)
-    chosen = [
+    for call in verdict.calls:
+        if call.text_call is not None:
+            spans.setdefault((call.text_call.start, call.text_call.end), []).append(call)
+    return [
         call.text_call
         for group in spans.values()
         if all(call.promotable for call in group)
         for call in group
         if call.text_call is not None
     ]
-    if not chosen:
-        return message, 0
-    promoted = promote_calls(message, chosen)
-    count = len(promoted.get("tool_calls") or ()) - len(message.get("tool_calls") or ())
-    return promoted, count
+
+
+def promoted_formats(verdict: MessageVerdict) -> list[str]:
+    """The bounded format label (``native.FAMILIES``) of each call ``promote`` promotes."""
+    return [
+        promoted_format(call.shape, call.source, call.family)
+        for call in promotable_text_calls(verdict)
+    ]
 
 
 def caught_calls(verdict: MessageVerdict) -> tuple[CaughtCall, ...]:
@@ -406,6 +422,7 @@ class _ChoiceRepair:
     caught: list[Channel] = field(default_factory=list)
     attempts: int = 0
     promoted: int = 0
+    promoted_formats: list[str] = field(default_factory=list)
     exhausted: bool = False
     repair_failed: str | None = None
     reask_usages: list[Any] = field(default_factory=list)
@@ -516,6 +533,7 @@ def _promoted(
     promoted, count = promote(message, verdict)
     if count:
         state.verdict = tools.check_message(promoted, rules=rules)
+        state.promoted_formats.extend(promoted_formats(verdict))
     return promoted, count
 
 
@@ -573,6 +591,7 @@ async def repair_completion(
         head.exhausted,
         tuple(c.call_id for c in delivered if c.call_id is not None),
         promoted=sum(r.promoted for r in results if r is not None),
+        promoted_formats=tuple(f for r in results if r is not None for f in r.promoted_formats),
         caught_calls=caught_calls(head.first_verdict),
         delivered_invalid=delivered,
         repair_prompt_tokens=_tokens(reask_usage, "prompt_tokens"),

@@ -100,6 +100,7 @@ class TextCall:
     shape: Shape
     source: str
     string_values: bool = False  # XML parameters: every value came as text (see validation)
+    family: str | None = None  # the native recogniser's label (``native.RECOGNISERS``), if any
 
 
 def fresh_call_id() -> str:
@@ -354,6 +355,7 @@ def _native_calls(text: str, tools: Mapping[str, Mapping[str, Any]] | None) -> l
                 Shape.NATIVE,
                 source,
                 call.string_values,
+                match.family,
             )
             for call in match.calls
         )

@@ -229,15 +229,17 @@ _SHAPE_FORMATS = MappingProxyType(
 _SHAPE_FORMATS_JSON = "json"
 
 
-def promoted_format(shape: str, source: str) -> str:
-    """The bounded label (one of ``FAMILIES``) of a promoted text call, from its shape and text:
-    for metrics, the log line and ``X-Repairproxy-Promoted-Format``."""
+def promoted_format(shape: str, source: str, family: str | None = None) -> str:
+    """The bounded label (one of ``FAMILIES``) of a promoted text call, from its shape and text
+    (or the recogniser's own ``family`` label, when it is known): for metrics, the log line and
+    ``X-Repairproxy-Promoted-Format``."""
     if shape == _SHAPE_FORMATS_JSON:
         return "json"
     if shape in _SHAPE_FORMATS:
         return _SHAPE_FORMATS[shape]
-    matches = find_native_calls(source)
-    family = matches[0].family if matches else "other"
+    if family is None:
+        matches = find_native_calls(source)
+        family = matches[0].family if matches else "other"
     family = "qwen3_xml" if family == "qwen3_xml_bare" else family
     return family if family in FAMILIES else "other"
 

@@ -307,6 +307,20 @@ async def test_through_the_proxy_the_call_is_structured_and_no_wrapper_stays(
         assert marker not in (text or "") or marker in expected_text
 
 
+@pytest.mark.anyio
+async def test_the_promoted_format_reaches_the_client_as_a_header() -> None:
+    text = '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+    case = {"tools": WEATHER_TOOLS}
+    transport = MockTransport(completion(content=text))
+    settings = Settings(upstream="http://mock/v1", repair="promote")
+    async with in_process_proxy(settings, transport) as proxy:
+        client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="k", http_client=proxy.http)
+        raw = await client.chat.completions.with_raw_response.create(**_chat_body(case, False))
+    assert raw.headers["x-repairproxy-promoted"] == "1"
+    assert raw.headers["x-repairproxy-promoted-format"] == "gemma4"
+    assert raw.parse().choices[0].message.tool_calls is not None
+
+
 # --- the format label on promotions --------------------------------------------------------------
 
 

@@ -434,3 +434,26 @@ async def test_promote_mode_leaves_an_answer_with_nothing_to_promote_as_it_came(
     assert outcome.response == first and outcome.exhausted and outcome.attempts == 0
     assert outcome.delivered_invalid_call_ids == ("call_bad",)
     assert outcome.caught_calls == (CaughtCall("unknown_tool", "structured", "track_package"),)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("content", "formats"),
+    [
+        (DETAILS, ("json",)),
+        (f"<tool_call>{DETAILS}</tool_call>", ("hermes",)),
+        ('<|tool_call>call:get_order_details{order_id:<|"|>#W1<|"|>}<tool_call|>', ("gemma4",)),
+        (f"[TOOL_CALLS][{DETAILS}, {DETAILS.replace('#W1', '#W2')}]", ("mistral", "mistral")),
+        ("get_order_details(order_id='#W1')", ("granite_pythonic",)),
+        ("I will not run it.", ()),
+    ],
+    ids=["json", "hermes", "gemma4", "mistral list", "granite bare line", "nothing promoted"],
+)
+async def test_each_promoted_call_carries_its_format_label(
+    tools: CompiledTools, content: str, formats: tuple[str, ...]
+) -> None:
+    outcome = await repair_completion(
+        BODY, completion(content), tools, RepairPolicy(mode=RepairMode.PROMOTE), ScriptedSend()
+    )
+    assert outcome.promoted == len(formats)
+    assert outcome.promoted_formats == formats
