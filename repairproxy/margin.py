@@ -1,9 +1,12 @@
 """The tool-name margin probe: how close the model came to naming another tool.
 
 With ``--margin-probe`` a request that declares tools asks the upstream for ``logprobs`` and
-``top_logprobs``; for each tool call the margin is the log-prob of the chosen first token of the
-tool name minus that of its strongest rival. Thin margins are where quantization flips decisions.
-Works on OpenAI-shaped logprobs (vLLM, the embedded server); answers without them give no margin.
+``top_logprobs``; for each tool call the margin is the log-prob of the chosen token minus that of
+its strongest rival, at the token where the name was decided: where the written name leaves the
+declared name nearest it (Retail's names share prefixes, ``get_order_details`` and
+``get_user_details``, so their first token decides nothing). Thin margins are where quantization
+flips decisions. Works on OpenAI-shaped logprobs (vLLM, the embedded server); answers without them
+give no margin.
 """
 
 from __future__ import annotations
@@ -15,7 +18,14 @@ from typing import Any
 
 from repairproxy.textcalls import find_text_calls
 
-__all__ = ["PROBE_TOP_LOGPROBS", "strip_probe", "tool_name_margins", "with_probe"]
+__all__ = [
+    "PROBE_TOP_LOGPROBS",
+    "decision_offset",
+    "named_tool_name_margins",
+    "strip_probe",
+    "tool_name_margins",
+    "with_probe",
+]
 
 PROBE_TOP_LOGPROBS = 5
 
@@ -90,8 +100,30 @@ def _find_name(text: str, name: str, start: int) -> int:
     return text.find(name, start)
 
 
-def tool_name_margins(completion: Mapping[str, Any]) -> list[float]:
-    """One margin per tool call whose name can be located in ``choices[0].logprobs.content``.
+def decision_offset(name: str, declared: Sequence[str]) -> int:
+    """Where ``name`` leaves the declared name nearest it: the length of the longest prefix it
+    shares with any other declared name (0 when none is declared). The token holding that
+    character chose between them; at the name's length (a declared name continues it), the
+    token after the name did."""
+    others = [other for other in declared if other != name]
+    if not others:
+        return 0
+    return max(_shared_prefix(name, other) for other in others)
+
+
+def _shared_prefix(a: str, b: str) -> int:
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return min(len(a), len(b))
+
+
+def named_tool_name_margins(
+    completion: Mapping[str, Any], declared: Sequence[str] = ()
+) -> list[tuple[str, float]]:
+    """(written name, margin) per tool call whose deciding token is in
+    ``choices[0].logprobs.content``, in call order; the deciding token is where the name leaves
+    the nearest of ``declared`` (``decision_offset``), its first token without ``declared``.
 
     Calls written as text (a small model's ``{"name": ...}`` in ``content``) count as calls.
     """
@@ -111,15 +143,22 @@ def tool_name_margins(completion: Mapping[str, Any]) -> list[float]:
         length += len(_token_text(entry))
         ends.append(length)
     text = "".join(_token_text(entry) for entry in entries)
-    margins: list[float] = []
+    margins: list[tuple[str, float]] = []
     cursor = 0
     for name in _call_names(message):
         at = _find_name(text, name, cursor)
         if at < 0:
             continue  # the call is not in the scored tokens (e.g. an API that hides them)
         cursor = at + len(name)
-        # The token whose span holds the name's first character made the decision.
-        margin = _margin(entries[bisect.bisect_right(ends, at)])
+        decided = at + decision_offset(name, declared)
+        if decided >= length:  # nothing scored after the name: its last character's token
+            decided = at + len(name) - 1
+        margin = _margin(entries[bisect.bisect_right(ends, decided)])
         if margin is not None:
-            margins.append(margin)
+            margins.append((name, margin))
     return margins
+
+
+def tool_name_margins(completion: Mapping[str, Any], declared: Sequence[str] = ()) -> list[float]:
+    """The margins of ``named_tool_name_margins``, in call order."""
+    return [margin for _, margin in named_tool_name_margins(completion, declared)]

@@ -13,7 +13,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from repairproxy.local.engine import Generation, SamplingParams, TokenLogprob
 from repairproxy.local.server import create_app
-from repairproxy.margin import PROBE_TOP_LOGPROBS, strip_probe, tool_name_margins, with_probe
+from repairproxy.margin import (
+    PROBE_TOP_LOGPROBS,
+    decision_offset,
+    named_tool_name_margins,
+    strip_probe,
+    tool_name_margins,
+    with_probe,
+)
 from repairproxy.settings import Settings
 from tests.support.proxy_server import running_proxy
 from tests.support.scripted_upstream import Reply, ScriptedUpstream
@@ -106,6 +113,49 @@ def test_name_sharing_a_token_with_its_quote() -> None:
         entry('_order_details", "arguments": {}}', -0.3),
     ]
     assert tool_name_margins(vllm_answer(tokens, [call("get_order_details")])) == [3.0]
+
+
+RETAIL = ("get_order_details", "get_user_details", "get_product_details", "cancel_pending_order")
+
+
+def test_the_margin_is_taken_where_the_name_leaves_the_nearest_declared_one() -> None:
+    # "get" decides nothing between Retail's get_* tools; "_order" against "_user" does.
+    tokens = hermes_tokens(
+        [
+            entry("get", -0.05, {"find": -0.15}),
+            entry("_order", -0.25, {"_user": -2.25, "_product": -3.0}),
+            entry("_details", -0.01, {"_status": -4.01}),
+        ]
+    )
+    answer = vllm_answer(tokens, [call("get_order_details")])
+    assert decision_offset("get_order_details", RETAIL) == len("get_")
+    assert tool_name_margins(answer, RETAIL) == [2.0]
+    assert tool_name_margins(answer) == [pytest.approx(0.1)]  # no tools known: the first token
+
+
+def test_an_invented_name_is_measured_where_it_leaves_the_declared_name_it_resembles() -> None:
+    tokens = hermes_tokens(
+        [
+            entry("get", -0.05, {"find": -0.15}),
+            entry("_order", -0.05, {"_user": -3.05}),
+            entry("_status", -0.5, {"_details": -0.75}),
+        ]
+    )
+    answer = vllm_answer(tokens, [call("get_order_status")])
+    assert decision_offset("get_order_status", RETAIL) == len("get_order_")
+    assert named_tool_name_margins(answer, RETAIL) == [("get_order_status", 0.25)]
+
+
+def test_a_name_that_a_declared_one_continues_is_decided_after_its_end() -> None:
+    declared = ("get_order", "get_order_details")
+    tokens = [
+        entry('{"name": "', -0.01),
+        entry("get_order", -0.1, {"get_user": -3.1}),
+        entry('", "arguments": {}}', -0.5, {"_details": -1.5}),
+    ]
+    answer = vllm_answer(tokens, [call("get_order")])
+    assert decision_offset("get_order", declared) == len("get_order")
+    assert tool_name_margins(answer, declared) == [1.0]
 
 
 def test_answers_without_logprobs_or_rivals_give_nothing() -> None:
