@@ -16,10 +16,11 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import orjson
+
+from tests.support.loopback import LoopbackHandler, LoopbackUpstream, sse_event
 
 __all__ = ["COUNTED_TOKENS", "MessagesUpstream", "text", "thinking", "tool_use"]
 
@@ -64,7 +65,7 @@ def _events(message: dict[str, Any]) -> list[bytes]:
 
     def emit(kind: str, **fields: Any) -> None:
         payload = {"type": kind, **fields}
-        out.append(b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n")
+        out.append(sse_event(kind, payload))
 
     usage = message["usage"]
     started = {
@@ -114,124 +115,71 @@ class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
-    server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
+class _Handler(LoopbackHandler):
     def do_POST(self) -> None:
-        length = int(self.headers.get("content-length") or 0)
-        request = orjson.loads(self.rfile.read(length) or b"{}")
-        state = self.server.state
+        request = self.read_json()
+        state: _State = self.server.state
         with state.lock:
             state.requests.append(request)
             state.headers.append({k.lower(): v for k, v in self.headers.items()})
             state.paths.append(self.path)
             if self.path.startswith("/v1/messages/count_tokens"):
-                self._send(200, {"input_tokens": COUNTED_TOKENS})
+                self.send_json(200, {"input_tokens": COUNTED_TOKENS})
                 return
             if not self.path.startswith("/v1/messages"):
-                self._send(404, {"detail": "Not Found"})
+                self.send_json(404, {"detail": "Not Found"})
                 return
             scripted = state.script.pop(0) if state.script else [text("script exhausted")]
             delay = state.delay if len(state.requests) > 1 else 0.0
         if delay:
             time.sleep(delay)
         if isinstance(scripted, tuple):  # (status, body): an error answer
-            self._send(*scripted)
+            self.send_json(*scripted)
             return
         message = _message(scripted, request)
         with state.lock:
             state.answered.append(message["id"])
         if request.get("stream"):
-            self._stream(_events(message))
+            self.send_stream(_events(message))
         else:
-            self._send(200, message)
-
-    def _send(self, status: int, body: Any) -> None:
-        payload = orjson.dumps(body)
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def _stream(self, events: list[bytes]) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        for event in events:
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
-            self.wfile.flush()
-        self.wfile.write(b"0\r\n\r\n")
+            self.send_json(200, message)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    state: _State
-
-
-class MessagesUpstream:
+class MessagesUpstream(LoopbackUpstream["_State"]):
     """Starts on construction; leave the ``with`` block to stop."""
 
     def __init__(self) -> None:
-        self._server = _Server(("127.0.0.1", 0), _Handler)
-        self._server.state = _State()
-        self.port: int = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        super().__init__(_Handler, _State())
 
     def push(self, *answers: list[dict[str, Any]]) -> None:
-        with self._server.state.lock:
-            self._server.state.script.extend(answers)
+        with self.state.lock:
+            self.state.script.extend(answers)
 
     def slow_re_asks(self, seconds: float) -> None:
         """Every request after the first waits ``seconds`` before it is answered."""
-        with self._server.state.lock:
-            self._server.state.delay = seconds
+        with self.state.lock:
+            self.state.delay = seconds
 
     def push_error(self, status: int, body: Any) -> None:
-        with self._server.state.lock:
-            self._server.state.script.append((status, body))
+        with self.state.lock:
+            self.state.script.append((status, body))
 
     @property
     def requests(self) -> list[dict[str, Any]]:
-        with self._server.state.lock:
-            return list(self._server.state.requests)
+        with self.state.lock:
+            return list(self.state.requests)
 
     @property
     def headers(self) -> list[dict[str, str]]:
-        with self._server.state.lock:
-            return list(self._server.state.headers)
+        with self.state.lock:
+            return list(self.state.headers)
 
     @property
     def answered(self) -> list[str]:
-        with self._server.state.lock:
-            return list(self._server.state.answered)
+        with self.state.lock:
+            return list(self.state.answered)
 
     @property
     def paths(self) -> list[str]:
-        with self._server.state.lock:
-            return list(self._server.state.paths)
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> MessagesUpstream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        with self.state.lock:
+            return list(self.state.paths)

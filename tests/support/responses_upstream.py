@@ -17,10 +17,11 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import orjson
+
+from tests.support.loopback import LoopbackHandler, LoopbackUpstream, sse_event
 
 __all__ = ["ResponsesUpstream", "function_call", "message"]
 
@@ -77,7 +78,7 @@ def _events(response: dict[str, Any], terminal: str = "response.completed") -> l
 
     def emit(kind: str, **fields: Any) -> None:
         payload = {"type": kind, "sequence_number": len(out), **fields}
-        out.append(b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n")
+        out.append(sse_event(kind, payload))
 
     pending = {**response, "status": "in_progress", "output": []}
     emit("response.created", response=pending)
@@ -131,28 +132,21 @@ class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
-    server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
+class _Handler(LoopbackHandler):
     def do_GET(self) -> None:
-        self._send(200, {"object": "list", "data": [{"id": "scripted-model", "object": "model"}]})
+        models = [{"id": "scripted-model", "object": "model"}]
+        self.send_json(200, {"object": "list", "data": models})
 
     def do_POST(self) -> None:
-        length = int(self.headers.get("content-length") or 0)
-        request = orjson.loads(self.rfile.read(length) or b"{}")
-        state = self.server.state
+        request = self.read_json()
+        state: _State = self.server.state
         with state.lock:
             state.requests.append(request)
             state.headers.append({k.lower(): v for k, v in self.headers.items()})
             previous = request.get("previous_response_id")
             if previous is not None and previous not in state.stored:
                 error = {"message": f"Previous response with id '{previous}' not found."}
-                self._send(400, {"error": {**error, "type": "invalid_request_error"}})
+                self.send_json(400, {"error": {**error, "type": "invalid_request_error"}})
                 return
             raw_input = request.get("input")
             items = (
@@ -169,7 +163,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "type": "invalid_request_error",
                     "param": "input",
                 }
-                self._send(400, {"error": error})
+                self.send_json(400, {"error": error})
                 return
             output = state.script.pop(0) if state.script else [message("script exhausted")]
             response = _response(output, request)
@@ -179,77 +173,32 @@ class _Handler(BaseHTTPRequestHandler):
         if request.get("stream"):
             with state.lock:
                 terminal = state.terminals.pop(0) if state.terminals else "response.completed"
-            self._stream(_events(response, terminal))
+            self.send_stream(_events(response, terminal))
         else:
-            self._send(200, response)
-
-    def _send(self, status: int, body: Any) -> None:
-        payload = orjson.dumps(body)
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def _stream(self, events: list[bytes]) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        for event in events:
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
-            self.wfile.flush()
-        self.wfile.write(b"0\r\n\r\n")
+            self.send_json(200, response)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    state: _State
-
-
-class ResponsesUpstream:
+class ResponsesUpstream(LoopbackUpstream["_State"]):
     """Starts on construction; leave the ``with`` block to stop."""
 
     def __init__(self) -> None:
-        self._server = _Server(("127.0.0.1", 0), _Handler)
-        self._server.state = _State()
-        self.port: int = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        super().__init__(_Handler, _State())
 
     def push(self, *outputs: list[dict[str, Any]]) -> None:
-        with self._server.state.lock:
-            self._server.state.script.extend(outputs)
+        with self.state.lock:
+            self.state.script.extend(outputs)
 
     def end_stream_with(self, terminal: str) -> None:
         """The next streamed answer ends with ``terminal`` (``response.incomplete``, ...)."""
-        with self._server.state.lock:
-            self._server.state.terminals.append(terminal)
+        with self.state.lock:
+            self.state.terminals.append(terminal)
 
     @property
     def requests(self) -> list[dict[str, Any]]:
-        with self._server.state.lock:
-            return list(self._server.state.requests)
+        with self.state.lock:
+            return list(self.state.requests)
 
     @property
     def stored_ids(self) -> set[str]:
-        with self._server.state.lock:
-            return set(self._server.state.stored)
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> ResponsesUpstream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        with self.state.lock:
+            return set(self.state.stored)
