@@ -30,7 +30,7 @@ from repairproxy.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
-from repairproxy.margin import strip_probe, tool_name_margins, with_probe
+from repairproxy.margin import named_tool_name_margins, strip_probe, with_probe
 from repairproxy.observe.record import (
     CaughtCall,
     EpisodeRecord,
@@ -338,7 +338,10 @@ class ChatPipeline:
         tools = request.tools
         probed = request.probe_added
         if self.settings.margin_probe:
-            record.tool_name_margins = tool_name_margins(completion)
+            declared = tools.names if tools is not None else ()
+            named = named_tool_name_margins(completion, declared)
+            record.tool_name_margins = [margin for _, margin in named]
+            record.tool_name_margin_names = [name for name, _ in named]
             if probed:  # the client never asked for logprobs: it does not get them
                 completion = cast(ChatCompletion, strip_probe(cast(dict[str, Any], completion)))
         message = first_message(completion)

@@ -44,6 +44,13 @@ def _formats(formats: list[str]) -> str:
     return ",".join(dict.fromkeys(formats))
 
 
+def _margins(record: RequestRecord) -> str:
+    """``name=margin`` per call (bounded names, 3 decimals), in call order."""
+    pairs = zip(record.tool_name_margin_names, record.tool_name_margins, strict=False)
+    shown = list(pairs)[:_MAX_HEADER_NAMES]
+    return ",".join(f"{_header_name(name)}={margin:.3f}" for name, margin in shown)
+
+
 def _counts(snapshot: BudgetSnapshot) -> tuple[str, str]:
     """(episode errors, budget remaining) as sent; ``unknown`` while the shared store is away."""
     if snapshot.unknown:
@@ -117,6 +124,8 @@ class Exchange:
                     (b"x-repairproxy-repair-seconds", f"{record.repair_seconds:.3f}".encode())
                 )
             out.append((b"x-repairproxy-upstream-calls", str(self.timer.calls).encode()))
+            if record.tool_name_margins:  # --margin-probe, non-streamed: name=margin per call
+                out.append((b"x-repairproxy-tool-name-margins", _margins(record).encode()))
             output = record.output
             if output is not None:  # a response format was asked for: never budget errors
                 out.append((b"x-repairproxy-output-errors", ",".join(output.caught).encode()))

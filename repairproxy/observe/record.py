@@ -130,6 +130,9 @@ class RequestRecord:
     overhead_seconds: float = 0.0
     first_byte_seconds: float | None = None
     tool_name_margins: list[float] = field(default_factory=list)
+    # The names those margins were written for, same order (the X-Repairproxy-Tool-Name-Margins
+    # header pairs them, so a study can tell declared names' margins from invented ones').
+    tool_name_margin_names: list[str] = field(default_factory=list)
     episode: EpisodeRecord | None = None
     output: OutputRecord | None = None  # set when the request asked for a JSON response format
     request_body: bytes | None = None  # kept only with --log-bodies

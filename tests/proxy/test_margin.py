@@ -284,7 +284,9 @@ def test_margin_probe_through_the_proxy() -> None:
         settings = Settings(upstream=upstream.base_url, margin_probe=True)
         with running_proxy(settings) as proxy, httpx.Client(base_url=proxy.root_url) as client:
             upstream.push(Reply(body=copy.deepcopy(answer)))
-            reply = client.post("/v1/chat/completions", json=body).json()
+            response = client.post("/v1/chat/completions", json=body)
+            assert response.headers["x-repairproxy-tool-name-margins"] == "get_order_details=2.500"
+            reply = response.json()
             sent = upstream.chat_requests[-1]
             assert sent["logprobs"] is True and sent["top_logprobs"] == PROBE_TOP_LOGPROBS
             assert reply["choices"][0]["logprobs"] is None  # what the client did not ask for
@@ -295,3 +297,29 @@ def test_margin_probe_through_the_proxy() -> None:
             assert upstream.chat_requests[-1]["top_logprobs"] == 2
             assert reply["choices"][0]["logprobs"] == answer["choices"][0]["logprobs"]
             assert _margin_sum(proxy.root_url) == (5.0, 2.0)
+
+
+def test_the_margin_header_names_each_call_and_measures_it_where_retail_names_part() -> None:
+    tools = [
+        {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+        for name in RETAIL
+    ]
+    tokens = hermes_tokens(
+        [
+            entry("get", -0.05, {"find": -0.15}),
+            entry("_order", -0.25, {"_user": -2.25}),
+            entry("_details", -0.01, {"_status": -4.01}),
+        ]
+    )
+    answer = vllm_answer(tokens, [call("get_order_details", '{"order_id": "#W1"}')])
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": tools}
+    with ScriptedUpstream() as upstream:
+        settings = Settings(upstream=upstream.base_url, margin_probe=True)
+        with running_proxy(settings) as proxy, httpx.Client(base_url=proxy.root_url) as client:
+            upstream.push(Reply(body=copy.deepcopy(answer)))
+            response = client.post("/v1/chat/completions", json=body)
+            assert response.headers["x-repairproxy-tool-name-margins"] == "get_order_details=2.000"
+        with running_proxy(Settings(upstream=upstream.base_url)) as proxy:
+            upstream.push(Reply(body=copy.deepcopy(answer)))
+            plain = httpx.post(f"{proxy.root_url}/v1/chat/completions", json=body)
+            assert "x-repairproxy-tool-name-margins" not in plain.headers  # probe off: none
