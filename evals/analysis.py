@@ -30,6 +30,7 @@ from evals.episodes import (
     success_at,
     user_side_tools,
 )
+from evals.margins import MarginView, margin_view
 from evals.stats import Interval, NotAvailable
 
 __all__ = [
@@ -184,6 +185,7 @@ class ArmSummary:
     recovery_readings: tuple[Recovery, ...] = ()
     pass_hat_k: dict[int, Interval | NotAvailable] = field(default_factory=dict)
     failed_calls_histogram: dict[int, int] = field(default_factory=dict)  # calls -> episodes
+    margins: MarginView | None = None  # the tool-name margin probe's account (evals.margins)
 
 
 NEXT_CALL_RECOVERY = "the next agent call succeeds"
@@ -461,6 +463,7 @@ def summarize_arm(arm: Arm) -> ArmSummary:
             [(e.task_id, e.reward) for e in episodes], _int_or_none(arm.info.get("num_trials"))
         ),
         failed_calls_histogram=dict(sorted(Counter(e.failed_calls for e in episodes).items())),
+        margins=margin_view(episodes),
     )
 
 

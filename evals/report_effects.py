@@ -8,6 +8,7 @@ from typing import Any
 
 from evals.analysis import COST_MEASURES, ArmSummary, PairSummary, Summary
 from evals.effects import CostPerPoint, Power
+from evals.margins import THIN_MARGIN, MarginGroup, MarginView
 from evals.report_format import Section, na, number, points
 from evals.stats import EQUIVALENCE_MARGIN, Interval, NotAvailable
 
@@ -42,8 +43,32 @@ def _cost_json(value: CostPerPoint | NotAvailable) -> Any:
     }
 
 
+def _group_json(group: MarginGroup) -> dict[str, Any]:
+    return {
+        "calls": group.calls,
+        "thin": group.thin,
+        "thin_share": _interval_json(group.thin_share),
+        "median": group.median
+        if not isinstance(group.median, NotAvailable)
+        else _interval_json(group.median),
+    }
+
+
+def _margins_json(view: MarginView | None) -> Any:
+    if view is None:
+        return None
+    return {
+        "thin_below_nats": THIN_MARGIN,
+        "answers_with_margins": view.answers_with_margins,
+        "all": _group_json(view.all_calls),
+        "declared_names": _group_json(view.declared),
+        "invented_names": _group_json(view.invented),
+    }
+
+
 def arm_json(arm: ArmSummary) -> dict[str, Any]:
     return {
+        "tool_name_margins": _margins_json(arm.margins),
         "pass_hat_k": {str(k): _interval_json(v) for k, v in arm.pass_hat_k.items()},
         "failed_calls_per_episode_histogram": {
             str(k): v for k, v in arm.failed_calls_histogram.items()
@@ -190,8 +215,68 @@ def _cost_section(pairs: list[PairSummary]) -> Section:
     return section
 
 
+def _group_cells(group: MarginGroup) -> list[str]:
+    if group.calls == 0:
+        return ["0", "", ""]
+    share = group.thin_share
+    if isinstance(share, NotAvailable):
+        thin = na(share)
+    else:
+        low, high = 100 * share.low, 100 * share.high
+        thin = f"{group.thin} ({100 * share.estimate:.1f}% [{low:.1f}, {high:.1f}])"
+    return [str(group.calls), thin, number(group.median)]
+
+
+def _margin_section(arms: list[ArmSummary]) -> Section:
+    section = Section(
+        "Tool-name margins",
+        [
+            "With the proxy's --margin-probe: per tool call of the model's first answer, the "
+            "log-prob of the chosen token minus its strongest rival's, at the token where the "
+            "written name leaves the nearest declared name (not its first token: Retail's names "
+            f"share prefixes). Thin: under {THIN_MARGIN} nats, where a small perturbation "
+            "(quantization) flips the choice. Invented: names the proxy reported unknown in that "
+            "answer. Thin share with Wilson 95% at the episode-clustered size; median in nats."
+        ],
+        [
+            "arm",
+            "answers",
+            "calls",
+            "thin",
+            "median",
+            "declared: calls",
+            "declared: thin",
+            "declared: median",
+            "invented: calls",
+            "invented: thin",
+            "invented: median",
+        ],
+    )
+    probed = [a for a in arms if a.margins is not None and a.margins.answers_with_margins]
+    if not probed:
+        section.paragraphs.append(
+            "No arm recorded margins: run the proxy with --margin-probe (the paper grid does)."
+        )
+        section.header = []
+        return section
+    for a in probed:
+        view = a.margins
+        assert view is not None
+        section.rows.append(
+            [
+                a.label,
+                str(view.answers_with_margins),
+                *_group_cells(view.all_calls),
+                *_group_cells(view.declared),
+                *_group_cells(view.invented),
+            ]
+        )
+    return section
+
+
 def effect_sections(summary: Summary) -> list[Section]:
     sections = [_pass_section(list(summary.arms.values()))]
+    sections.append(_margin_section(list(summary.arms.values())))
     if summary.pairs:
         sections += [_effects_section(summary.pairs), _cost_section(summary.pairs)]
     return sections
