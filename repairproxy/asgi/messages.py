@@ -8,7 +8,8 @@ completions only (the embedded model, llama.cpp) gets the chat view, and its ans
 a Messages answer here, streamed as the events a Messages stream has. The answer keeps the first
 upstream message's id; its usage counts every attempt. Text flows until it could open a call
 written as text (the chat stream gate decides, per text block); ``ping`` events keep a stream
-alive while a held call is repaired.
+alive while a held call is repaired. A structured output (``output_config.format``) is held
+whole until it is valid, as chat's ``response_format`` is.
 """
 
 from __future__ import annotations
@@ -349,7 +350,8 @@ class MessagesCall(PipelineCall):
         message_id = f"msg_{secrets.token_hex(12)}"
         model = self.body.get("model")
         gate = ToolCallGate(
-            hold_text=request.tools is not None and text_calls_allowed(request.body)
+            hold_text=request.tools is not None and text_calls_allowed(request.body),
+            hold_all=request.output is not None,  # a structured output is held whole
         )
         parser = SSEParser()
         opened = False  # text block 0 started
@@ -441,7 +443,10 @@ class MessagesCall(PipelineCall):
         events until ``message_stop``, then judge the whole answer."""
         ex = self.ex
         request = self.request
-        gated = request is not None and request.tools is not None
+        # A structured output (output_config.format) has no prose to let through: every event
+        # is held, message_start included, so the headers carry the verdict.
+        hold_all = request is not None and request.output is not None
+        gated = hold_all or (request is not None and request.tools is not None)
         hold_text = request is not None and text_calls_allowed(request.body)
         parser = SSEParser()
         blocks: dict[int, _Block] = {}
@@ -492,6 +497,9 @@ class MessagesCall(PipelineCall):
                     await release(*held(), event.raw)
                     pending.clear()
                     tail.clear()
+                    continue
+                if hold_all:
+                    tail.append(event.raw)
                     continue
                 if kind in ("message_start", "ping"):
                     await release(event.raw)  # says nothing about the answer's content
@@ -544,6 +552,9 @@ class MessagesCall(PipelineCall):
         final, changed = await self._pinging(responder, self._judge(to_chat_completion(first)))
         if not changed:
             await self._finish(responder, headers, held())
+            return
+        if not responder.started:  # all of it was held: the whole answer, message_start first
+            await self._finish(responder, headers, [sse(event) for event in message_events(final)])
             return
         gate = gates.get(front)
         partial = gate if gate is not None and gate.released_content else None

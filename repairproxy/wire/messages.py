@@ -16,7 +16,9 @@ own: a failed structured call stays a ``tool_use`` answered by a ``tool_result``
 ``is_error: true`` and the diagnosis; a call whose arguments are not a JSON object (``input`` must
 be one), a call written as text and an empty answer get a user text turn. For an upstream that
 does not serve ``/v1/messages``, ``to_chat_body`` is also what goes upstream and
-``from_chat_completion`` builds the Messages answer from the chat one.
+``from_chat_completion`` builds the Messages answer from the chat one. A structured output
+(``output_config.format``, the beta's ``output_format``) becomes chat's ``response_format``, so
+its answer is checked and re-asked as chat's is.
 """
 
 from __future__ import annotations
@@ -231,7 +233,23 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     for key in _SHARED_OPTIONS:
         if key in body:
             chat[key] = body[key]
+    response_format = _chat_response_format(body)
+    if response_format is not None:
+        chat["response_format"] = response_format
     return chat
+
+
+def _chat_response_format(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Messages' structured output as chat's ``response_format``: ``output_config.format``, or
+    the beta's top-level ``output_format`` (both ``{"type": "json_schema", "schema": ...}``)."""
+    config = body.get("output_config")
+    spec = config.get("format") if isinstance(config, Mapping) else None
+    if spec is None:
+        spec = body.get("output_format")
+    if not isinstance(spec, Mapping) or spec.get("type") != "json_schema":
+        return None
+    # chat's json_schema needs a name (vLLM refuses one without); Messages' has none.
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": spec.get("schema")}}
 
 
 def with_system_instruction(body: Mapping[str, Any], instruction: str) -> dict[str, Any]:
