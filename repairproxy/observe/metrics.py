@@ -7,15 +7,14 @@ cached per model.
 
 ``request_finished`` adds to plain numbers (``_Pending``: one lock per request instead of one per
 counter increment or histogram observation), and the sums reach prometheus-client's children when
-anything reads the registry (a collector registered first flushes them), every
-``FLUSH_EVERY`` requests, and, in multi-process mode, once per event-loop iteration (another
-worker's scrape reads this one's files). Sums are added one observation at a time, in order, so
-every exposed value is the one direct increments would have made, bit for bit.
+anything reads the registry (a collector registered first flushes them) or every ``FLUSH_EVERY``
+requests. Sums are added one observation at a time, in order, so every exposed value is the one
+direct increments would have made, bit for bit. In multi-process mode another worker's scrape
+reads this one's files, not its registry: there each request writes its increments at once.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import threading
 from bisect import bisect_left
@@ -98,6 +97,23 @@ class _Pending:
             child.inc(amount)
         for child, amounts in self.observed.items():
             _observe_all(child, amounts)
+
+
+class _Direct:
+    """``_Pending``'s two calls, made on the children at once (multi-process mode)."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def inc(child: Any, amount: float = 1) -> None:
+        child.inc(amount)
+
+    @staticmethod
+    def observe(child: Any, amount: float) -> None:
+        child.observe(amount)
+
+
+_DIRECT = _Direct()  # stateless
 
 
 def _observe_all(child: Any, amounts: list[float]) -> None:
@@ -346,8 +362,9 @@ class _ModelMetrics:
 class Metrics:
     """The proxy's Prometheus metrics; ``request_finished`` is the pipeline's observer call."""
 
-    # Multi-process mode sets this: other workers read this one's values from its files.
-    _flush_each_iteration = False
+    # Multi-process mode sets this: other workers read this one's values from its files, so a
+    # request's increments are made at once (no registry read would flush them in time).
+    _direct = False
 
     def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
@@ -355,7 +372,6 @@ class Metrics:
         self.registry.register(_FlushBeforeCollect(self.flush))
         self._pending = _Pending()
         self._pending_lock = threading.Lock()  # request_finished (loop) vs a scrape (any thread)
-        self._flush_scheduled = False
         self.settings = settings
         self.max_models = max(int(getattr(settings, "max_model_labels", 20)), 1)
         self.max_tools = max(int(getattr(settings, "max_tool_labels", 50)), 1)
@@ -398,16 +414,17 @@ class Metrics:
         if record.served_model is not None and m.served is None:
             m.served = _label(record.served_model)
             self._family.served_model.labels(m.label, m.served).set(1)
+        if self._direct:
+            self._add(_DIRECT, m, record)
+            return
         with self._pending_lock:
             pending = self._pending
             self._add(pending, m, record)
             pending.requests += 1
             if pending.requests >= FLUSH_EVERY:
                 self._flush_locked()
-            elif self._flush_each_iteration and not self._flush_scheduled:
-                self._schedule_flush()
 
-    def _add(self, pending: _Pending, m: _ModelMetrics, record: RequestRecord) -> None:
+    def _add(self, pending: _Pending | _Direct, m: _ModelMetrics, record: RequestRecord) -> None:
         inc, observe = pending.inc, pending.observe
         inc(m.requests[record.api, record.outcome])
         if record.tool_calls:
@@ -473,20 +490,6 @@ class Metrics:
     def _flush_locked(self) -> None:
         pending, self._pending = self._pending, _Pending()
         pending.apply()
-
-    def _schedule_flush(self) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # called outside a loop: nothing will come back for it
-            self._flush_locked()
-            return
-        self._flush_scheduled = True
-        loop.call_soon(self._scheduled_flush)
-
-    def _scheduled_flush(self) -> None:
-        with self._pending_lock:
-            self._flush_scheduled = False
-            self._flush_locked()
 
     def exposition(self, accept: str | None) -> tuple[bytes, str]:
         """The scrape body and its content type (OpenMetrics when ``accept`` asks for it)."""

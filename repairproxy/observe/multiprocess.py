@@ -1,9 +1,9 @@
 """Prometheus in multi-process mode (``--workers N``): every worker writes its samples to files in
 ``PROMETHEUS_MULTIPROC_DIR`` (set before any worker imports prometheus_client), and whichever
 worker answers a scrape sums them all (``MultiProcessMetrics``), for ``/metrics`` and
-``/dashboard`` alike. The ``active_episodes`` gauge is the store's count, not a sum. Each worker
-writes its pending increments (``Metrics.request_finished``) to its files once per event-loop
-iteration, and before it answers a scrape itself."""
+``/dashboard`` alike. The ``active_episodes`` gauge is the store's count, not a sum. A worker
+writes each request's increments to its files at once (another worker may answer the next scrape:
+nothing would flush this one's pending sums first)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ class AggregatedView:
 class MultiProcessMetrics(Metrics):
     """``Metrics`` whose exposition sums the samples of every worker process."""
 
-    _flush_each_iteration = True
+    _direct = True
 
     def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
         super().__init__(settings, registry)
@@ -70,7 +70,6 @@ class MultiProcessMetrics(Metrics):
         return self.aggregated()
 
     def aggregated(self) -> AggregatedView:
-        self.flush()
         return AggregatedView(self._aggregated_registry(), self.ladder)
 
     def _aggregated_registry(self) -> CollectorRegistry:
@@ -83,5 +82,4 @@ class MultiProcessMetrics(Metrics):
 
     def exposition(self, accept: str | None) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept or "")
-        self.flush()
         return encoder(self._aggregated_registry()), content_type

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 import threading
 import urllib.error
@@ -282,23 +281,16 @@ def test_pending_increments_are_bounded_without_any_scrape() -> None:
     assert value(m, "tool_calls_total", model="m") == FLUSH_EVERY * 3 + 5
 
 
-def test_multi_process_mode_writes_once_per_loop_iteration() -> None:
-    """Another worker's scrape reads this one's values, not its pending sums: they are applied
-    at the next loop iteration, before any callback that a later request's bytes schedule."""
+def test_multi_process_mode_makes_each_requests_increments_at_once() -> None:
+    """Another worker's scrape reads this one's files, not its registry: nothing would flush."""
 
-    class EachIteration(Metrics):
-        _flush_each_iteration = True
+    class Direct(Metrics):
+        _direct = True
 
-    async def run() -> tuple[float, float]:
-        m = EachIteration(Settings())
-        for _ in range(16):
-            m.request_finished(RequestRecord(model="m", tool_calls=1))
-        child = m._model("m").tool_calls
-        before = child._value.get()
-        await asyncio.sleep(0)
-        return before, child._value.get()
-
-    assert asyncio.run(run()) == (0, 16)
+    m = Direct(Settings())
+    m.request_finished(RequestRecord(model="m", tool_calls=3, upstream_seconds=0.2))
+    assert m._model("m").tool_calls._value.get() == 3
+    assert m._model("m").upstream._sum.get() == 0.2
 
 
 def test_scrapes_from_another_thread_see_exact_monotonic_counts() -> None:
