@@ -82,6 +82,27 @@ def _check_same_points(previous: Mapping[str, Any], current: Mapping[str, Any]) 
         )
 
 
+def _parse_pair(text: str) -> tuple[str, str]:
+    arm, sep, own = text.partition("=")
+    if not sep or not arm or not own:
+        raise ScreenError(f"--pair {text!r}: expected ARM=REFERENCE, e.g. s05q2=s05")
+    return arm, own
+
+
+def record_pairs(out: Path, pairs: Sequence[tuple[str, str]]) -> None:
+    """Add ``pairs`` to the folder's run.json (kept in the order first given; no duplicates)."""
+    run_path = out / RUN_FILE
+    run = _load(run_path)
+    names = {entry["name"] for entry in run["arms"]}
+    known = [tuple(pair) for pair in run.get("pairs", [])]
+    for arm, own in pairs:
+        if arm not in names or own not in names or arm == own:
+            raise ScreenError(f"--pair {arm}={own}: both must be arms of this screen, and differ")
+        if (arm, own) not in known:
+            known.append((arm, own))
+    _dump(run_path, {**run, "pairs": [list(pair) for pair in known]})
+
+
 def rebuild(out: Path) -> dict[str, Any]:
     """Write screen.json, report.md and screen.png from the folder's files; no model needed."""
     points_record = _load(out / POINTS_FILE)
@@ -96,6 +117,7 @@ def rebuild(out: Path) -> dict[str, Any]:
         answers=read_answers(out / ANSWERS_FILE),
         arms=[entry["name"] for entry in run["arms"]],
         reference=run["reference"],
+        pairs=[(arm, own) for arm, own in run.get("pairs", [])],
         config={
             "seed": points_record["seed"],
             "domains": points_record["domains"],
@@ -150,7 +172,8 @@ def prepare(
             known["spec"] = spec  # a URL may change between runs; the points do not
     if reference not in {entry["name"] for entry in all_arms}:
         raise ScreenError(f"--reference {reference!r} is not one of the arms")
-    _dump(run_path, {"arms": all_arms, "reference": reference})
+    previous = _load(run_path) if run_path.is_file() else {}
+    _dump(run_path, {**previous, "arms": all_arms, "reference": reference})
     return points, tools
 
 
@@ -164,6 +187,7 @@ def run_screen(
     out: Path,
     data_dir: Path,
     options: AskOptions,
+    pairs: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
     """Draw (or reload) the points, ask each arm what it has not answered, then ``rebuild``."""
     points, tools = prepare(
@@ -175,6 +199,8 @@ def run_screen(
         out=out,
         data_dir=data_dir,
     )
+    if pairs:
+        record_pairs(out, pairs)
     with AnswerLog(out / ANSWERS_FILE) as log:
         for arm in arms:
             if all((arm.name, p.key) in log.done for p in points):
@@ -199,6 +225,14 @@ def _parser() -> argparse.ArgumentParser:
         "--arm", action="append", default=[], metavar="NAME=URL|ARM|DIR", help="an arm (repeat)"
     )
     parser.add_argument("--reference", help="the arm the others are compared with")
+    parser.add_argument(
+        "--pair",
+        action="append",
+        default=[],
+        metavar="ARM=REFERENCE",
+        help="also compare ARM with its own REFERENCE (repeat; e.g. a smaller model's Q2_K with "
+        "its Q4_K_M); works with --report too",
+    )
     parser.add_argument("--domain", nargs="+", default=["retail", "telecom"])
     parser.add_argument("--points", type=int, default=40, help="decision points, over all domains")
     parser.add_argument("--seed", type=int, default=0)
@@ -218,7 +252,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        pairs = [_parse_pair(text) for text in args.pair]
         if args.report is not None:
+            if pairs:
+                record_pairs(args.report, pairs)
             screen = rebuild(args.report)
         else:
             if not args.arm or args.out is None:
@@ -244,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 out=args.out,
                 data_dir=data_dir,
                 options=options,
+                pairs=pairs,
             )
     except (ScreenError, DataNotFoundError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

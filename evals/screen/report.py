@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from evals.screen.judge import CHANNELS
+from evals.screen.judge import CHANNELS, THIN_MARGIN_NATS
 
 __all__ = ["render_markdown", "render_plot"]
 
@@ -27,6 +28,53 @@ def _plain(stat: Any) -> str:
     if isinstance(stat, dict):
         return f"n/a ({stat.get('not_available', '')})"
     return f"{stat:.2f}"
+
+
+def _comparison_table(rows: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
+    lines = [
+        "| arm | paired | "
+        + " | ".join(CHANNELS[1:])
+        + " | Spearman invented | novel names | flagged |",
+        "|---|---|" + "---|" * (len(CHANNELS) + 2),
+    ]
+    for arm, comparison in rows:
+        novel = comparison["novel_names"]
+        novel_text = (
+            f"{novel['novel']}/{novel['total']}"
+            if "novel" in novel
+            else f"n/a ({novel['not_available']})"
+        )
+        cells = [_ratio(comparison["channels"][ch]["ratio"]) for ch in CHANNELS[1:]]
+        lines.append(
+            f"| `{arm}` | {comparison['paired_n']} | "
+            + " | ".join(cells)
+            + f" | {_plain(comparison['spearman_invented'])} | {novel_text}"
+            + f" | {', '.join(comparison['flagged']) or 'no'} |"
+        )
+    return lines
+
+
+def _margin_table(arms: dict[str, Any]) -> list[str]:
+    """Do thin margins go with the errors: the margin where answers erred and where they did not."""
+    if not any(summary["margin"]["n"] for summary in arms.values()):
+        return []
+    lines = [
+        "",
+        f"## Tool-name margins, answers with an error vs without (nats; thin < {THIN_MARGIN_NATS})",
+        "",
+        "| arm | error: n | median | thin | no error: n | median | thin |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for arm, summary in arms.items():
+        cells = []
+        for outcome in ("error", "no_error"):
+            margin = summary.get("margin_by_outcome", {}).get(outcome, {"n": 0})
+            if margin["n"]:
+                cells += [str(margin["n"]), f"{margin['median']:.2f}", _pct(margin["thin"]["rate"])]
+            else:
+                cells += ["0", "n/a", "n/a"]
+        lines.append(f"| `{arm}` | " + " | ".join(cells) + " |")
+    return lines
 
 
 def render_markdown(screen: dict[str, Any]) -> str:
@@ -64,26 +112,16 @@ def render_markdown(screen: dict[str, Any]) -> str:
     if not screen["comparisons"]:
         lines.append("Only the reference arm was screened.")
     else:
-        lines.append(
-            "| arm | paired | "
-            + " | ".join(CHANNELS[1:])
-            + " | Spearman invented | novel names | flagged |"
-        )
-        lines.append("|---|---|" + "---|" * (len(CHANNELS) + 2))
-        for arm, comparison in screen["comparisons"].items():
-            novel = comparison["novel_names"]
-            novel_text = (
-                f"{novel['novel']}/{novel['total']}"
-                if "novel" in novel
-                else f"n/a ({novel['not_available']})"
-            )
-            cells = [_ratio(comparison["channels"][ch]["ratio"]) for ch in CHANNELS[1:]]
-            lines.append(
-                f"| `{arm}` | {comparison['paired_n']} | "
-                + " | ".join(cells)
-                + f" | {_plain(comparison['spearman_invented'])} | {novel_text}"
-                + f" | {', '.join(comparison['flagged']) or 'no'} |"
-            )
+        lines += _comparison_table(screen["comparisons"].items())
+    for pair in screen.get("pairs", []):
+        lines += [
+            "",
+            f"## `{pair['arm']}` against its own reference `{pair['reference']}` "
+            "(paired rate ratios, 95%)",
+            "",
+            *_comparison_table([(pair["arm"], pair)]),
+        ]
+    lines += _margin_table(screen["arms"])
     lines += [
         "",
         "Arms: "

@@ -24,7 +24,7 @@ from evals.stats import Z95, Interval, NotAvailable, novel_share, spearman, wils
 
 __all__ = ["FLAG_RATIO", "FORMAT", "PointLabel", "paired_rate_ratio", "summarize"]
 
-FORMAT = 1
+FORMAT = 2  # 2: margins split by outcome, and the per-family pairs
 FLAG_RATIO = 1.25
 
 
@@ -80,9 +80,28 @@ def _rate(count: int, n: int) -> dict[str, Any]:
     return {"count": count, "rate": _stat(wilson(count, n))}
 
 
+def _margins(margins: Sequence[float]) -> dict[str, Any]:
+    return {
+        "n": len(margins),
+        "median": round(statistics.median(margins), 6) if margins else None,
+        "thin": _rate(sum(m < THIN_MARGIN_NATS for m in margins), len(margins)),
+    }
+
+
+def _is_error(verdict: Verdict) -> bool:
+    return any(verdict.has(channel) for channel in ERROR_CHANNELS)
+
+
 def _arm_summary(answers: Sequence[Answer], verdicts: Mapping[str, Verdict]) -> dict[str, Any]:
     n = len(verdicts)
     margins = [v.margin for v in verdicts.values() if v.margin is not None]
+    # Do thin margins go with the errors? The same margin, split by whether the answer erred.
+    by_outcome = {
+        outcome: _margins(
+            [v.margin for v in verdicts.values() if v.margin is not None and _is_error(v) == erred]
+        )
+        for outcome, erred in (("error", True), ("no_error", False))
+    }
     invented: Counter[str] = Counter(name for v in verdicts.values() for name in v.invented)
     return {
         "n": n,
@@ -92,11 +111,8 @@ def _arm_summary(answers: Sequence[Answer], verdicts: Mapping[str, Verdict]) -> 
             "gold_tool": _rate(sum(v.gold_name for v in verdicts.values()), n),
             "gold_call": _rate(sum(v.gold_call for v in verdicts.values()), n),
         },
-        "margin": {
-            "n": len(margins),
-            "median": round(statistics.median(margins), 6) if margins else None,
-            "thin": _rate(sum(m < THIN_MARGIN_NATS for m in margins), len(margins)),
-        },
+        "margin": _margins(margins),
+        "margin_by_outcome": by_outcome,
         "invented_names": dict(sorted(invented.items())),
         "answer_seconds": round(sum(a.seconds for a in answers), 3),
         "logprobs_requested": sum(a.logprobs for a in answers),
@@ -146,8 +162,13 @@ def summarize(
     arms: Sequence[str],
     reference: str,
     config: Mapping[str, Any],
+    pairs: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
-    """``screen.json`` as a dict (sorted, rounded; no clock)."""
+    """``screen.json`` as a dict (sorted, rounded; no clock).
+
+    Every arm is compared with ``reference``; each (arm, its own reference) in ``pairs`` is
+    compared too, e.g. a smaller model's Q2_K against its own shipped Q4_K_M.
+    """
     judges = {domain: Judge(domain_tools) for domain, domain_tools in tools.items()}
     labels = {point.key: point for point in points}
     verdicts: dict[str, dict[str, Verdict]] = {arm: {} for arm in arms}
@@ -171,6 +192,22 @@ def summarize(
         for arm in arms
         if arm != reference
     }
+    for arm, own in pairs:
+        if arm not in verdicts or own not in verdicts or arm == own:
+            raise ValueError(f"pair {arm}={own}: both must be screened arms, and differ")
+    paired = [
+        {
+            "arm": arm,
+            "reference": own,
+            **_compare(
+                verdicts[own],
+                verdicts[arm],
+                summaries[own]["invented_names"],
+                summaries[arm]["invented_names"],
+            ),
+        }
+        for arm, own in pairs
+    ]
     return {
         "format": FORMAT,
         "config": dict(config),
@@ -188,4 +225,5 @@ def summarize(
         "arms": summaries,
         "comparisons": comparisons,
         "flagged": {arm: c["flagged"] for arm, c in comparisons.items() if c["flagged"]},
+        "pairs": paired,
     }

@@ -40,6 +40,7 @@ from evals.screen import (
 )
 from evals.screen.answers import ANSWERS_FILE, Answer, AnswerLog, read_answers
 from evals.screen.points import DomainPoints
+from evals.screen.report import render_markdown
 from evals.stats import Z95, Interval, NotAvailable
 
 REPO = Path(__file__).resolve().parents[2]
@@ -460,6 +461,89 @@ def test_flag_rule_flags_a_clear_amplification(tmp_path: Path) -> None:
     )
     assert screen["flagged"] == {"q": ["unknown_tool"]}
     assert screen["arms"]["q"]["channels"]["unknown_tool"]["count"] == 20
+
+
+def test_a_pair_compares_a_smaller_model_with_its_own_reference_and_margins_split_by_error() -> (
+    None
+):
+    from evals.screen import summarize
+    from evals.screen.summary import PointLabel
+
+    labels = [PointLabel(f"p{i}", "d", "get_order_details", {}) for i in range(20)]
+    head = [_entry('<tool_call>\n{"name": "', -0.01, {"Sure": -5.0})]
+    # A valid call decided by 0.7 nats at "_order"; an invented one by 0.2 nats at "_info".
+    valid = _with_logprobs(
+        "get_order_details",
+        [
+            *head,
+            _entry("get", -0.01, {}),
+            _entry("_order", -0.2, {"_user": -0.9}),
+            _entry("_details", -0.01, {"_info": -5.0}),
+        ],
+    )
+    invented = _with_logprobs(
+        "get_order_info",
+        [
+            *head,
+            _entry("get", -0.01, {}),
+            _entry("_order", -0.05, {"_user": -3.0}),
+            _entry("_info", -1.1, {"_details": -1.3}),
+        ],
+    )
+    schedule = {"ref": 0, "small": 4, "smallq2": 16}  # points (of 20) with the invented name
+    answers = [
+        Answer(arm, p.key, invented if i < bad else valid, 0.1, True)
+        for arm, bad in schedule.items()
+        for i, p in enumerate(labels)
+    ]
+    screen = summarize(
+        points=labels,
+        tools={"d": TOOLS},
+        answers=answers,
+        arms=list(schedule),
+        reference="ref",
+        config={"domains": ["d"], "seed": 0},
+        pairs=[("smallq2", "small")],
+    )
+    (pair,) = screen["pairs"]
+    assert (pair["arm"], pair["reference"], pair["paired_n"]) == ("smallq2", "small", 20)
+    ratio = pair["channels"]["unknown_tool"]["ratio"]
+    assert ratio["estimate"] == pytest.approx(16 / 4)  # vs its own Q4, not vs the reference's 0
+    assert screen["comparisons"]["smallq2"]["channels"]["unknown_tool"]["reference_count"] == 0
+    split = screen["arms"]["small"]["margin_by_outcome"]
+    assert (split["error"]["n"], split["no_error"]["n"]) == (4, 16)
+    assert split["error"]["median"] == pytest.approx(0.2)
+    assert split["no_error"]["median"] == pytest.approx(0.7)
+    assert split["error"]["thin"]["count"] == 4 and split["no_error"]["thin"]["count"] == 0
+    with pytest.raises(ValueError, match="pair"):
+        summarize(
+            points=labels,
+            tools={"d": TOOLS},
+            answers=answers,
+            arms=list(schedule),
+            reference="ref",
+            config={},
+            pairs=[("smallq2", "absent")],
+        )
+    markdown = render_markdown(screen)
+    assert "`smallq2` against its own reference `small`" in markdown
+    assert "| `small` | 4 | 0.20 |" in markdown
+
+
+def test_report_with_a_pair_records_it_and_rederives(
+    upstream: tuple[ScreenUpstream, dict[str, dict[str, str]]], tmp_path: Path, tau2_data_dir: Path
+) -> None:
+    server, _ = upstream
+    out = tmp_path / "screen"
+    assert main(_args(server, out, tau2_data_dir)) == 0
+    server.close()
+    assert main(["--report", str(out), "--pair", "q=nope"]) == 2  # not an arm: refused
+    assert main(["--report", str(out), "--pair", "ref=q"]) == 0
+    assert json.loads((out / "run.json").read_text())["pairs"] == [["ref", "q"]]
+    (pair,) = json.loads((out / "screen.json").read_text())["pairs"]
+    assert (pair["arm"], pair["reference"]) == ("ref", "q")
+    assert main(["--report", str(out)]) == 0  # the recorded pair stays
+    assert len(json.loads((out / "screen.json").read_text())["pairs"]) == 1
 
 
 # --- screen cells in a grid ---------------------------------------------------------------------
