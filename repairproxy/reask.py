@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from repairproxy.validation import CallVerdict, Channel, CompiledTools, MessageVerdict
+from repairproxy.wire.openai import message_text
 
 __all__ = [
     "DEFAULT_TEMPLATE",
@@ -29,10 +30,13 @@ __all__ = [
     "build_output_repair_turn",
     "build_repair_turn",
     "edit_distance",
+    "grounding_texts",
     "lowered_temperature",
     "near_name",
     "quote_call",
     "repair_request",
+    "ungrounded_values",
+    "unrelated_tool",
     "with_repair_instruction",
 ]
 
@@ -240,12 +244,7 @@ def _section_for(verdict: CallVerdict, template: RepairTemplate) -> str:
     """A call written as text gets the text for what was wrong inside it, if the template has it."""
     if verdict.conflict is not None and template.has("conflict"):
         return "conflict"
-    unknown = Channel.UNKNOWN_TOOL in (verdict.channel, verdict.inner)
-    if (
-        unknown
-        and template.has("unrelated_tool")
-        and not near_name(verdict.name, verdict.closest_tool)
-    ):
+    if template.has("unrelated_tool") and unrelated_tool(verdict):
         # Not a misspelling of a listed tool: naming the "closest" one invites a made-up call.
         return "unrelated_tool"
     if verdict.text_call is not None and verdict.name and verdict.inner is not None:
@@ -466,3 +465,55 @@ def repair_request(
 def lowered_temperature(temperature: Any) -> float:
     current = float(temperature) if isinstance(temperature, int | float) else 1.0
     return max(current, 0.0) * REPEAT_TEMPERATURE_FACTOR
+
+
+# --- is a re-asked call asked for? ---------------------------------------------------------------
+
+
+def unrelated_tool(verdict: CallVerdict) -> bool:
+    """A failed call to an undeclared tool that is no misspelling of a listed one: the model
+    wanted something no listed tool does (the ``unrelated_tool`` text answers it)."""
+    return Channel.UNKNOWN_TOOL in (verdict.channel, verdict.inner) and not near_name(
+        verdict.name, verdict.closest_tool
+    )
+
+
+def grounding_texts(body: Mapping[str, Any], answers: Sequence[Mapping[str, Any]]) -> str:
+    """What a call's values may come from, lower-cased: the conversation's user, tool and
+    assistant turns (text and call arguments), the declared tools (enum values, defaults), and
+    the model's ``answers`` under repair. The system prompt is not among them."""
+    pieces: list[str] = []
+    messages = body.get("messages")
+    for message in [*(messages if isinstance(messages, list) else ()), *answers]:
+        if not isinstance(message, Mapping) or message.get("role") in ("system", "developer"):
+            continue
+        pieces.append(message_text(message))
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, Mapping) else None
+            if isinstance(function, Mapping) and isinstance(function.get("arguments"), str):
+                pieces.append(function["arguments"])
+    pieces.append(_json(body.get("tools") or body.get("functions") or ()))
+    return "\n".join(pieces).lower()
+
+
+def ungrounded_values(arguments: Any, grounding: str) -> list[str]:
+    """The string and number values in ``arguments`` (at any depth) that ``grounding`` (from
+    ``grounding_texts``) does not contain: values the model made up rather than read."""
+    missing: list[str] = []
+    stack = [arguments]
+    while stack and len(missing) < 8:
+        value = stack.pop()
+        if isinstance(value, Mapping):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, str):
+            if value.strip() and value.strip().lower() not in grounding:
+                missing.append(value)
+        elif (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and _json(value) not in grounding
+        ):
+            missing.append(_json(value))
+    return missing

@@ -37,10 +37,13 @@ from repairproxy.reask import (
     RepairTemplate,
     build_repair_turn,
     edit_distance,
+    grounding_texts,
     lowered_temperature,
     near_name,
     quote_call,
     repair_request,
+    ungrounded_values,
+    unrelated_tool,
     with_repair_instruction,
 )
 from repairproxy.textcalls import TextCall, fresh_call_id, promote_calls
@@ -129,6 +132,9 @@ class RepairOutcome:
     # A re-ask failed upstream ("400", "503", "timeout", "unavailable", "bad_answer"): the answer
     # is the best one held before it.
     repair_failed: str | None = None
+    # A re-ask's reply called a listed tool with values found nowhere in the conversation after
+    # the model asked for a tool none of the listed ones replaces; it was refused (``_made_up``).
+    made_up: bool = False
 
 
 # A mention is a whole word of word characters and hyphens (what a function name is made of),
@@ -424,6 +430,7 @@ class _ChoiceRepair:
     promoted: int = 0
     promoted_formats: list[str] = field(default_factory=list)
     exhausted: bool = False
+    made_up: bool = False
     repair_failed: str | None = None
     reask_usages: list[Any] = field(default_factory=list)
 
@@ -496,6 +503,12 @@ async def _repair_choice(
         kept.extend(newly_kept)
         state.reask_usages.append(reply.get("usage"))
         verdict = tools.check_message(reply_message, rules=rules)
+        if _made_up(state.verdict, verdict, reply_message, body, message):
+            # Asked for a tool no listed one replaces, the model called a listed tool anyway
+            # with values found nowhere in the conversation: not what the user asked for. The
+            # answer held (the first one, as text) is delivered; nothing made up is executed.
+            state.made_up = True
+            break
         state.caught.extend(verdict.error_channels)
         state.verdict = verdict
         message, promoted = _promoted(reply_message, verdict, tools, state, rules)
@@ -503,7 +516,9 @@ async def _repair_choice(
         last_choice, state.top = reply_choices[0], reply
 
     state.exhausted = not state.verdict.ok
-    if state.exhausted and policy.on_exhausted is OnExhausted.ERROR:
+    # A made-up reply refused is the model declining, as far as the client is concerned: the
+    # answer held goes out as text, whatever ``on_exhausted`` says.
+    if state.exhausted and policy.on_exhausted is OnExhausted.ERROR and not state.made_up:
         failed = f"; the re-ask failed ({state.repair_failed})" if state.repair_failed else ""
         raise RepairExhaustedError(
             f"no valid tool call after {state.attempts} repair attempt(s): "
@@ -512,7 +527,7 @@ async def _repair_choice(
             attempts=state.attempts,
             channels=tuple(map(str, state.caught)),
         )
-    strip = state.exhausted and policy.on_exhausted is OnExhausted.STRIP
+    strip = state.exhausted and policy.on_exhausted is OnExhausted.STRIP and not state.made_up
     state.choice = _final_choice(last_choice, message, kept, state.verdict, strip)
     if "index" in choice or last_choice is not choice:  # a re-ask's answer is always choice 0
         state.choice["index"] = choice.get("index", 0)
@@ -520,6 +535,58 @@ async def _repair_choice(
     # What the client actually receives.
     state.verdict = tools.check_message(final_message, rules=rules)
     return state
+
+
+def _made_up(
+    before: MessageVerdict,
+    after: MessageVerdict,
+    reply: Mapping[str, Any],
+    body: Mapping[str, Any],
+    answer: Mapping[str, Any],
+) -> bool:
+    """Whether a re-ask's reply calls a listed tool the model did not want, with made-up values.
+
+    Only after an answer whose failed calls all named tools no listed one is a misspelling of
+    (``reask.unrelated_tool``): the re-ask then said "answer in plain text if no listed tool
+    fits", and a small model may still call the one listed tool with invented arguments
+    (``get_order_details({"order_id": "12345"})`` for "send an email to bob@example.com"). A
+    reply call is made up when it shares no argument name with the failed calls (another
+    intent: ``to``/``body`` became ``order_id``) and some string or number in its arguments
+    appears in no user, tool or assistant turn, nor in the declared tools
+    (``reask.ungrounded_values``).
+    """
+    failed = [call for call in before.calls if call.channel is not Channel.VALID]
+    if not failed or not all(unrelated_tool(call) for call in failed):
+        return False
+    wanted = {key for call in failed for key in _argument_names(_call_arguments(answer, call))}
+    calls = [
+        arguments
+        for verdict in after.calls
+        if verdict.name is not None
+        and not wanted & _argument_names(arguments := _call_arguments(reply, verdict))
+    ]
+    if not calls:
+        return False
+    grounding = grounding_texts(body, [answer])
+    return any(ungrounded_values(arguments, grounding) for arguments in calls)
+
+
+def _argument_names(arguments: Any) -> set[str]:
+    return set(arguments) if isinstance(arguments, Mapping) else set()
+
+
+def _call_arguments(message: Mapping[str, Any], verdict: CallVerdict) -> Any:
+    """The arguments of a message's call, decoded (a call written as text carries them)."""
+    if verdict.text_call is not None:
+        return verdict.text_call.arguments
+    entries = message.get("tool_calls") or ()
+    entry = entries[verdict.index] if 0 <= verdict.index < len(entries) else None
+    function = entry.get("function") if isinstance(entry, Mapping) else None
+    raw = function.get("arguments") if isinstance(function, Mapping) else None
+    try:
+        return orjson.loads(raw) if isinstance(raw, str | bytes) else raw
+    except orjson.JSONDecodeError:
+        return raw
 
 
 def _promoted(
@@ -597,4 +664,5 @@ async def repair_completion(
         repair_prompt_tokens=_tokens(reask_usage, "prompt_tokens"),
         repair_completion_tokens=_tokens(reask_usage, "completion_tokens"),
         repair_failed=next((r.repair_failed for r in results if r and r.repair_failed), None),
+        made_up=any(r is not None and r.made_up for r in results),
     )
