@@ -58,7 +58,7 @@ def _counts(snapshot: BudgetSnapshot) -> tuple[str, str]:
     return str(snapshot.errors), str(snapshot.remaining)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Exchange:
     """One request's record and clocks; every method is a view of them."""
 
@@ -67,15 +67,6 @@ class Exchange:
     path: str
     timer: UpstreamTimer = field(default_factory=UpstreamTimer)
     record: RequestRecord = field(default_factory=RequestRecord)
-
-    @property
-    def status(self) -> int:
-        """The record's status (kept while the Responses route still writes it here)."""
-        return self.record.status
-
-    @status.setter
-    def status(self, value: int) -> None:
-        self.record.status = value
 
     def overhead_ms(self) -> float:
         return max((time.perf_counter() - self.started - self.timer.seconds) * 1000.0, 0.0)

@@ -26,6 +26,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
+from repairproxy.asgi.call import PipelineCall
 from repairproxy.asgi.exchange import Exchange
 from repairproxy.asgi.gate import MAX_HELD_CONTENT_CHARS, SSEParser, ToolCallGate, call_opening
 from repairproxy.asgi.responder import Responder
@@ -43,13 +44,12 @@ from repairproxy.errors import (
     UpstreamStatusError,
     UpstreamUnavailableError,
 )
-from repairproxy.pipeline import ChatOutcome, ChatPipeline, ChatRequest, instructs, json_object
+from repairproxy.pipeline import ChatPipeline, ChatRequest, instructs, json_object
 from repairproxy.types import API, HeaderList, Outcome, Scope
 from repairproxy.upstream.client import (
     Upstream,
     UpstreamReply,
     chat_completion_of,
-    response_headers,
     timed,
 )
 from repairproxy.validation import text_calls_allowed
@@ -122,8 +122,10 @@ def _sse(event: Mapping[str, Any]) -> bytes:
     )
 
 
-class ResponsesCall:
+class ResponsesCall(PipelineCall):
     """One ``/v1/responses`` request in flight."""
+
+    api = API.RESPONSES
 
     def __init__(
         self,
@@ -134,16 +136,10 @@ class ResponsesCall:
         headers: Mapping[str, str],
         store: ResponsesStore,
     ) -> None:
-        self.upstream = upstream
-        self.pipeline = pipeline
-        self.ex = ex
-        self.headers = headers
+        super().__init__(upstream, pipeline, ex, scope, headers)
         self.store = store
-        self.query: bytes = scope["query_string"]
-        self.out_headers = upstream.outbound_headers(scope["headers"], keep_encoding=False)
         self.body: dict[str, Any] = {}
         self.forward: dict[str, Any] = {}
-        self.request: ChatRequest | None = None
         self.tenant = ""
         self.conversation: list[Any] = []  # the whole input of this turn, earlier turns included
         self.rebuilt = False  # previous_response_id came from the store: the input was rebuilt
@@ -158,8 +154,7 @@ class ResponsesCall:
         """Parse, rebuild a stored chain, find the episode (a header, else the stored turn or
         ``previous_response_id``, else the history), count the history's error results, and
         build the body that goes upstream."""
-        ex, pipeline = self.ex, self.pipeline
-        ex.record.api = API.RESPONSES
+        pipeline = self.pipeline
         body = json_object(raw)
         for name, kinds in (("input", (str, list)), ("tools", (list,))):
             if body.get(name) is not None and not isinstance(body[name], kinds):
@@ -182,15 +177,16 @@ class ResponsesCall:
             self.conversation = new_items
             if self.translate and isinstance(previous, str):
                 raise _unknown_previous(previous)  # a chat upstream has no store to ask
-        request = pipeline.parse_body(to_chat_body(view), raw, self.headers, ex.record)
-        if stored is None:
-            linked = await pipeline.episode_of_response(self.headers, previous)
-        elif stored.episode_id and pipeline.settings.episode_header not in self.headers:
-            linked = EpisodeRef(stored.episode_id, explicit=False, new=False, tenant=tenant)
-        else:
-            linked = None
-        await pipeline.admit(request, self.headers, ex.record, episode=linked)
-        self.request = request
+
+        async def linked() -> EpisodeRef | None:
+            """The episode the stored turn or ``previous_response_id`` continues, if any."""
+            if stored is None:
+                return await pipeline.episode_of_response(self.headers, previous)
+            if stored.episode_id and pipeline.settings.episode_header not in self.headers:
+                return EpisodeRef(stored.episode_id, explicit=False, new=False, tenant=tenant)
+            return None
+
+        request = await self._open(to_chat_body(view), raw, episode=linked)
         if self.translate:
             self._prepare_chat(request)
             return request
@@ -230,14 +226,6 @@ class ResponsesCall:
         response = _response_of(reply.content, reply.status_code)
         self._answers[_id_key(response.get("id"))] = response
         return to_chat_completion(response)
-
-    async def _decide(self, completion: ChatCompletion) -> ChatOutcome:
-        """The pipeline's verdict on one chat-shaped answer, its figures kept on the exchange."""
-        assert self.request is not None
-        ex, request = self.ex, self.request
-        outcome = await self.pipeline.judge(request, completion, self._reask, ex.record)
-        await self.pipeline.remember(request, outcome.answer)
-        return outcome
 
     async def _judge(
         self, response: dict[str, Any], streamed: Mapping[int, Any] | None = None
@@ -313,13 +301,6 @@ class ResponsesCall:
             ex.record.outcome = Outcome.UPSTREAM_ERROR
         await self._whole(responder, reply, content)
 
-    async def _whole(self, responder: Responder, reply: UpstreamReply, content: bytes) -> None:
-        self.ex.status = reply.status_code
-        headers = response_headers(reply.headers)
-        headers.extend(self.ex.proxy_headers())
-        responder.first_byte_at = time.perf_counter()
-        await responder.whole(reply.status_code, headers, content)
-
     # -- a chat-only upstream ---------------------------------------------------------------------
 
     async def _translated(self, responder: Responder) -> None:
@@ -339,7 +320,7 @@ class ResponsesCall:
             cast(Mapping[str, Any], outcome.answer), echoed, new_response_id()
         )
         await self._keep(final)
-        ex.status = 200
+        ex.record.status = 200
         headers = [*_JSON_HEADERS, *ex.proxy_headers()]
         responder.first_byte_at = time.perf_counter()
         await responder.whole(200, headers, orjson.dumps(final))
@@ -367,7 +348,7 @@ class ResponsesCall:
                 completion = chat_completion_of(content, response.status_code)
                 await self._relay_chat(_no_chunks(), responder, completion)
                 return
-            ex.status = 200
+            ex.record.status = 200
             with upstream.reading():
                 await self._relay_chat(timed(response.iter_body(), ex.timer), responder)
 
@@ -472,24 +453,8 @@ class ResponsesCall:
         if self.translate:
             await self._translated_stream(responder)
             return
-        ex, upstream = self.ex, self.upstream
         assert self.request is not None
-        async with upstream.stream(
-            "POST", RESPONSES_PATH, self.out_headers, self.request.forward_raw, ex.timer, self.query
-        ) as response:
-            headers = response_headers(response.headers)
-            content_type = response.header(b"content-type") or b""
-            if response.status_code != 200 or b"text/event-stream" not in content_type:
-                with upstream.reading():
-                    content = await response.read()
-                if response.status_code >= 300:
-                    ex.record.outcome = Outcome.UPSTREAM_ERROR
-                reply = UpstreamReply(response.status_code, response.headers, content)
-                await self._whole(responder, reply, content)
-                return
-            ex.status = 200
-            with upstream.reading():
-                await self._relay(timed(response.iter_body(), ex.timer), responder, headers)
+        await self._stream(RESPONSES_PATH, self.request.forward_raw, responder, self._relay)
 
     def _frame(self, payload: Mapping[str, Any]) -> bytes:
         """One event as it leaves: the next sequence number, the response's one id."""
