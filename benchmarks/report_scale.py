@@ -56,8 +56,10 @@ def _episode(
     for _ in range(rng.randint(2, 5)):
         draw = rng.random()
         name = rng.choice(_DECLARED)
+        written = name
+        proxy: dict[str, Any]
         if draw < invent:
-            wrong = rng.choice(_INVENTED)
+            wrong = written = rng.choice(_INVENTED)
             if mode == "off":
                 proxy = {"tool_errors": ["unknown_tool"], "repairs": 0, "unknown_tools": [wrong]}
                 call = Call(wrong, not_found(wrong))
@@ -78,6 +80,9 @@ def _episode(
             proxy, call = {"tool_errors": [], "repairs": 0}, Call(name, "Error: Order not found")
         else:
             proxy, call = {"tool_errors": [], "repairs": 0, "upstream_calls": 1}, Call(name)
+        # The probe's margin (paper.toml turns it on): invented names sit thinner.
+        centre = 0.4 if written != name else 2.0
+        proxy["tool_name_margins"] = f"{written}={rng.gauss(centre, 0.8):.3f}"
         turns.append(Turn((call,), proxy=proxy))
     reward = 1.0 if rng.random() < success else 0.0
     return episode(f"task_{task:03d}", trial, turns, reward=reward)

@@ -541,22 +541,24 @@ def amplification(
     agent call (the rate ratio); "episode": failed calls per episode (the count ratio, which
     also moves with how many calls an arm makes)."""
 
-    def units(episodes: Sequence[Episode], channel: str) -> list[tuple[int, int]]:
-        return [
-            (
-                sum(
-                    1
-                    for c in e.agent_calls
-                    if c.error and (channel == "any" or c.channel == channel)
-                ),
-                len(e.agent_calls) if per == "call" else 1,
-            )
-            for e in episodes
-        ]
+    channels = (*ENV_CHANNELS, "any")
 
+    def counts(episodes: Sequence[Episode]) -> list[tuple[Counter[str], int]]:
+        out = []
+        for e in episodes:  # one pass per episode, every channel at once
+            agent = e.agent_calls
+            failed = Counter(c.channel or "" for c in agent if c.error)
+            failed["any"] = sum(1 for c in agent if c.error)
+            out.append((failed, len(agent) if per == "call" else 1))
+        return out
+
+    ref_counts, cmp_counts = counts(reference), counts(compared)
     return {
-        channel: stats.rate_ratio(units(reference, channel), units(compared, channel))
-        for channel in (*ENV_CHANNELS, "any")
+        channel: stats.rate_ratio(
+            [(failed[channel], size) for failed, size in ref_counts],
+            [(failed[channel], size) for failed, size in cmp_counts],
+        )
+        for channel in channels
     }
 
 
@@ -570,14 +572,29 @@ def summarize_pair(
         [(ref_keyed[k].success, cmp_keyed[k].success) for k in keys]
     )
     by_task = [(k[0], ref_keyed[k].success, cmp_keyed[k].success) for k in keys]
-    sweep_gap = {
-        k: _beyond(k, reference.max_errors)
-        or _beyond(k, compared.max_errors)
-        or _difference(
-            [(key[0], success_at(ref_keyed[key], k), success_at(cmp_keyed[key], k)) for key in keys]
-        )
+    swept = [
+        k
         for k in BUDGETS
-    }
+        if not _beyond(k, reference.max_errors) and not _beyond(k, compared.max_errors)
+    ]
+    # Every budget's table has the same tasks: their intervals are computed in one pass.
+    gaps = stats.difference_intervals(
+        [
+            stats.TaskPairs.from_pairs(
+                [
+                    (key[0], success_at(ref_keyed[key], k), success_at(cmp_keyed[key], k))
+                    for key in keys
+                ]
+            )
+            for k in swept
+        ],
+        alpha=DIFFERENCE_ALPHA,
+    )
+    by_budget = dict(zip(swept, gaps, strict=True))
+    sweep_gap: dict[int, Interval | NotAvailable] = {}
+    for k in BUDGETS:
+        beyond = _beyond(k, reference.max_errors) or _beyond(k, compared.max_errors)
+        sweep_gap[k] = by_budget[k] if beyond is None else beyond
     union = sorted(set(ref_summary.names) | set(cmp_summary.names))
     rho: float | NotAvailable
     if not union:

@@ -38,6 +38,7 @@ __all__ = [
     "average_ranks",
     "clustered_proportion",
     "difference_interval",
+    "difference_intervals",
     "holm",
     "mcnemar_exact_p",
     "normal_cdf",
@@ -429,6 +430,29 @@ def difference_interval(pairs: TaskPairs, alpha: float = 0.025) -> Interval | No
         return NotAvailable(f"{pairs.tasks} task: a task-level interval needs at least 2 tasks")
     result = tost_arrays(np.array([pairs.sums]), np.array([pairs.sizes]), alpha=alpha)
     return Interval(float(result.estimate[0]), float(result.low[0]), float(result.high[0]))
+
+
+def difference_intervals(
+    tables: Sequence[TaskPairs], alpha: float = 0.025
+) -> list[Interval | NotAvailable]:
+    """``difference_interval`` of each table; tables whose tasks have the same sizes (a sweep
+    over budgets of one pairing) are computed in one vectorised pass, with the same result."""
+    out: list[Interval | NotAvailable] = []
+    batch: dict[tuple[int, ...], list[int]] = {}
+    for index, table in enumerate(tables):
+        if table.n == 0 or table.tasks < 2:
+            out.append(difference_interval(table, alpha))
+            continue
+        out.append(NotAvailable("pending"))
+        batch.setdefault(table.sizes, []).append(index)
+    for sizes, members in batch.items():
+        sums = np.array([tables[i].sums for i in members], dtype=float)
+        result = tost_arrays(sums, np.array(sizes, dtype=float), alpha=alpha)
+        for row, i in enumerate(members):
+            out[i] = Interval(
+                float(result.estimate[row]), float(result.low[row]), float(result.high[row])
+            )
+    return out
 
 
 def null_variance(pairs: TaskPairs, delta: float) -> float:

@@ -24,6 +24,7 @@ from evals.stats import (
     Tost,
     average_ranks,
     difference_interval,
+    difference_intervals,
     holm,
     mcnemar_exact_p,
     novel_share,
@@ -347,3 +348,17 @@ def test_difference_interval_is_tosts_interval_at_its_level() -> None:
     narrower = difference_interval(pairs, alpha=0.05)
     assert isinstance(narrower, Interval)
     assert at_95.interval.low < narrower.low < narrower.high < at_95.interval.high
+
+
+def test_difference_intervals_at_once_are_each_tables_own() -> None:
+    rng = np.random.default_rng(5)
+    sizes = (4,) * 15
+    tables = [TaskPairs(tuple(int(v) for v in rng.integers(-2, 3, 15)), sizes) for _ in range(9)]
+    tables += [
+        TaskPairs((1, -1, 0), (2, 2, 3)),  # other sizes: a pass of its own
+        TaskPairs((1,), (4,)),  # one task: n/a, as difference_interval says
+        TaskPairs((), ()),
+    ]
+    together = difference_intervals(tables)
+    assert together == [difference_interval(t) for t in tables]
+    assert isinstance(together[-1], NotAvailable) and isinstance(together[-2], NotAvailable)
