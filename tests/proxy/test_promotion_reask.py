@@ -9,12 +9,20 @@ Through ``repair_completion`` with a scripted send (the upstream seam); the pure
 from __future__ import annotations
 
 import copy
+import hashlib
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from repairproxy.reask import grounding_texts, ungrounded_values
+import repairproxy
+from repairproxy.reask import (
+    DEFAULT_TEMPLATE,
+    DEFAULT_TEMPLATE_FILE,
+    grounding_texts,
+    ungrounded_values,
+)
 from repairproxy.repair import RepairPolicy, repair_completion
 from repairproxy.types import OnExhausted, RepairMode
 from repairproxy.validation import CompiledTools, ToolsCache
@@ -138,3 +146,13 @@ def test_values_are_grounded_in_user_tool_and_assistant_turns_and_the_tools() ->
     assert ungrounded_values({"order_id": "#W1", "n": 4242, "s": "pending"}, grounding) == []
     assert ungrounded_values({"zip": "10001", "flag": True, "blank": " "}, grounding) == []
     assert ungrounded_values({"a": ["999", {"b": 7.5}]}, grounding) == ["7.5", "999"]
+
+
+def test_the_default_re_ask_texts_are_the_ones_the_study_records() -> None:
+    """The study's provenance records the template's version and sha256: a change to the texts
+    must come as a new version (a new file), not as an edit under the recorded one."""
+    path = Path(repairproxy.__file__).parent / DEFAULT_TEMPLATE_FILE
+    assert DEFAULT_TEMPLATE.version == "repair-v3"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == (
+        "3d79dfcc2c5f653a011ccb774fce1b23b0f57c8c2eb90898d8d828ffecee845d"
+    )
