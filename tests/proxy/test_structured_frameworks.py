@@ -14,6 +14,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -85,7 +86,10 @@ def test_pydantic_ai_native_output_chat(
     assert _output_lines(proxy) == [["output_schema_violation"]]
 
 
-def test_pydantic_ai_native_output_responses(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("streamed", [False, True], ids=["buffered", "streamed"])
+def test_pydantic_ai_native_output_responses(
+    streamed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from pydantic_ai import Agent, NativeOutput
 
     with ResponsesUpstream() as upstream:
@@ -95,15 +99,45 @@ def test_pydantic_ai_native_output_responses(monkeypatch: pytest.MonkeyPatch) ->
             monkeypatch.setenv("OPENAI_BASE_URL", proxy.base_url)
             monkeypatch.setenv("OPENAI_API_KEY", "x")
             agent = Agent("openai:scripted-model", output_type=NativeOutput(Person), retries=0)
-
-            async def run() -> Person:
-                async with agent:
-                    return (await agent.run("Who is Ann?")).output
-
-            assert asyncio.run(run()) == Person(name="Ann", age=40)
+            assert asyncio.run(_agent_output(agent, streamed=streamed)) == Person(
+                name="Ann", age=40
+            )
             assert upstream.requests[0]["text"]["format"]["type"] == "json_schema"
+            assert upstream.requests[0].get("stream", False) is streamed
             assert len(upstream.requests) == 2
             assert _output_lines(proxy) == [["output_schema_violation"]]
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["buffered", "streamed"])
+def test_pydantic_ai_native_output_responses_on_a_chat_only_upstream(
+    upstream: ScriptedUpstream, streamed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pydantic-ai's ``openai:`` (Responses) model against an upstream that serves chat only:
+    ``text.format`` goes upstream as ``response_format`` and the answer is checked there."""
+    from pydantic_ai import Agent, NativeOutput
+
+    upstream.push(completion(content=BAD), completion(content=GOOD))
+    settings = Settings(
+        upstream=upstream.base_url, upstream_apis=("chat",), repair=RepairMode.REFLEXIVE
+    )
+    with running_proxy(settings) as proxy:
+        monkeypatch.setenv("OPENAI_BASE_URL", proxy.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "x")
+        agent = Agent("openai:scripted-model", output_type=NativeOutput(Person), retries=0)
+        assert asyncio.run(_agent_output(agent, streamed=streamed)) == Person(name="Ann", age=40)
+        assert {r.path for r in upstream.requests} == {"/v1/chat/completions"}
+        assert upstream.chat_requests[0]["response_format"]["type"] == "json_schema"
+        assert upstream.chat_requests[0].get("stream", False) is streamed
+        assert len(upstream.chat_requests) == 2
+        assert _output_lines(proxy) == [["output_schema_violation"]]
+
+
+async def _agent_output(agent: Any, *, streamed: bool) -> Any:
+    async with agent:
+        if streamed:
+            async with agent.run_stream("Who is Ann?") as result:
+                return await result.get_output()
+        return (await agent.run("Who is Ann?")).output
 
 
 _INSTRUCTOR_SCRIPT = """
