@@ -435,6 +435,20 @@ class _ChoiceRepair:
     reask_usages: list[Any] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class _Asking:
+    """The re-ask loop's memory: the answer in hand, the turns sent, the calls kept."""
+
+    message: Mapping[str, Any]  # the last answer's message (promoted calls in place)
+    last_choice: Mapping[str, Any]
+    rules: CallRules
+    history: list[dict[str, Any]] = field(default_factory=list)
+    kept: list[dict[str, Any]] = field(default_factory=list)
+    previous: tuple[Any, ...] = ()  # the last invalid answer's signature
+    temperature: float | None = None
+    attempt_start: int = 0  # where the last attempt's turns begin in ``history``
+
+
 async def _repair_choice(
     body: Mapping[str, Any],
     top: Mapping[str, Any],
@@ -443,6 +457,7 @@ async def _repair_choice(
     policy: RepairPolicy,
     send: Complete,
 ) -> _ChoiceRepair:
+    """One choice: validated, its text calls promoted, re-asked until valid or out of repairs."""
     message = choice.get("message")
     if not isinstance(message, Mapping):
         empty = MessageVerdict(())
@@ -457,64 +472,95 @@ async def _repair_choice(
     if first_verdict.ok or not policy.promotes or not text_ok:
         # Observing modes, and tool_choice "none" (no call expected: nothing to re-ask).
         return state
-
-    last_choice: Mapping[str, Any] = choice
     message, state.promoted = _promoted(message, first_verdict, tools, state, rules)
-    history: list[dict[str, Any]] = []
-    kept: list[dict[str, Any]] = []
-    previous: tuple[Any, ...] = ()
-    temperature: float | None = None
-    attempt_start = 0
+    asking = _Asking(message, choice, rules)
     while policy.re_asks and not state.verdict.ok and state.attempts < policy.max_repairs:
-        attempt = state.attempts + 1
-        signature = _signature(state.verdict)
-        repeated = signature == previous
-        previous = signature
-        turn, newly_kept = build_repair_turn(
-            message,
-            state.verdict,
-            tools,
-            policy.template,
-            attempt=attempt,
-            max_repairs=policy.max_repairs,
-            repeated=repeated,
-        )
-        if repeated:
-            # Show the mistake once, with the quote and the correction, and sample cooler.
-            del history[attempt_start:]
-            temperature = lowered_temperature(
-                body.get("temperature") if temperature is None else temperature
-            )
-        attempt_start = len(history)
-        tool_choice = escalated_tool_choice(body, state.verdict, attempt, policy, message, tools)
-        request = repair_request(body, [*history, *turn], tool_choice, temperature)
+        request, turn, newly_kept = _next_request(body, state, asking, tools, policy)
         try:
             reply = await send(request)
         except (UpstreamStatusError, UpstreamTimeoutError, UpstreamUnavailableError) as exc:
             state.repair_failed = _failure_reason(exc)
             break
-        reply_choices = _choices(reply)
-        reply_message = first_message(reply)
-        if reply_message is None:
-            state.repair_failed = "bad_answer"
+        if not _take_reply(reply, turn, newly_kept, body, state, asking, tools):
             break
-        state.attempts = attempt
-        history.extend(turn)
-        kept.extend(newly_kept)
-        state.reask_usages.append(reply.get("usage"))
-        verdict = tools.check_message(reply_message, rules=rules)
-        if _made_up(state.verdict, verdict, reply_message, body, message):
-            # Asked for a tool no listed one replaces, the model called a listed tool anyway
-            # with values found nowhere in the conversation: not what the user asked for. The
-            # answer held (the first one, as text) is delivered; nothing made up is executed.
-            state.made_up = True
-            break
-        state.caught.extend(verdict.error_channels)
-        state.verdict = verdict
-        message, promoted = _promoted(reply_message, verdict, tools, state, rules)
-        state.promoted += promoted
-        last_choice, state.top = reply_choices[0], reply
+    return _settled(choice, state, asking, tools, policy)
 
+
+def _next_request(
+    body: Mapping[str, Any],
+    state: _ChoiceRepair,
+    asking: _Asking,
+    tools: CompiledTools,
+    policy: RepairPolicy,
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The next re-ask (request, its repair turns, the valid calls those turns keep). The
+    same mistake twice is shown once, with the quote and the correction, and sampled cooler."""
+    attempt = state.attempts + 1
+    signature = _signature(state.verdict)
+    repeated = signature == asking.previous
+    asking.previous = signature
+    turn, newly_kept = build_repair_turn(
+        asking.message,
+        state.verdict,
+        tools,
+        policy.template,
+        attempt=attempt,
+        max_repairs=policy.max_repairs,
+        repeated=repeated,
+    )
+    if repeated:
+        del asking.history[asking.attempt_start :]
+        temperature = body.get("temperature") if asking.temperature is None else asking.temperature
+        asking.temperature = lowered_temperature(temperature)
+    asking.attempt_start = len(asking.history)
+    tool_choice = escalated_tool_choice(body, state.verdict, attempt, policy, asking.message, tools)
+    request = repair_request(body, [*asking.history, *turn], tool_choice, asking.temperature)
+    return request, turn, newly_kept
+
+
+def _take_reply(
+    reply: dict[str, Any],
+    turn: list[dict[str, Any]],
+    newly_kept: list[dict[str, Any]],
+    body: Mapping[str, Any],
+    state: _ChoiceRepair,
+    asking: _Asking,
+    tools: CompiledTools,
+) -> bool:
+    """Judge a re-ask's reply into the loop's state; False when the loop must stop here."""
+    reply_choices = _choices(reply)
+    reply_message = first_message(reply)
+    if reply_message is None:
+        state.repair_failed = "bad_answer"
+        return False
+    state.attempts += 1
+    asking.history.extend(turn)
+    asking.kept.extend(newly_kept)
+    state.reask_usages.append(reply.get("usage"))
+    verdict = tools.check_message(reply_message, rules=asking.rules)
+    if _made_up(state.verdict, verdict, reply_message, body, asking.message):
+        # Asked for a tool no listed one replaces, the model called a listed tool anyway
+        # with values found nowhere in the conversation: not what the user asked for. The
+        # answer held (the first one, as text) is delivered; nothing made up is executed.
+        state.made_up = True
+        return False
+    state.caught.extend(verdict.error_channels)
+    state.verdict = verdict
+    asking.message, promoted = _promoted(reply_message, verdict, tools, state, asking.rules)
+    state.promoted += promoted
+    asking.last_choice, state.top = reply_choices[0], reply
+    return True
+
+
+def _settled(
+    choice: Mapping[str, Any],
+    state: _ChoiceRepair,
+    asking: _Asking,
+    tools: CompiledTools,
+    policy: RepairPolicy,
+) -> _ChoiceRepair:
+    """The loop's end: an exhausted repair raises, is stripped or delivered as the policy says;
+    the choice the client gets, and its verdict."""
     state.exhausted = not state.verdict.ok
     # A made-up reply refused is the model declining, as far as the client is concerned: the
     # answer held goes out as text, whatever ``on_exhausted`` says.
@@ -528,12 +574,12 @@ async def _repair_choice(
             channels=tuple(map(str, state.caught)),
         )
     strip = state.exhausted and policy.on_exhausted is OnExhausted.STRIP and not state.made_up
-    state.choice = _final_choice(last_choice, message, kept, state.verdict, strip)
+    last_choice = asking.last_choice
+    state.choice = _final_choice(last_choice, asking.message, asking.kept, state.verdict, strip)
     if "index" in choice or last_choice is not choice:  # a re-ask's answer is always choice 0
         state.choice["index"] = choice.get("index", 0)
-    final_message = state.choice["message"]
     # What the client actually receives.
-    state.verdict = tools.check_message(final_message, rules=rules)
+    state.verdict = tools.check_message(state.choice["message"], rules=asking.rules)
     return state
 
 
