@@ -528,11 +528,6 @@ def _keyed(episodes: Sequence[Episode]) -> tuple[dict[tuple[str, int], Episode],
 DIFFERENCE_ALPHA = 0.025  # the difference column's two-sided 95% interval, same method as TOST
 
 
-def _difference(pairs: Sequence[tuple[str, bool, bool]]) -> Interval | NotAvailable:
-    """Compared − reference with the task-clustered 95% interval (TOST's method at 2.5%/side)."""
-    return stats.difference_interval(stats.TaskPairs.from_pairs(pairs), alpha=DIFFERENCE_ALPHA)
-
-
 def amplification(
     reference: Sequence[Episode], compared: Sequence[Episode], *, per: str = "call"
 ) -> dict[str, stats.RateRatio | NotAvailable]:
@@ -577,19 +572,18 @@ def summarize_pair(
         for k in BUDGETS
         if not _beyond(k, reference.max_errors) and not _beyond(k, compared.max_errors)
     ]
-    # Every budget's table has the same tasks: their intervals are computed in one pass.
-    gaps = stats.difference_intervals(
-        [
+    # The difference and every budget's table have the same tasks: one pass for all.
+    tables = [stats.TaskPairs.from_pairs(by_task)]
+    for k in swept:
+        tables.append(
             stats.TaskPairs.from_pairs(
                 [
                     (key[0], success_at(ref_keyed[key], k), success_at(cmp_keyed[key], k))
                     for key in keys
                 ]
             )
-            for k in swept
-        ],
-        alpha=DIFFERENCE_ALPHA,
-    )
+        )
+    difference, *gaps = stats.difference_intervals(tables, alpha=DIFFERENCE_ALPHA)
     by_budget = dict(zip(swept, gaps, strict=True))
     sweep_gap: dict[int, Interval | NotAvailable] = {}
     for k in BUDGETS:
@@ -609,7 +603,7 @@ def summarize_pair(
         )
     ref_all, _ = _keyed(reference.episodes)
     cmp_all, _ = _keyed(compared.episodes)
-    task_pairs = stats.TaskPairs.from_pairs(by_task)
+    task_pairs = tables[0]
     return PairSummary(
         reference=reference.label,
         compared=compared.label,
@@ -620,7 +614,7 @@ def summarize_pair(
         duplicates_reference=ref_duplicates,
         duplicates_compared=cmp_duplicates,
         table=table,
-        difference=_difference(by_task),
+        difference=difference,
         mcnemar_p=stats.mcnemar_exact_p(table),
         tost=stats.tost(task_pairs),
         sweep_gap=sweep_gap,

@@ -81,19 +81,9 @@ def pass_hat_ks(
 # The paired odds ratio
 
 
-def _binomial_tail(
-    successes: int, n: int, p: npt.NDArray[np.float64], *, upper: bool
-) -> npt.NDArray[np.float64]:
-    """P(X >= successes) (``upper``) or P(X <= successes) for X ~ Binomial(n, p), per p."""
-    ks = np.arange(successes, n + 1) if upper else np.arange(0, successes + 1)
-    log_comb = np.array(
-        [math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) for k in ks]
-    )
-    with np.errstate(divide="ignore"):
-        log_p, log_q = np.log(p)[:, None], np.log1p(-p)[:, None]
-    terms = log_comb[None, :] + ks[None, :] * log_p + (n - ks)[None, :] * log_q
-    terms = np.where(np.isnan(terms), -np.inf, terms)
-    return np.asarray(np.exp(terms).sum(axis=1), dtype=float)
+def _log_comb(n: int, ks: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    lgamma = np.vectorize(math.lgamma, otypes=[float])
+    return np.asarray(lgamma(n + 1.0) - lgamma(ks + 1.0) - lgamma(n - ks + 1.0), dtype=float)
 
 
 def clopper_pearson(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -102,22 +92,25 @@ def clopper_pearson(successes: int, n: int, confidence: float = 0.95) -> tuple[f
         raise ValueError(f"successes {successes} not in [0, {n}]")
     tail = (1.0 - confidence) / 2.0
 
-    def solve(upper: bool) -> float:
-        # Lower end: P(X >= s | p) = tail (rises with p); upper end: P(X <= s | p) = tail.
-        low, high = np.array([0.0]), np.array([1.0])
+    def solve(ks: npt.NDArray[np.float64], rises: bool) -> float:
+        """p where the binomial mass over ``ks`` equals ``tail`` (it rises with p when the ks
+        are the upper tail, P(X >= s), and falls for the lower one, P(X <= s))."""
+        log_comb = _log_comb(n, ks)
+        low, high = 0.0, 1.0
         for _ in range(60):
             middle = (low + high) / 2.0
-            value = _binomial_tail(successes, n, middle, upper=upper)
-            above = value > tail
-            if upper:
-                high, low = np.where(above, middle, high), np.where(above, low, middle)
+            mass = float(
+                np.exp(log_comb + ks * math.log(middle) + (n - ks) * math.log1p(-middle)).sum()
+            )
+            if (mass > tail) == rises:
+                high = middle
             else:
-                low, high = np.where(above, middle, low), np.where(above, high, middle)
-        return float((low + high)[0] / 2.0)
+                low = middle
+        return (low + high) / 2.0
 
-    lower = 0.0 if successes == 0 else solve(upper=True)
-    upper_end = 1.0 if successes == n else solve(upper=False)
-    return lower, upper_end
+    lower = 0.0 if successes == 0 else solve(np.arange(successes, n + 1, dtype=float), True)
+    upper = 1.0 if successes == n else solve(np.arange(0, successes + 1, dtype=float), False)
+    return lower, upper
 
 
 def paired_odds_ratio(table: PairedTable) -> Interval | NotAvailable:
