@@ -60,7 +60,7 @@ from repairproxy.validation import (
 )
 from repairproxy.wire.openai import ChatCompletion, ChatRequestBody, first_message
 
-__all__ = ["ChatOutcome", "ChatPipeline", "ChatRequest", "instructs", "json_object"]
+__all__ = ["ChatPipeline", "ChatRequest", "Decision", "instructs", "json_object"]
 
 REPAIR_HEADER = "x-repairproxy-repair"
 BUDGET_HEADER = "x-repairproxy-budget"
@@ -128,8 +128,9 @@ class ChatRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class ChatOutcome:
-    """What ``judge`` decided: the answer to send and what it took."""
+class Decision:
+    """What ``judge`` decided: the answer to send and what it took (``types.Outcome`` is the
+    operator's one-word summary of it, in the record and the metrics)."""
 
     answer: ChatCompletion
     changed: bool
@@ -244,7 +245,7 @@ class ChatPipeline:
 
     async def judge(
         self, request: ChatRequest, completion: ChatCompletion, send: Complete, record: Record
-    ) -> ChatOutcome:
+    ) -> Decision:
         """Validate (and maybe repair) one answer; charge the episode; fill the record. With a
         response format, the text answer that comes out is then checked (never charged)."""
         served = completion.get("model")
@@ -264,10 +265,10 @@ class ChatPipeline:
         self,
         request: ChatRequest,
         output: OutputFormat,
-        outcome: ChatOutcome,
+        outcome: Decision,
         send: Complete,
         record: Record,
-    ) -> ChatOutcome:
+    ) -> Decision:
         """Check the answer's text against the response format; re-ask (reflexive, constrained)
         with the failing paths until it holds or the repairs run out."""
         message = first_message(outcome.answer)
@@ -333,7 +334,7 @@ class ChatPipeline:
 
     async def _judge_calls(
         self, request: ChatRequest, completion: ChatCompletion, send: Complete, record: Record
-    ) -> ChatOutcome:
+    ) -> Decision:
         """The tool calls of one answer: validated, maybe repaired, charged."""
         tools = request.tools
         probed = request.probe_added
@@ -346,13 +347,13 @@ class ChatPipeline:
                 completion = cast(ChatCompletion, strip_probe(cast(dict[str, Any], completion)))
         message = first_message(completion)
         if tools is None or message is None or _tool_choice_none(request.body):
-            return ChatOutcome(completion, probed, None, (), 0)
+            return Decision(completion, probed, None, (), 0)
         verdict = tools.check_message(message, rules=CallRules.of_request(request.body))
         record.tool_calls = _calls_seen(verdict)
         record.caught = list(caught_calls(verdict))
         if verdict.ok or request.mode not in _CHANGES_ANSWERS:
             await self._charge(request, verdict, _invalid_calls(verdict), record)
-            return ChatOutcome(completion, probed, verdict, _channels(verdict), 0)
+            return Decision(completion, probed, verdict, _channels(verdict), 0)
         started = time.perf_counter()
         try:
             repaired = await repair_completion(
@@ -381,7 +382,7 @@ class ChatPipeline:
         record.repairs = _results(record.caught, kind)
         await self._charge(request, repaired.first_verdict, repaired.delivered_invalid, record)
         changed = probed or repaired.attempts > 0 or repaired.response != completion
-        return ChatOutcome(
+        return Decision(
             cast(ChatCompletion, repaired.response),
             changed,
             repaired.first_verdict,
@@ -523,9 +524,7 @@ def _tool_choice_none(body: Mapping[str, Any]) -> bool:
     return body.get("tool_choice") == "none" or body.get("function_call") == "none"
 
 
-def _choice_channels(
-    tools: CompiledTools | None, outcome: ChatOutcome
-) -> tuple[tuple[str, ...], ...]:
+def _choice_channels(tools: CompiledTools | None, outcome: Decision) -> tuple[tuple[str, ...], ...]:
     """Each choice's error channels when the answer has several (``n > 1``): choice 0 as judged,
     the others checked as they are (only choice 0 is repaired)."""
     choices = outcome.answer.get("choices") if isinstance(outcome.answer, dict) else None

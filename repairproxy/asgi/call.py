@@ -16,7 +16,7 @@ from typing import Any
 from repairproxy.asgi.exchange import Exchange
 from repairproxy.asgi.responder import Responder
 from repairproxy.episodes.budget import EpisodeRef
-from repairproxy.pipeline import ChatOutcome, ChatPipeline, ChatRequest
+from repairproxy.pipeline import ChatPipeline, ChatRequest, Decision
 from repairproxy.types import API, HeaderList, Outcome, Scope
 from repairproxy.upstream.client import Upstream, UpstreamReply, response_headers, timed
 from repairproxy.wire.openai import ChatCompletion
@@ -74,12 +74,12 @@ class PipelineCall:
         """One re-ask of the pipeline's repair loop, answered as a chat completion."""
         raise NotImplementedError
 
-    def _delivered(self, outcome: ChatOutcome) -> ChatCompletion:
+    def _delivered(self, outcome: Decision) -> ChatCompletion:
         """The chat view of what the client gets, remembered so its next turn continues the
         episode. An adapter that delivers another shape frames it here."""
         return outcome.answer
 
-    async def _decide(self, completion: ChatCompletion) -> ChatOutcome:
+    async def _decide(self, completion: ChatCompletion) -> Decision:
         """Judge one chat-shaped answer (re-asks included), then remember what is delivered."""
         assert self.request is not None
         outcome = await self.pipeline.judge(self.request, completion, self._reask, self.ex.record)

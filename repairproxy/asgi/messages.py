@@ -33,7 +33,7 @@ from repairproxy.errors import (
     UpstreamStatusError,
     UpstreamUnavailableError,
 )
-from repairproxy.pipeline import ChatOutcome, ChatPipeline, ChatRequest, instructs, json_object
+from repairproxy.pipeline import ChatPipeline, ChatRequest, Decision, instructs, json_object
 from repairproxy.types import API, HeaderList, Outcome, Scope
 from repairproxy.upstream.client import Upstream, UpstreamReply, chat_completion_of, timed
 from repairproxy.validation import text_calls_allowed
@@ -252,7 +252,7 @@ class MessagesCall(PipelineCall):
             raise UpstreamStatusError(reply)
         return to_chat_completion(_message_of(reply.content, reply.status_code))
 
-    def _delivered(self, outcome: ChatOutcome) -> ChatCompletion:
+    def _delivered(self, outcome: Decision) -> ChatCompletion:
         """The Messages answer to deliver (kept as ``_final``); remembered as what the client
         will send back, its chat view, so chaining finds it."""
         answer = cast(dict[str, Any], outcome.answer)

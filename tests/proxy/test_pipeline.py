@@ -15,7 +15,7 @@ import pytest
 from repairproxy.episodes.budget import ErrorBudget, MemoryEpisodeStore
 from repairproxy.errors import BadRequestError, BudgetExhaustedError, RepairExhaustedError
 from repairproxy.observe.record import RepairResultKind, RequestRecord
-from repairproxy.pipeline import ChatOutcome, ChatPipeline, ChatRequest
+from repairproxy.pipeline import ChatPipeline, ChatRequest, Decision
 from repairproxy.repair import DEFAULT_TEMPLATE, RepairPolicy
 from repairproxy.settings import Settings
 from repairproxy.types import BudgetPolicy, OnExhausted, Outcome, RepairMode
@@ -91,7 +91,7 @@ async def decide(
     *,
     headers: dict[str, str] | None = None,
     body: dict[str, Any] | None = None,
-) -> tuple[ChatRequest, ChatOutcome, RequestRecord]:
+) -> tuple[ChatRequest, Decision, RequestRecord]:
     """One request through every step, as the chat route calls them."""
     headers = EPISODE if headers is None else headers
     record = RequestRecord()
@@ -121,7 +121,7 @@ async def test_the_instruction_goes_upstream_in_reflexive_and_not_in_off() -> No
         chat.prepare_forward(request)
         assert request.forward is not None
         system = request.forward["messages"][0]["content"]
-        assert (DEFAULT_TEMPLATE.instruction in system) is instructed
+        assert (DEFAULT_TEMPLATE.instruction in str(system)) is instructed
         # Off forwards the client's bytes as they came.
         assert (request.forward_raw == orjson.dumps(BODY)) is not instructed
 
