@@ -61,9 +61,16 @@ MAX_HELD_CONTENT_CHARS = 16_384
 _TAG_OPENERS = ("<tool_call>", "<function=", *opening_markers())
 # A pythonic call list opens ``[name(``: held while it could still be one.
 _PYTHONIC_OPENING = re.compile(r"\[\s*[A-Za-z_][\w.]*(\s*)(\(?)")
-# Where, after prose, a call may open: any character an opener starts with.
+# Markers that are words (``call:``, ``functions.``, ``functools[``): after prose they open a call
+# only at the start of a line ("recall: ..." or "these functions. " mid-sentence are prose).
+_WORD_OPENERS = tuple(opener for opener in _TAG_OPENERS if opener[0].isalnum())
+_MARKED_OPENERS = tuple(opener for opener in _TAG_OPENERS if not opener[0].isalnum())
+# Where, after prose, a call may open: any character a marked opener starts with, or a line
+# start (where a word marker may follow).
 _OPENER_START = re.compile(
-    "[" + re.escape("".join(sorted({opener[0] for opener in _TAG_OPENERS} | set("{[`")))) + "]"
+    "["
+    + re.escape("".join(sorted({opener[0] for opener in _MARKED_OPENERS} | set("{[`"))))
+    + "]|\n"
 )
 # An opener is decided within this many characters of where it starts (else it is prose).
 _WATCH_WINDOW = 256
@@ -389,7 +396,10 @@ class ToolCallGate:
             ):
                 continue
             window = text[start : start + _WATCH_WINDOW]
-            opening = call_opening(window)
+            if text[start] == "\n":
+                opening = _word_opening(window[1:])  # other openers have their own matches
+            else:
+                opening = call_opening(window, words=False)
             if opening:
                 self._pending = ""
                 return True
@@ -420,10 +430,16 @@ class ToolCallGate:
         choice = dict(choices[0])
         message = dict(choice.get("message") or {})
         content = message.get("content")
-        sent = (self.assembler.content or "")[: self._released_chars].rstrip()
+        sent_text = (self.assembler.content or "")[: self._released_chars]
+        sent = sent_text.rstrip()
         rest = None
         if isinstance(content, str) and content.startswith(sent):
-            rest = content[len(sent) :].strip() or None
+            tail = content[len(sent) :]
+            rest = tail.strip() or None
+            if rest is not None and sent and sent_text == sent:
+                # The client's text stops mid-line ("the weather for"): the space before the
+                # rest (" you.") is not there yet, so it goes with the rest.
+                rest = tail[: len(tail) - len(tail.lstrip())] + rest
         message["content"] = rest
         choice["message"] = message
         final["choices"] = [choice, *choices[1:]]
@@ -459,16 +475,28 @@ def could_open_call(text: str) -> bool:
     return call_opening(text) is not False
 
 
-def call_opening(text: str) -> bool | None:
+def _word_opening(text: str) -> bool | None:
+    """Whether a line beginning with ``text`` opens with a word marker (``call:``), as far as
+    it tells (None while ``text`` is a prefix of one)."""
+    stripped = text.lstrip(" \t")
+    if any(stripped.startswith(opener) for opener in _WORD_OPENERS):
+        return True
+    return None if any(opener.startswith(stripped) for opener in _WORD_OPENERS) else False
+
+
+def call_opening(text: str, *, words: bool = True) -> bool | None:
     """Whether content beginning with ``text`` opens a call written as text, as far as it tells.
 
     True or False once the prefix decides it (every longer text beginning with it gets the same
     answer, so a stream need not read its text again), None while it could go either way.
+    ``words``: whether a word marker (``call:``, ``functions.``) counts here: at the start of
+    the answer or of a line, not inside a sentence.
     """
     stripped = text.lstrip()
     if not stripped:
         return None
-    if any(stripped.startswith(opener) for opener in _TAG_OPENERS):
+    openers = _TAG_OPENERS if words else _MARKED_OPENERS
+    if any(stripped.startswith(opener) for opener in openers):
         return True
     first, rest = stripped[0], stripped[1:].lstrip()
     if first == "[" and rest and (rest[0].isalpha() or rest[0] == "_"):
@@ -477,7 +505,7 @@ def call_opening(text: str) -> bool | None:
             return True
         if pythonic is not None and pythonic.end() == len(stripped):
             return None  # ``[get_wea``: the name may still be followed by ``(``
-        return None if any(opener.startswith(stripped) for opener in _TAG_OPENERS) else False
+        return None if any(opener.startswith(stripped) for opener in openers) else False
     if first in "{[":
         if not rest:
             return None
@@ -497,9 +525,7 @@ def call_opening(text: str) -> bool | None:
         return body[0] in "{[<" if body else None
     if "```".startswith(stripped):
         return None
-    if any(stripped.startswith(opener) for opener in _TAG_OPENERS):
-        return True
-    return None if any(opener.startswith(stripped) for opener in _TAG_OPENERS) else False
+    return None if any(opener.startswith(stripped) for opener in openers) else False
 
 
 def completion_to_chunks(

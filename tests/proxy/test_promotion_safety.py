@@ -292,6 +292,55 @@ def test_a_streamed_call_after_prose_is_held_to_the_end_however_the_stream_is_cu
     assert content.startswith(sent)
 
 
+def _chunk(content: str) -> bytes:
+    delta = {"choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}
+    return b"data: " + orjson.dumps(delta) + b"\n\n"
+
+
+def _sent(events: list[bytes]) -> str:
+    return "".join(
+        orjson.loads(event[6:])["choices"][0]["delta"].get("content") or "" for event in events
+    )
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ["Please recall: your order ", "shipped; these functions. work ", "as before."],
+        ["I can call: ", "the store for you", " tomorrow."],
+        ["Use functools", "[0] in Python."],
+    ],
+    ids=["recall", "call: mid-sentence", "functools mid-sentence"],
+)
+def test_a_word_marker_inside_a_sentence_does_not_hold_the_stream(pieces: list[str]) -> None:
+    released, held = _gated([_chunk(piece) for piece in pieces], [])
+    assert _sent(released) == "".join(pieces) and held == []
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ["Sure.\n", 'call:get_weather{city:<|"|>Paris<|"|>}'],
+        ["Sure.\nca", 'll:get_weather{city:<|"|>Paris<|"|>}'],
+        ["Sure.", '\nfunctions.get_weather:0 {"city": "Paris"}'],
+    ],
+    ids=["call: on its line", "call: split across chunks", "functions. on its line"],
+)
+def test_a_word_marker_at_a_line_start_is_held(pieces: list[str]) -> None:
+    released, _ = _gated([_chunk(piece) for piece in pieces], [])
+    assert _sent(released).rstrip() in ("", "Sure.")  # held whole from the chunk a call opens in
+
+
+def test_the_rest_after_a_promoted_call_keeps_the_space_the_client_lacks() -> None:
+    gate = ToolCallGate()
+    pieces = ["Let me check the weather for", ' you: {"name": "get_weather", "arguments": {}}']
+    released = [raw for piece in pieces for raw in gate.feed(SSEParser().feed(_chunk(piece))[0])]
+    assert _sent(released) == "Let me check the weather for"
+    answer = completion(content="Let me check the weather for you:").body
+    rest = gate.unsent(answer)["choices"][0]["message"]["content"]
+    assert _sent(released) + rest == "Let me check the weather for you:"
+
+
 # --- the Responses API's streams -----------------------------------------------------------------
 
 RESPONSES_TOOLS: list[Any] = [
