@@ -244,16 +244,18 @@ class ChatPipeline:
     # -- after the upstream -----------------------------------------------------------------------
 
     async def judge(
-        self, request: ChatRequest, completion: ChatCompletion, send: Complete, record: Record
+        self, request: ChatRequest, completion: ChatCompletion, complete: Complete, record: Record
     ) -> Decision:
         """Validate (and maybe repair) one answer; charge the episode; fill the record. With a
         response format, the text answer that comes out is then checked (never charged)."""
         served = completion.get("model")
         record.served_model = served if isinstance(served, str) and served else None
         try:
-            outcome = await self._judge_calls(request, completion, send, record)
+            outcome = await self._judge_calls(request, completion, complete, record)
             if request.output is not None:
-                outcome = await self._judge_output(request, request.output, outcome, send, record)
+                outcome = await self._judge_output(
+                    request, request.output, outcome, complete, record
+                )
         except BaseException:
             record.channels = tuple(call.channel for call in record.caught)
             raise
@@ -266,7 +268,7 @@ class ChatPipeline:
         request: ChatRequest,
         output: OutputFormat,
         outcome: Decision,
-        send: Complete,
+        complete: Complete,
         record: Record,
     ) -> Decision:
         """Check the answer's text against the response format; re-ask (reflexive, constrained)
@@ -294,7 +296,7 @@ class ChatPipeline:
                 content, verdict.diagnosis, verdict.error_paths, output.schema
             )
             try:
-                reply = await send(repair_request(body, [*history, *turn], None))
+                reply = await complete(repair_request(body, [*history, *turn], None))
             except (UpstreamStatusError, UpstreamTimeoutError, UpstreamUnavailableError) as exc:
                 failed = _failure_reason(exc)
                 break
@@ -333,7 +335,7 @@ class ChatPipeline:
         return replace(outcome, answer=cast(ChatCompletion, answer), changed=True)
 
     async def _judge_calls(
-        self, request: ChatRequest, completion: ChatCompletion, send: Complete, record: Record
+        self, request: ChatRequest, completion: ChatCompletion, complete: Complete, record: Record
     ) -> Decision:
         """The tool calls of one answer: validated, maybe repaired, charged."""
         tools = request.tools
@@ -357,7 +359,7 @@ class ChatPipeline:
         started = time.perf_counter()
         try:
             repaired = await repair_completion(
-                request.reask_body(), completion, tools, self.policies[request.mode], send
+                request.reask_body(), completion, tools, self.policies[request.mode], complete
             )
         except RepairExhaustedError as exc:
             record.repair_attempts = exc.attempts

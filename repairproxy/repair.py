@@ -62,8 +62,8 @@ __all__ = [
     "DEFAULT_TEMPLATE",
     "MAX_NAME_EDITS",
     "Complete",
-    "RepairOutcome",
     "RepairPolicy",
+    "RepairRun",
     "RepairTemplate",
     "build_repair_turn",
     "caught_calls",
@@ -105,7 +105,7 @@ class RepairPolicy:
 
 
 @dataclass(frozen=True, slots=True)
-class RepairOutcome:
+class RepairRun:
     """What ``repair_completion`` did to one answer.
 
     With ``n > 1`` every choice is repaired; the verdict fields (``first_verdict``, ``caught``,
@@ -455,7 +455,7 @@ async def _repair_choice(
     choice: Mapping[str, Any],
     tools: CompiledTools,
     policy: RepairPolicy,
-    send: Complete,
+    complete: Complete,
 ) -> _ChoiceRepair:
     """One choice: validated, its text calls promoted, re-asked until valid or out of repairs."""
     message = choice.get("message")
@@ -477,7 +477,7 @@ async def _repair_choice(
     while policy.re_asks and not state.verdict.ok and state.attempts < policy.max_repairs:
         request, turn, newly_kept = _next_request(body, state, asking, tools, policy)
         try:
-            reply = await send(request)
+            reply = await complete(request)
         except (UpstreamStatusError, UpstreamTimeoutError, UpstreamUnavailableError) as exc:
             state.repair_failed = _failure_reason(exc)
             break
@@ -655,11 +655,11 @@ async def repair_completion(
     first_response: Mapping[str, Any],
     tools: CompiledTools,
     policy: RepairPolicy,
-    send: Complete,
-) -> RepairOutcome:
+    complete: Complete,
+) -> RepairRun:
     """Validate the upstream's answer; promote calls written as text; re-ask for the rest.
 
-    ``body`` is the request as it went upstream; ``send`` posts a non-streaming request upstream
+    ``body`` is the request as it went upstream; ``complete`` posts a non-streaming request upstream
     and returns the completion JSON (it raises ``UpstreamStatusError`` / ``UpstreamTimeoutError``
     / ``UpstreamUnavailableError`` on failure: the answer held so far is then delivered, with
     ``repair_failed`` set). OFF/PROMPT only validate; PROMOTE promotes and never re-asks;
@@ -670,9 +670,9 @@ async def repair_completion(
     choices = _choices(first_response)
     if not choices:
         empty = MessageVerdict(())
-        return RepairOutcome(dict(first_response), 0, (), empty, False)
+        return RepairRun(dict(first_response), 0, (), empty, False)
     results = [
-        await _repair_choice(body, first_response, choice, tools, policy, send)
+        await _repair_choice(body, first_response, choice, tools, policy, complete)
         if isinstance(choice, Mapping)
         else None
         for choice in choices
@@ -680,7 +680,7 @@ async def repair_completion(
     head = results[0]
     if head is None:
         empty = MessageVerdict(())
-        return RepairOutcome(dict(first_response), 0, (), empty, False)
+        return RepairRun(dict(first_response), 0, (), empty, False)
     reask_usages = [u for r in results if r is not None for u in r.reask_usages]
     changed = any(r is not None and (r.attempts or r.promoted) for r in results)
     if not changed and not any(r is not None and r.exhausted for r in results):
@@ -696,7 +696,7 @@ async def repair_completion(
             response["usage"] = usage
     reask_usage = _sum_usage(reask_usages)
     delivered = tuple(c for c in head.verdict.calls if c.channel is not Channel.VALID)
-    return RepairOutcome(
+    return RepairRun(
         response,
         sum(r.attempts for r in results if r is not None),
         tuple(head.caught),
