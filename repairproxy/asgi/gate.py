@@ -39,6 +39,7 @@ from repairproxy.textcalls import JSON_FENCE_LANGUAGES
 __all__ = [
     "DONE_EVENT",
     "MAX_HELD_CONTENT_CHARS",
+    "ProseWatch",
     "SSEEvent",
     "SSEParser",
     "StreamAssembler",
@@ -290,6 +291,48 @@ class StreamAssembler:
         return completion
 
 
+class ProseWatch:
+    """Reads prose as it streams and says when a call written as text opens in it.
+
+    ``feed`` returns True once a call opens, False while the prose is plain, None while an
+    opener at its end is undecided (hold what ``feed`` was given until the next text decides).
+    Only the new text and an undecided tail (at most ``_WATCH_WINDOW`` characters) are read.
+    """
+
+    __slots__ = ("_fences", "pending", "read")
+
+    def __init__(self) -> None:
+        self.pending = ""  # prose from an opener not decided yet
+        self._fences = 0  # code fences in the prose read so far (odd: inside one)
+        self.read = 0  # characters read by the last ``feed``
+
+    def feed(self, added: str) -> bool | None:
+        text = self.pending + added
+        self.read = len(text)
+        for match in _OPENER_START.finditer(text):
+            start = match.start()
+            if text.startswith("`", start) and (
+                (start and text[start - 1] == "`")  # inside a run of backticks
+                or (self._fences + text.count("```", 0, start)) % 2  # a fence's closing one
+            ):
+                continue
+            window = text[start : start + _WATCH_WINDOW]
+            if text[start] == "\n":
+                opening = _word_opening(window[1:])  # other openers have their own matches
+            else:
+                opening = call_opening(window, words=False)
+            if opening:
+                self.pending = ""
+                return True
+            if opening is None and start + len(window) == len(text) < start + _WATCH_WINDOW:
+                self._fences += text.count("```", 0, start)
+                self.pending = window
+                return None
+        self._fences += text.count("```")
+        self.pending = ""
+        return False
+
+
 class ToolCallGate:
     """Decides, event by event, what a stream with declared tools may release right now.
 
@@ -320,9 +363,8 @@ class ToolCallGate:
         # Prose is watched for a call opening after it (unless text is text: tool_choice none).
         self._watching = hold_text
         self._holding = False  # a call opened after prose: everything is held to the end
-        self._pending = ""  # prose from an opener not decided yet (at most _WATCH_WINDOW chars)
+        self._prose_watch = ProseWatch()
         self._released_chars = 0  # content characters the client already has
-        self._fences = 0  # code fences in the prose read so far (odd: inside one)
 
     def feed(self, event: SSEEvent) -> list[bytes]:
         if event.data is None or event.is_done:
@@ -375,41 +417,19 @@ class ToolCallGate:
         if self._holding:
             if self.assembler.content_chars - self._released_chars <= self._max_held_chars:
                 return []
-            self._holding, self._pending = False, ""  # too long to hold: it flows after all
+            self._holding = False  # too long to hold: it flows after all
+            self._prose_watch.pending = ""
             return self._release()
-        opening = self._watch(added) if added else (None if self._pending else False)
+        opening = self._watch(added) if added else (None if self._prose_watch.pending else False)
         if opening is False:
             return self._release()
         self._holding = opening is True
         return []
 
     def _watch(self, added: str) -> bool | None:
-        """Whether the prose, with ``added``, now opens a call: True, False, or None while an
-        opener at its end is undecided. Only the new text and an undecided tail are read."""
-        text = self._pending + added
-        self.scanned += len(text)
-        for match in _OPENER_START.finditer(text):
-            start = match.start()
-            if text.startswith("`", start) and (
-                (start and text[start - 1] == "`")  # inside a run of backticks
-                or (self._fences + text.count("```", 0, start)) % 2  # a fence's closing one
-            ):
-                continue
-            window = text[start : start + _WATCH_WINDOW]
-            if text[start] == "\n":
-                opening = _word_opening(window[1:])  # other openers have their own matches
-            else:
-                opening = call_opening(window, words=False)
-            if opening:
-                self._pending = ""
-                return True
-            if opening is None and start + len(window) == len(text) < start + _WATCH_WINDOW:
-                self._fences += text.count("```", 0, start)
-                self._pending = window
-                return None
-        self._fences += text.count("```")
-        self._pending = ""
-        return False
+        opening = self._prose_watch.feed(added)
+        self.scanned += self._prose_watch.read
+        return opening
 
     def _release(self) -> list[bytes]:
         self.released_content = True
