@@ -94,7 +94,7 @@ def _free_port() -> int:
         return port
 
 
-def _wait_port(port: int, timeout: float = 20.0) -> None:
+def _wait_port(port: int, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with socket.socket() as sock:
