@@ -6,7 +6,10 @@ benchmark's client against the fast upstream, then the top functions printed.
 The server runs as ``python -m cProfile -o FILE -m repairproxy serve`` with every feature on
 (validation, metrics, chaining: no episode header; its log read from a pipe), and stops on
 SIGINT so the profile is written. cProfile itself slows Python code ~2x: read the shares, not
-the absolute times (``benchmarks.overhead`` measures CPU per request without a profiler).
+the absolute times (``benchmarks.overhead`` measures CPU per request without a profiler). Before
+the top functions it prints each package's share of the profiled time (own time, summed by the
+module's package: ``repairproxy.asgi.chat``, ``uvicorn``, ``prometheus_client``, builtins...;
+the loop's idle poll and start-up imports left out).
 """
 
 from __future__ import annotations
@@ -72,8 +75,43 @@ def main(argv: list[str] | None = None) -> None:
             upstream.wait(10)
         stats = pstats.Stats(str(out))
         calls = target.count.get(args.concurrency, args.requests) + 200
-        print(f"{calls} requests at concurrency {args.concurrency}; profile sorted by {args.sort}")
+        print(f"{calls} requests at concurrency {args.concurrency}")
+        _print_shares(stats, calls)
+        print(f"profile sorted by {args.sort}")
         stats.strip_dirs().sort_stats(args.sort).print_stats(args.top)
+
+
+def _group(filename: str, function: str) -> str:
+    """The package a profiled function belongs to (two levels inside repairproxy); a C
+    function (orjson, hashlib, re, a socket call) by its own name."""
+    if filename.startswith("~") or filename.startswith("<"):
+        return f"C {function}"
+    path = Path(filename)
+    parts = path.parts
+    if "repairproxy" in parts:
+        inner = parts[parts.index("repairproxy") + 1 :]
+        name = ".".join(p.removesuffix(".py") for p in inner[:2])
+        return f"repairproxy.{name}"
+    if "site-packages" in parts:
+        return parts[parts.index("site-packages") + 1].removesuffix(".py")
+    return f"stdlib {path.stem}"
+
+
+# Own time that is waiting (the loop's poll inside uvloop's run) or start-up (imports), not work.
+_NOT_WORK = ("run_until_complete", "run_forever", "poll", "select", "importlib", "exec")
+
+
+def _print_shares(stats: pstats.Stats, calls: int) -> None:
+    own: dict[str, float] = {}
+    for (filename, _, function), (_, _, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+        if any(word in function or word in filename for word in _NOT_WORK):
+            continue
+        group = _group(filename, function)
+        own[group] = own.get(group, 0.0) + tottime
+    total = sum(own.values())
+    print(f"profiled time {total:.2f} s, {total / calls * 1e6:.0f} us a request under cProfile")
+    for group, seconds in sorted(own.items(), key=lambda item: -item[1])[:30]:
+        print(f"  {seconds / total:6.1%}  {seconds / calls * 1e6:7.1f} us/request  {group}")
 
 
 if __name__ == "__main__":
