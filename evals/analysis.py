@@ -44,6 +44,7 @@ __all__ = [
     "OTHER_FAMILY",
     "PRECISION_FAMILY",
     "PROXY_CHANNELS",
+    "REPAIR_MODES",
     "Arm",
     "ArmSummary",
     "Episode",

@@ -12,10 +12,11 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 from PIL import Image
 
-from evals.analysis import BUDGETS, ENV_CHANNELS, ArmSummary, PairSummary, Summary
+from evals.analysis import BUDGETS, ENV_CHANNELS, REPAIR_MODES, ArmSummary, PairSummary, Summary
 from evals.stats import EQUIVALENCE_MARGIN, Interval, average_ranks
 
 __all__ = [
@@ -23,7 +24,7 @@ __all__ = [
     "LABEL_CHARS",
     "PAGE_DPI",
     "PAGE_ROWS",
-    "cell_sweep",
+    "cell_sweeps_page",
     "channel_rates_page",
     "differences_page",
     "failed_calls_page",
@@ -219,28 +220,6 @@ def differences_page(pairs: Sequence[PairSummary], path: Path, title: str) -> Pa
     return _save_page(figure, path)
 
 
-def cell_sweep(summary: Summary, cell: str, path: Path) -> Path | None:
-    """Success@K' of every mode of one cell, with Wilson 95% bands: the cell's pairs at once."""
-    arms = [a for a in summary.arms.values() if a.cell == cell]
-    if not any(_band(arm)[0] for arm in arms):
-        return None
-    figure = Figure(figsize=(6.0, 3.6))
-    axes = figure.subplots()
-    for arm in arms:
-        ks, mid, low, high = _band(arm)
-        (line,) = axes.plot(ks, mid, marker="o", markersize=3, label=arm.mode or arm.label)
-        axes.fill_between(ks, low, high, color=line.get_color(), alpha=0.12, linewidth=0)
-    axes.set_xticks(list(BUDGETS))
-    axes.set_xlabel("error budget K'", fontsize=8)
-    axes.set_ylabel("success rate", fontsize=8)
-    axes.set_ylim(0, 1)
-    axes.set_title(short(cell, 60), fontsize=9)
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=7, loc="lower right")
-    figure.tight_layout()
-    return _save_page(figure, path)
-
-
 CELLS_PER_PAGE = 6  # grid cells per page of the repair-effect figure
 FAILED_CALLS_MAX = 10  # the failed-calls histogram's last column pools this many and more
 
@@ -252,7 +231,9 @@ def repair_effect_page(
     cells = [(cell, arms) for cell, arms in cells if len(arms) > 1]
     if not cells:
         return None
-    modes = sorted({arm.mode for _, arms in cells for arm in arms if arm.mode})
+    present = {arm.mode for _, arms in cells for arm in arms if arm.mode}
+    # The grid's order (off first), so each mode keeps the colour the sweeps give it.
+    modes = [m for m in REPAIR_MODES if m in present] + sorted(present - set(REPAIR_MODES))
     figure = Figure(figsize=(9.0, 4.0))
     axes = figure.add_axes((0.14, 0.3, 0.72, 0.6))
     width = min(0.8 / max(len(modes), 1), 0.25)
@@ -370,4 +351,43 @@ def failed_calls_page(arms: Sequence[ArmSummary], path: Path, title: str) -> Pat
     axes.set_title(title, fontsize=9)
     colour_axes = figure.add_axes((0.86, 1.0 / height, 0.02, 1 - 1.5 / height))
     figure.colorbar(image, cax=colour_axes).set_label("share of episodes", fontsize=7)
+    return _save_page(figure, path)
+
+
+def cell_sweeps_page(summary: Summary, cells: Sequence[str], path: Path) -> Path | None:
+    """Success@K' of every mode of each of a page of cells (a 2 x 3 grid, Wilson 95% bands):
+    one image per ``CELLS_PER_PAGE`` cells instead of one per cell."""
+    drawn = [(cell, [a for a in summary.arms.values() if a.cell == cell]) for cell in cells]
+    drawn = [(cell, arms) for cell, arms in drawn if any(_band(arm)[0] for arm in arms)]
+    if not drawn:
+        return None
+    figure = Figure(figsize=(9.0, 5.6))
+    grid = figure.subplots(2, 3, sharex=True, sharey=True, squeeze=False)
+    figure.subplots_adjust(left=0.07, right=0.86, bottom=0.09, top=0.93, wspace=0.08, hspace=0.22)
+    handles: dict[str, Artist] = {}
+    for index, axes in enumerate(grid.flat):
+        if index >= len(drawn):
+            axes.set_visible(False)
+            continue
+        cell, arms = drawn[index]
+        for arm in arms:
+            ks, mid, low, high = _band(arm)
+            label = arm.mode or arm.label
+            (line,) = axes.plot(ks, mid, marker="o", markersize=2, linewidth=1, label=label)
+            axes.fill_between(ks, low, high, color=line.get_color(), alpha=0.1, linewidth=0)
+            handles.setdefault(label, line)
+        axes.set_title(short(cell, 36), fontsize=7)
+        axes.set_ylim(0, 1)
+        axes.set_xticks(list(BUDGETS))
+        axes.tick_params(labelsize=6)
+        axes.grid(alpha=0.3)
+    figure.supxlabel("error budget K'", fontsize=8)
+    figure.supylabel("success rate", fontsize=8)
+    figure.legend(
+        list(handles.values()),
+        list(handles),
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(0.87, 0.93),
+    )
     return _save_page(figure, path)

@@ -24,9 +24,11 @@ def figures_section(summary: Summary, out_dir: Path) -> Section:
     drawn: list[tuple[str, Path | None]] = []
     cells = list(dict.fromkeys(a.cell for a in summary.arms.values() if a.cell is not None))
     few = len(summary.pairs) <= NAME_RANK_PAIRS
-    for i, cell in enumerate([] if few else cells, 1):
-        path = out_dir / f"sweep_{i:02d}_{plots.slug(cell)}.png"
-        drawn.append((f"Success vs K': {cell}", plots.cell_sweep(summary, cell, path)))
+    sweep_pages = [] if few else plots.pages(len(cells), plots.CELLS_PER_PAGE)
+    for n, page in enumerate(sweep_pages, 1):
+        title = f"Success vs K' per cell ({n} of {len(sweep_pages)})"
+        path = out_dir / f"sweep_{n:02d}.png"
+        drawn.append((title, plots.cell_sweeps_page(summary, [cells[i] for i in page], path)))
     if few or not cells:
         for i, pair in enumerate(summary.pairs, 1):
             path = out_dir / f"sweep_{i:02d}_{_pair_slug(pair)}.png"
