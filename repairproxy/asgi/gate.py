@@ -63,16 +63,18 @@ _TAG_OPENERS = ("<tool_call>", "<function=", *opening_markers())
 # A pythonic call list opens ``[name(``: held while it could still be one.
 _PYTHONIC_OPENING = re.compile(r"\[\s*[A-Za-z_][\w.]*(\s*)(\(?)")
 # Markers that are words (``call:``, ``functions.``, ``functools[``): after prose they open a call
-# only at the start of a line ("recall: ..." or "these functions. " mid-sentence are prose).
+# only where a line or a sentence starts ("I'll check. functions.get_weather:0 {...}"), not
+# inside one ("recall: ...", "I can call: ...", "these functions. work" are prose).
 _WORD_OPENERS = tuple(opener for opener in _TAG_OPENERS if opener[0].isalnum())
 _MARKED_OPENERS = tuple(opener for opener in _TAG_OPENERS if not opener[0].isalnum())
-# Where, after prose, a call may open: any character a marked opener starts with, or a line
-# start (where a word marker may follow).
+# Where, after prose, a call may open: any character a marked opener starts with, or a line or
+# sentence start (where a word marker may follow; undecided at the end of the text).
 _OPENER_START = re.compile(
     "["
     + re.escape("".join(sorted({opener[0] for opener in _MARKED_OPENERS} | set("{[`"))))
-    + "]|\n"
+    + r"]|\n|[.!?:](?:[ \t]+|\Z)"
 )
+_BOUNDARY = frozenset("\n.!?:")
 # An opener is decided within this many characters of where it starts (else it is prose).
 _WATCH_WINDOW = 256
 
@@ -299,15 +301,17 @@ class ProseWatch:
     Only the new text and an undecided tail (at most ``_WATCH_WINDOW`` characters) are read.
     """
 
-    __slots__ = ("_fences", "pending", "read")
+    __slots__ = ("_carry", "_fences", "pending", "read")
 
     def __init__(self) -> None:
         self.pending = ""  # prose from an opener not decided yet
+        self._carry = ""  # a line or sentence end the last text ended with (flows, but is read)
         self._fences = 0  # code fences in the prose read so far (odd: inside one)
         self.read = 0  # characters read by the last ``feed``
 
     def feed(self, added: str) -> bool | None:
-        text = self.pending + added
+        text = (self.pending or self._carry) + added
+        self._carry = ""
         self.read = len(text)
         for match in _OPENER_START.finditer(text):
             start = match.start()
@@ -317,8 +321,13 @@ class ProseWatch:
             ):
                 continue
             window = text[start : start + _WATCH_WINDOW]
-            if text[start] == "\n":
-                opening = _word_opening(window[1:])  # other openers have their own matches
+            if text[start] in _BOUNDARY:
+                if match.end() == len(text):
+                    # A line or sentence may start with the next text: read this end again then.
+                    self._carry = match.group()
+                    continue
+                # Only a word marker here: other openers have their own matches.
+                opening = _word_opening(window[match.end() - start :])
             else:
                 opening = call_opening(window, words=False)
             if opening:

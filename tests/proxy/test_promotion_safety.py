@@ -323,8 +323,16 @@ def test_a_word_marker_inside_a_sentence_does_not_hold_the_stream(pieces: list[s
         ["Sure.\n", 'call:get_weather{city:<|"|>Paris<|"|>}'],
         ["Sure.\nca", 'll:get_weather{city:<|"|>Paris<|"|>}'],
         ["Sure.", '\nfunctions.get_weather:0 {"city": "Paris"}'],
+        ["Sure.", ' functions.get_weather:0 {"city": "Paris"}'],
+        ["Sure. func", 'tions.get_weather:0 {"city": "Paris"}'],
     ],
-    ids=["call: on its line", "call: split across chunks", "functions. on its line"],
+    ids=[
+        "call: on its line",
+        "call: split across chunks",
+        "functions. on its line",
+        "functions. after a sentence",
+        "functions. split after a sentence",
+    ],
 )
 def test_a_word_marker_at_a_line_start_is_held(pieces: list[str]) -> None:
     released, _ = _gated([_chunk(piece) for piece in pieces], [])
