@@ -105,7 +105,7 @@ class ChatRequest:
     raw: bytes
     tools: CompiledTools | None
     mode: RepairMode
-    budget: int | None  # per-request override of the episode budget
+    budget_override: int | None  # the client's X-Repairproxy-Budget, if sent
     episode: EpisodeRef | None = None
     forward: ChatRequestBody | None = None  # the body as it goes upstream
     forward_raw: bytes = b""
@@ -148,12 +148,12 @@ class ChatPipeline:
         self,
         settings: Settings,
         tools_cache: ToolsCache,
-        budget: ErrorBudget,
+        episodes: ErrorBudget,
         policies: Mapping[RepairMode, RepairPolicy],
     ) -> None:
         self.settings = settings
         self.tools_cache = tools_cache
-        self.budget = budget
+        self.episodes = episodes  # episode identity, chaining and the error budget
         self.policies = policies
         self.formats = FormatCache()
 
@@ -198,12 +198,11 @@ class ChatPipeline:
     ) -> None:
         """Find the episode (unless an adapter already did), count the error results the history
         reports, and apply the budget policy."""
-        budget = self.budget
-        ref = episode or await budget.resolve_episode(headers, request.body)
+        ref = episode or await self.episodes.resolve_episode(headers, request.body)
         request.episode = ref
         record.episode_id = ref.id
         record.warn_missing_header = ref.warn_missing_header
-        snapshot = await budget.observe_request(ref, request.body, request.budget)
+        snapshot = await self.episodes.observe_request(ref, request.body, request.budget_override)
         record.snapshot = snapshot
         record.env_errors = list(snapshot.new_env_errors)
         # An unknown budget (shared store down) is not observed: no ladder rung, no histogram.
@@ -406,8 +405,8 @@ class ChatPipeline:
             return
         if first.ok and not delivered_invalid:
             return  # nothing to charge or remember: the snapshot from admit() still holds
-        snapshot = await self.budget.observe_answer(
-            request.episode, first, request.budget, delivered_invalid
+        snapshot = await self.episodes.observe_answer(
+            request.episode, first, request.budget_override, delivered_invalid
         )
         if snapshot.unknown:
             record.episode = None
@@ -429,8 +428,8 @@ class ChatPipeline:
         charged or forwarded, naming nothing of whoever received it."""
         if not isinstance(previous_response_id, str):
             return None
-        tenant = self.budget.tenant_of(headers)
-        link = await self.budget.chains.lookup(_response_key(tenant, previous_response_id))
+        tenant = self.episodes.tenant_of(headers)
+        link = await self.episodes.chains.lookup(_response_key(tenant, previous_response_id))
         if link is None and self.settings.api_keys:
             raise NotFoundError(
                 f"Previous response with id '{previous_response_id[:128]}' not found.",
@@ -444,7 +443,7 @@ class ChatPipeline:
         """Point a delivered Responses id at its episode, for the client's next turn."""
         if request.episode is not None and isinstance(response_id, str):
             key = _response_key(request.episode.tenant, response_id)
-            await self.budget.chains.link(key, request.episode.id)
+            await self.episodes.chains.link(key, request.episode.id)
 
     async def remember(self, request: ChatRequest, answer: ChatCompletion) -> None:
         """Link history + delivered answer to the episode, so the next turn continues it (every
@@ -455,7 +454,7 @@ class ChatPipeline:
         for choice in choices if isinstance(choices, list) else ():
             message = choice.get("message") if isinstance(choice, dict) else None
             if isinstance(message, dict):
-                await self.budget.remember_answer(request.episode, request.body, message)
+                await self.episodes.remember_answer(request.episode, request.body, message)
 
     # -- per-request options ----------------------------------------------------------------------
 

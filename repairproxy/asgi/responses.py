@@ -160,7 +160,7 @@ class ResponsesCall(PipelineCall):
             if body.get(name) is not None and not isinstance(body[name], kinds):
                 raise BadRequestError(f"'{name}' has the wrong type", param=name)
         self.body = body
-        self.tenant = tenant = pipeline.budget.tenant_of(self.headers)
+        self.tenant = tenant = pipeline.episodes.tenant_of(self.headers)
         previous = body.get("previous_response_id")
         stored = await self.store.get(tenant, previous) if isinstance(previous, str) else None
         new_items = input_items(body.get("input"))

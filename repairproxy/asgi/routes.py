@@ -240,7 +240,7 @@ class Proxy:
         upstream's store is one namespace for every tenant)."""
         headers = header_map(scope)
         self._authenticate(headers, self._api_keys)
-        tenant = self.pipeline.budget.tenant_of(headers)
+        tenant = self.pipeline.episodes.tenant_of(headers)
         path, method = scope["path"], scope["method"]
         found = await stored_response(
             self.responses_store, tenant, method, path, scope["query_string"]

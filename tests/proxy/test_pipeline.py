@@ -185,7 +185,7 @@ async def test_per_request_mode_and_budget_headers_are_parsed_or_refused() -> No
     record = RequestRecord()
     headers = {"x-repairproxy-repair": " Off ", "x-repairproxy-budget": "3"}
     request = chat.parse(orjson.dumps(BODY), headers, record)
-    assert request.mode is RepairMode.OFF and request.budget == 3
+    assert request.mode is RepairMode.OFF and request.budget_override == 3
     for bad in ({"x-repairproxy-repair": "fix-it"}, {"x-repairproxy-budget": "²"}):
         with pytest.raises(BadRequestError):
             chat.parse(orjson.dumps(BODY), bad, record)
