@@ -236,8 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=False,
         )
         _say(
-            f"running the episode (the first answer reads the ~4,800-token policy: minutes the "
-            f"first time, seconds once it is cached; live page http://127.0.0.1:{port}/dashboard)"
+            "running the episode (the first answer reads the ~5,000-token system turn, policy + "
+            "tools: minutes the first time, seconds once it is cached; live page "
+            f"http://127.0.0.1:{port}/dashboard)"
         )
         results = asyncio.run(_run_with_ticker(config, proxy_log))
         _save_dashboard(port, save_to / "dashboard.html")  # while the proxy still runs

@@ -1,11 +1,11 @@
 """KV state of long shared prompt prefixes (system policy + tools), kept on disk across processes.
 
-Every episode of a domain starts with the same system turn (τ²-bench's Retail one is ~4,800
-tokens, minutes of prefill on two cores). The engine evaluates that turn on its own, saves the
-llama.cpp state for exactly those tokens here, and a later process (the next demo, the next cell
-of a study) loads it in about a second instead of prefilling again. Files are keyed by the prefix
-tokens, the model file and the llama.cpp build, written atomically, and the least recently used
-beyond ``max_files`` are removed.
+Every episode of a domain starts with the same system turn (τ²-bench's Retail one is 4,968 tokens
+with the embedded template: minutes of prefill on two cores). The engine evaluates that turn on its
+own, saves the llama.cpp state for exactly those tokens here, and a later process (the next demo,
+the next cell of a study) loads it in about a second instead of prefilling again. Files are keyed
+by the prefix tokens, the model file and the llama.cpp build, written atomically, and the least
+recently used beyond ``max_files`` are removed.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assi
 
 # The proxy appends its repair instruction to the system prompt; every template's instruction
 # starts with this. The embedded server renders that paragraph after the tools block, so a run
-# with repair on and one with it off share the policy + tools prefix in the prompt cache (~4,900
+# with repair on and one with it off share the policy + tools prefix in the prompt cache (4,968
 # tokens reused instead of ~1,500). Only this server does it: other upstreams render as they do.
 REPAIR_MARKER = "Tool-call repair:"
 # Recorded in the study's provenance: what the embedded server's prompts look like.
