@@ -31,6 +31,13 @@ from evals.episodes import (
     user_side_tools,
 )
 from evals.margins import MarginView, margin_view
+from evals.recovery import (
+    EVENTUAL_RECOVERY,
+    NEXT_CALL_RECOVERY,
+    Recovery,
+    recoveries,
+    recovery_counts,
+)
 from evals.stats import Interval, NotAvailable
 
 __all__ = [
@@ -187,66 +194,6 @@ class ArmSummary:
     pass_hat_k: dict[int, Interval | NotAvailable] = field(default_factory=dict)
     failed_calls_histogram: dict[int, int] = field(default_factory=dict)  # calls -> episodes
     margins: MarginView | None = None  # the tool-name margin probe's account (evals.margins)
-
-
-NEXT_CALL_RECOVERY = "the next agent call succeeds"
-EVENTUAL_RECOVERY = "a successful agent call follows before the episode ends"
-
-
-def _recovery_units(episode: Episode) -> tuple[int, int, int, int]:
-    """(next call succeeded, followed by a call with a result, a success followed, failed) over
-    the failed agent calls of one episode; calls of the same answer do not follow each other."""
-    recovered = followed = eventually = failed = 0
-    agent = episode.agent_calls
-    for position, call in enumerate(agent):
-        if not call.error:
-            continue
-        failed += 1
-        later = [c for c in agent[position + 1 :] if c.message_index > call.message_index]
-        eventually += any(c.error is False for c in later)
-        following = later[0] if later else None
-        if following is None or following.error is None:
-            continue
-        followed += 1
-        recovered += not following.error
-    return recovered, followed, eventually, failed
-
-
-def _recovery(episodes: Sequence[Episode]) -> tuple[int, int, int]:
-    units = [_recovery_units(e) for e in episodes]
-    return sum(u[0] for u in units), sum(u[1] for u in units), sum(u[3] for u in units)
-
-
-@dataclass(frozen=True)
-class Recovery:
-    """One reading of "the agent recovered from a failed call", with its interval."""
-
-    reading: str
-    recovered: int
-    of: int  # the failed agent calls this reading counts over
-    share: Interval | NotAvailable  # Wilson at the episode-clustered effective size
-
-
-def recoveries(episodes: Sequence[Episode]) -> tuple[Recovery, Recovery]:
-    """Both readings, named: ``NEXT_CALL_RECOVERY`` (over failed calls followed by another agent
-    call with a result) and ``EVENTUAL_RECOVERY`` (over every failed agent call)."""
-    units = [_recovery_units(e) for e in episodes]
-    next_units = [(u[0], u[1]) for u in units]
-    eventual_units = [(u[2], u[3]) for u in units]
-    return (
-        Recovery(
-            NEXT_CALL_RECOVERY,
-            sum(u[0] for u in next_units),
-            sum(u[1] for u in next_units),
-            stats.clustered_proportion(next_units, "no failed agent call was followed by another"),
-        ),
-        Recovery(
-            EVENTUAL_RECOVERY,
-            sum(u[0] for u in eventual_units),
-            sum(u[1] for u in eventual_units),
-            stats.clustered_proportion(eventual_units, "no failed agent call"),
-        ),
-    )
 
 
 def _answer_names(episode: Episode, user_tools: frozenset[str] = frozenset()) -> Counter[str]:
@@ -416,7 +363,7 @@ def summarize_arm(arm: Arm) -> ArmSummary:
             names_proxy.update(_invented(proxy, user_tools))
         names.update(_answer_names(episode, user_tools))
     raw = sum(names.values())
-    recovered, followed, failed = _recovery(episodes)
+    recovered, followed, failed = recovery_counts(episodes)
     why_len = "no episodes"
     cell_mode = arm.cell_and_mode
     return ArmSummary(
