@@ -35,7 +35,8 @@ to the same header cap (h11 answers such a request 400, not 431).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, cast
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import (
@@ -47,6 +48,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
+from repairproxy.asgi.responder import DISCONNECT_EXTENSION
 from repairproxy.settings import Settings
 
 __all__ = ["LimitedProtocol", "RefusalCounter", "server_options"]
@@ -134,6 +136,9 @@ class LimitedProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
         super().connection_lost(exc)
+        cycle = self.cycle
+        if isinstance(cycle, _Cycle) and cycle.disconnected:
+            cycle.disconnect_seen()
 
     def _arm_header_timer(self) -> None:
         if self._header_timer is None:
@@ -193,6 +198,9 @@ class LimitedProtocol(HttpToolsProtocol):
             cycle.transport = _CoalescedWrites(self.transport)  # type: ignore[assignment]
             if type(cycle) is RequestResponseCycle:
                 cycle.__class__ = _Cycle
+                ours = cast(_Cycle, cycle)
+                extensions: dict[str, Any] = ours.scope.setdefault("extensions", {})
+                extensions[DISCONNECT_EXTENSION] = {"watch": ours.watch_disconnect}
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -203,7 +211,34 @@ class LimitedProtocol(HttpToolsProtocol):
 class _Cycle(RequestResponseCycle):
     """uvicorn 0.54's ``RequestResponseCycle`` whose ``send`` checks a response's header names
     in one regular-expression search and its values in another, instead of two per header. The
-    rest is uvicorn's code, unchanged (tests compare both byte for byte on the same messages)."""
+    rest is uvicorn's code, unchanged (tests compare both byte for byte on the same messages).
+
+    It also offers the disconnect extension (``asgi.responder.DISCONNECT_EXTENSION``): the
+    protocol calls back when the connection is lost before the answer is complete, so the app
+    needs no task waiting in ``receive()`` to learn it (uvicorn's ``receive`` returns
+    ``http.disconnect`` in exactly that case)."""
+
+    _on_disconnect: Callable[[], None] | None = None
+
+    def watch_disconnect(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` once if the client goes away before the response is complete;
+        returns the function that stops watching."""
+        if self.disconnected:  # gone already: what receive() would answer at once
+            callback()
+            return _nothing
+        # A task waiting in receive() resumes reading (a pipelined request may have paused it),
+        # so the connection's end is seen: do the same.
+        self.flow.resume_reading()
+        self._on_disconnect = callback
+        return self._stop_watching
+
+    def _stop_watching(self) -> None:
+        self._on_disconnect = None
+
+    def disconnect_seen(self) -> None:
+        callback, self._on_disconnect = self._on_disconnect, None
+        if callback is not None:
+            callback()
 
     async def send(self, message: Any) -> None:
         if self.flow.write_paused and not self.disconnected:
@@ -297,6 +332,10 @@ class _Cycle(RequestResponseCycle):
             if not self.keep_alive:
                 self.transport.close()
             self.on_response()
+
+
+def _nothing() -> None:
+    pass
 
 
 class _CoalescedWrites:

@@ -4,12 +4,13 @@ response started, body reading under a limit, and cancelling work when the clien
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from repairproxy.errors import PayloadTooLargeError
 from repairproxy.types import HeaderList, Receive, Scope, Send
 
 __all__ = [
+    "DISCONNECT_EXTENSION",
     "ClientDisconnectedError",
     "Responder",
     "cancel_on_disconnect",
@@ -70,30 +71,59 @@ async def read_body(receive: Receive, headers: Mapping[str, str], limit: int) ->
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+# The disconnect extension a server may offer in ``scope["extensions"]`` (``repairproxy.server``
+# does): ``{"watch": watch}``, where ``watch(callback)`` arranges for ``callback()`` to run once
+# if the client goes away before the response is complete, and returns the function that stops
+# watching. Without it, a task waits in ``receive()`` for ``http.disconnect`` instead.
+DISCONNECT_EXTENSION = "repairproxy:disconnect"
+
+
 async def _until_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 
 
-async def cancel_on_disconnect(work: Awaitable[None], receive: Receive) -> None:
+def _watch_with_a_task(receive: Receive, on_disconnect: Callable[[], None]) -> Callable[[], None]:
+    """Any ASGI server: a task waits in ``receive()`` (it runs twice: to the wait, then to its
+    cancellation when the work is done)."""
+
+    def done(watcher: asyncio.Future[None]) -> None:
+        if not watcher.cancelled() and watcher.exception() is None:
+            on_disconnect()
+
+    watcher = asyncio.ensure_future(_until_disconnect(receive))
+    watcher.add_done_callback(done)
+
+    def stop() -> None:
+        watcher.remove_done_callback(done)
+        watcher.cancel()
+
+    return stop
+
+
+async def cancel_on_disconnect(work: Awaitable[None], receive: Receive, scope: Scope) -> None:
     """Run ``work`` in this task; if the client disconnects first, cancel it (closing the
     upstream request, stopping re-asks, so nobody is charged for an answer nobody saw).
 
     The work runs inline rather than as a second task: the log line that follows it is written
-    in the same step as the last byte, and no task is created per request for the work.
+    in the same step as the last byte, and no task is created per request for the work. Under
+    this project's server the disconnect comes as a callback from the connection
+    (``DISCONNECT_EXTENSION``), so no task is created to watch either.
     """
     current = asyncio.current_task()
     assert current is not None
     disconnected = False
 
-    def on_disconnect(watcher: asyncio.Future[None]) -> None:
+    def on_disconnect() -> None:
         nonlocal disconnected
-        if not watcher.cancelled() and watcher.exception() is None:
-            disconnected = True
-            current.cancel()
+        disconnected = True
+        current.cancel()
 
-    watcher = asyncio.ensure_future(_until_disconnect(receive))
-    watcher.add_done_callback(on_disconnect)
+    extension = (scope.get("extensions") or {}).get(DISCONNECT_EXTENSION)
+    if extension is not None:
+        stop: Callable[[], None] = extension["watch"](on_disconnect)
+    else:
+        stop = _watch_with_a_task(receive, on_disconnect)
     try:
         await work
     except asyncio.CancelledError:
@@ -102,7 +132,6 @@ async def cancel_on_disconnect(work: Awaitable[None], receive: Receive) -> None:
             raise ClientDisconnectedError from None
         raise
     finally:
-        watcher.remove_done_callback(on_disconnect)
-        watcher.cancel()
+        stop()
     if disconnected:  # the client left in the same step the work ended: nothing to undo
         current.uncancel()

@@ -208,7 +208,7 @@ class Proxy:
         call = ChatCall(self.upstream, self.pipeline, ex, scope, headers)
         request = await call.prepare(raw)
         await cancel_on_disconnect(
-            call.stream(responder) if request.stream else call.buffered(responder), receive
+            call.stream(responder) if request.stream else call.buffered(responder), receive, scope
         )
 
     async def _responses(
@@ -218,7 +218,7 @@ class Proxy:
         call = ResponsesCall(self.upstream, self.pipeline, ex, scope, headers, self.responses_store)
         request = await call.prepare(raw)
         await cancel_on_disconnect(
-            call.stream(responder) if request.stream else call.buffered(responder), receive
+            call.stream(responder) if request.stream else call.buffered(responder), receive, scope
         )
 
     async def _messages(
@@ -229,7 +229,9 @@ class Proxy:
         call = MessagesCall(self.upstream, self.pipeline, ex, scope, headers, native=native)
         await call.prepare(raw)
         await cancel_on_disconnect(
-            call.stream_answer(responder) if call.stream else call.buffered(responder), receive
+            call.stream_answer(responder) if call.stream else call.buffered(responder),
+            receive,
+            scope,
         )
 
     async def _stored_response(
@@ -277,7 +279,7 @@ class Proxy:
                         await responder.body(chunk)
                 await responder.body(b"", more=False)
 
-        await cancel_on_disconnect(relay(), receive)
+        await cancel_on_disconnect(relay(), receive, scope)
 
     async def _metrics(self, scope: Scope, responder: Responder) -> None:
         assert self.metrics is not None  # dispatched only when /metrics is served here
