@@ -224,7 +224,9 @@ class Engine:
         if cached >= len(prefix):
             return "ram", cached
         source = "computed"
-        match = self._prefix_cache.best_match(prefix)
+        match = self._prefix_cache.best_match(
+            prefix, min_common=self.config.prompt_cache_min_tokens, max_tokens=self.config.n_ctx
+        )
         if match is not None and match.common > cached:
             if self._prefix_cache.load(self.llm._ctx.ctx, match):
                 # Llama tracks its tokens in input_ids[:n_tokens]; tell it what the state holds,

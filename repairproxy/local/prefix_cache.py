@@ -60,8 +60,16 @@ class PrefixStateCache:
     def has(self, tokens: Sequence[int]) -> bool:
         return self.path_for(tokens).is_file()
 
-    def best_match(self, tokens: Sequence[int]) -> SavedPrefix | None:
-        """The saved state whose tokens share the longest prefix with ``tokens``."""
+    def best_match(
+        self, tokens: Sequence[int], *, min_common: int = 1, max_tokens: int | None = None
+    ) -> SavedPrefix | None:
+        """The saved state whose tokens share the longest prefix with ``tokens``.
+
+        Only states that share at least ``min_common`` tokens count (loading a 140 MB state to
+        reuse the three tokens every system turn opens with costs more than it saves), and only
+        states of at most ``max_tokens`` tokens (a longer one does not fit this context: loading
+        it fails, and that failure says nothing about the file).
+        """
         exact = self.path_for(tokens)
         if exact.is_file():  # named by its tokens: no need to read the sidecar
             return SavedPrefix(exact, tuple(tokens), len(tokens))
@@ -71,12 +79,14 @@ class PrefixStateCache:
                 saved = array.array("i", path.with_suffix(_TOKENS).read_bytes())
             except (OSError, ValueError):
                 continue
+            if max_tokens is not None and len(saved) > max_tokens:
+                continue
             common = 0
             for a, b in zip(saved, tokens, strict=False):
                 if a != b:
                     break
                 common += 1
-            if common and (best is None or common > best.common):
+            if common >= max(min_common, 1) and (best is None or common > best.common):
                 best = SavedPrefix(path, tuple(saved), common)
         return best
 
@@ -93,6 +103,7 @@ class PrefixStateCache:
         )
         if not ok or count.value != capacity or tuple(out) != saved.tokens:
             saved.path.unlink(missing_ok=True)  # unreadable or stale: make it again
+            saved.path.with_suffix(_TOKENS).unlink(missing_ok=True)
             return False
         os.utime(saved.path)  # recently used
         return True
@@ -101,7 +112,6 @@ class PrefixStateCache:
         """Write the context's state, which must hold exactly ``tokens``; None if it failed."""
         path = self.path_for(tokens)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._write_atomically(path.with_suffix(_TOKENS), array.array("i", tokens).tobytes())
         handle, scratch = tempfile.mkstemp(dir=self.directory, prefix=".", suffix=".part")
         os.close(handle)
         state_tokens = (self._llama_cpp.llama_token * len(tokens))(*tokens)
@@ -113,6 +123,8 @@ class PrefixStateCache:
             os.replace(scratch, path)
         finally:
             Path(scratch).unlink(missing_ok=True)
+        # The sidecar after the state: a sidecar on its own can only be a state removed since.
+        self._write_atomically(path.with_suffix(_TOKENS), array.array("i", tokens).tobytes())
         self._evict()
         return path
 
@@ -129,3 +141,6 @@ class PrefixStateCache:
         for stale in files[self.max_files :]:
             stale.unlink(missing_ok=True)
             stale.with_suffix(_TOKENS).unlink(missing_ok=True)
+        for sidecar in self.directory.glob(f"*{_TOKENS}"):  # a state whose save failed
+            if not sidecar.with_suffix(_SUFFIX).exists():
+                sidecar.unlink(missing_ok=True)

@@ -85,3 +85,37 @@ def test_short_system_turns_and_disabled_caches_are_not_saved(tmp_path: Path) ->
         engine.llm.close()
     assert result.prefix_source == "none"
     assert list(tmp_path.rglob("*.kvstate")) == []
+
+
+def test_a_state_that_shares_only_the_turn_opening_or_does_not_fit_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    """Another system turn shares only ``<|im_start|>system``: nothing is loaded, nothing removed.
+
+    Before, any shared token made a state the best match: a short test prompt loaded the demo's
+    140 MB policy state to reuse 3 tokens, and an engine with a smaller context than that state
+    failed to load it and deleted it as if it were corrupt (the next demo prefilled for minutes).
+    """
+    model = resolve_cache_dir() / "models" / ARMS["q4_k_m"].filename
+    long_policy = " ".join([RETAIL_SYSTEM] * 6)  # ~300 tokens: longer than the small context
+    first = _engine(tmp_path)
+    try:
+        first.generate(_prompt("Hi, I need to cancel an order.", extra=long_policy), GREEDY)
+    finally:
+        first.llm.close()
+    [saved] = list(tmp_path.rglob("*.kvstate"))
+    topics = {1024: "the weather", 256: "train times"}  # each context its own system turn
+
+    for n_ctx in (1024, 256):  # a context the saved state fits, and one it does not
+        other = f"You answer questions about {topics[n_ctx]} in one short sentence, and no more."
+        messages = [{"role": "system", "content": other}, {"role": "user", "content": "Today?"}]
+        config = EngineConfig(
+            model, n_ctx=n_ctx, n_threads=2, prompt_cache_dir=tmp_path, prompt_cache_min_tokens=16
+        )
+        engine = Engine(config)
+        try:
+            result = engine.generate(render_prompt(messages), GREEDY)
+        finally:
+            engine.llm.close()
+        assert result.prefix_source == "computed" and result.cached_tokens == 0, n_ctx
+        assert saved.is_file() and saved.with_suffix(".tokens").is_file(), n_ctx
