@@ -135,8 +135,8 @@ class Decision:
     answer: ChatCompletion
     changed: bool
     first_verdict: MessageVerdict | None
-    caught: tuple[str, ...]
-    repairs: int
+    caught_channels: tuple[str, ...]
+    repair_attempts: int
     promoted: int = 0
     repair_failed: str | None = None
 
@@ -256,9 +256,9 @@ class ChatPipeline:
                     request, request.output, outcome, complete, record
                 )
         except BaseException:
-            record.channels = tuple(call.channel for call in record.caught)
+            record.channels = tuple(call.channel for call in record.caught_calls)
             raise
-        record.channels, record.repair_failed = outcome.caught, outcome.repair_failed
+        record.channels, record.repair_failed = outcome.caught_channels, outcome.repair_failed
         record.choice_channels = _choice_channels(request.tools, outcome)
         return outcome
 
@@ -278,10 +278,10 @@ class ChatPipeline:
             record.output = OutputRecord()
             return outcome
         first = verdict
-        caught = [verdict.channel.value]
+        caught_channels = [verdict.channel.value]
         policy = self.policies[request.mode]
         if not policy.re_asks or not _single_choice(request):
-            record.output = OutputRecord(tuple(caught), first.error_paths)
+            record.output = OutputRecord(tuple(caught_channels), first.error_paths)
             return outcome
         assert message is not None
         body = request.reask_body()
@@ -312,20 +312,20 @@ class ChatPipeline:
             verdict = found
             content = reply_message.get("content")
             if not verdict.ok:
-                caught.append(verdict.channel.value)
+                caught_channels.append(verdict.channel.value)
         record.repair_seconds += time.perf_counter() - started
         if failed is not None:
             result = RepairResultKind.UPSTREAM_ERROR
         else:
             result = RepairResultKind.FIXED if verdict.ok else RepairResultKind.FAILED
-        record.output = OutputRecord(tuple(caught), first.error_paths, attempts, result)
+        record.output = OutputRecord(tuple(caught_channels), first.error_paths, attempts, result)
         if not verdict.ok and policy.on_exhausted is OnExhausted.ERROR:
             record.outcome = Outcome.REPAIR_EXHAUSTED
             raise RepairExhaustedError(
                 f"no valid structured output after {attempts} repair attempt(s): "
-                + ", ".join(caught),
+                + ", ".join(caught_channels),
                 attempts=attempts,
-                channels=tuple(caught),
+                channels=tuple(caught_channels),
             )
         if not verdict.ok or reply is None:
             return replace(outcome, repair_failed=outcome.repair_failed or failed)
@@ -351,7 +351,7 @@ class ChatPipeline:
             return Decision(completion, probed, None, (), 0)
         verdict = tools.check_message(message, rules=CallRules.of_request(request.body))
         record.tool_calls = _calls_seen(verdict)
-        record.caught = list(caught_calls(verdict))
+        record.caught_calls = list(caught_calls(verdict))
         if verdict.ok or request.mode not in _CHANGES_ANSWERS:
             await self._charge(request, verdict, _invalid_calls(verdict), record)
             return Decision(completion, probed, verdict, _channels(verdict), 0)
@@ -362,13 +362,13 @@ class ChatPipeline:
             )
         except RepairExhaustedError as exc:
             record.repair_attempts = exc.attempts
-            record.repairs = _results(record.caught, RepairResultKind.FAILED)
+            record.repair_results = _results(record.caught_calls, RepairResultKind.FAILED)
             record.outcome = Outcome.REPAIR_EXHAUSTED
             record.repair_seconds = time.perf_counter() - started
             await self._charge(request, verdict, (), record)  # the client gets an error, no calls
             raise
         record.repair_seconds = time.perf_counter() - started
-        record.caught = list(repaired.caught_calls) or record.caught
+        record.caught_calls = list(repaired.caught_calls) or record.caught_calls
         record.repair_attempts = repaired.attempts
         record.promoted = repaired.promoted
         record.promoted_formats = list(repaired.promoted_formats)
@@ -380,14 +380,14 @@ class ChatPipeline:
             kind, record.outcome = RepairResultKind.FAILED, Outcome.REPAIR_EXHAUSTED
         else:
             kind, record.outcome = RepairResultKind.FIXED, Outcome.REPAIRED
-        record.repairs = _results(record.caught, kind)
+        record.repair_results = _results(record.caught_calls, kind)
         await self._charge(request, repaired.first_verdict, repaired.delivered_invalid, record)
         changed = probed or repaired.attempts > 0 or repaired.response != completion
         return Decision(
             cast(ChatCompletion, repaired.response),
             changed,
             repaired.first_verdict,
-            tuple(c.value for c in repaired.caught),
+            tuple(c.value for c in repaired.caught_channels),
             repaired.attempts,
             repaired.promoted,
             repaired.repair_failed,
@@ -531,7 +531,7 @@ def _choice_channels(tools: CompiledTools | None, outcome: Decision) -> tuple[tu
     choices = outcome.answer.get("choices") if isinstance(outcome.answer, dict) else None
     if tools is None or not isinstance(choices, list) or len(choices) < 2:
         return ()
-    found = [outcome.caught]
+    found = [outcome.caught_channels]
     for choice in choices[1:]:
         message = choice.get("message") if isinstance(choice, dict) else None
         if not isinstance(message, dict):
@@ -553,8 +553,8 @@ def _calls_seen(verdict: MessageVerdict) -> int:
     return sum(1 for c in verdict.calls if c.channel is not Channel.EMPTY_OUTPUT)
 
 
-def _results(caught: list[CaughtCall], kind: RepairResultKind) -> list[RepairResult]:
-    return [RepairResult(call.channel, kind) for call in caught]
+def _results(calls: list[CaughtCall], kind: RepairResultKind) -> list[RepairResult]:
+    return [RepairResult(call.channel, kind) for call in calls]
 
 
 def _episode_record(new: bool, explicit: bool, snapshot: BudgetSnapshot) -> EpisodeRecord:

@@ -108,20 +108,18 @@ class RepairPolicy:
 class RepairRun:
     """What ``repair_completion`` did to one answer.
 
-    With ``n > 1`` every choice is repaired; the verdict fields (``first_verdict``, ``caught``,
-    ``caught_calls``, ``delivered_invalid*``) are choice 0's, the one agents act on and the budget
-    charges, while the work fields (``attempts``, ``promoted``, repair tokens, ``repair_failed``)
-    count every choice.
+    With ``n > 1`` every choice is repaired; the verdict fields (``first_verdict``,
+    ``caught_channels``, ``caught_calls``, ``delivered_invalid``) are choice 0's, the one agents
+    act on and the budget charges, while the work fields (``attempts``, ``promoted``, repair
+    tokens, ``repair_failed``) count every choice.
     """
 
     response: dict[str, Any]
     attempts: int
-    caught: tuple[Channel, ...]  # every invalid channel seen: first answer, then each re-ask's
+    # Every invalid channel seen: the first answer's, then each re-ask's.
+    caught_channels: tuple[Channel, ...]
     first_verdict: MessageVerdict
     exhausted: bool
-    # Ids of the invalid calls in the returned answer (they reach the client); the budget is told
-    # of them through ``delivered_invalid``.
-    delivered_invalid_call_ids: tuple[str, ...] = ()
     promoted: int = 0  # calls written as text returned as real tool calls
     # The format of each promoted call (``native.FAMILIES``), choice 0's first, in order.
     promoted_formats: tuple[str, ...] = ()
@@ -425,7 +423,7 @@ class _ChoiceRepair:
     top: Mapping[str, Any]  # the completion whose metadata (id, model...) the answer carries
     first_verdict: MessageVerdict
     verdict: MessageVerdict
-    caught: list[Channel] = field(default_factory=list)
+    caught_channels: list[Channel] = field(default_factory=list)
     attempts: int = 0
     promoted: int = 0
     promoted_formats: list[str] = field(default_factory=list)
@@ -468,7 +466,7 @@ async def _repair_choice(
     rules = CallRules.of_request(body)
     first_verdict = tools.check_message(message, text_calls=text_ok, rules=rules)
     state = _ChoiceRepair(dict(choice), top, first_verdict, first_verdict)
-    state.caught.extend(first_verdict.error_channels)
+    state.caught_channels.extend(first_verdict.error_channels)
     if first_verdict.ok or not policy.promotes or not text_ok:
         # Observing modes, and tool_choice "none" (no call expected: nothing to re-ask).
         return state
@@ -544,7 +542,7 @@ def _take_reply(
         # answer held (the first one, as text) is delivered; nothing made up is executed.
         state.made_up = True
         return False
-    state.caught.extend(verdict.error_channels)
+    state.caught_channels.extend(verdict.error_channels)
     state.verdict = verdict
     asking.message, promoted = _promoted(reply_message, verdict, tools, state, asking.rules)
     state.promoted += promoted
@@ -571,7 +569,7 @@ def _settled(
             + ", ".join(map(str, state.verdict.error_channels))
             + failed,
             attempts=state.attempts,
-            channels=tuple(map(str, state.caught)),
+            channels=tuple(map(str, state.caught_channels)),
         )
     strip = state.exhausted and policy.on_exhausted is OnExhausted.STRIP and not state.made_up
     last_choice = asking.last_choice
@@ -699,10 +697,9 @@ async def repair_completion(
     return RepairRun(
         response,
         sum(r.attempts for r in results if r is not None),
-        tuple(head.caught),
+        tuple(head.caught_channels),
         head.first_verdict,
         head.exhausted,
-        tuple(c.call_id for c in delivered if c.call_id is not None),
         promoted=sum(r.promoted for r in results if r is not None),
         promoted_formats=tuple(f for r in results if r is not None for f in r.promoted_formats),
         caught_calls=caught_calls(head.first_verdict),

@@ -117,15 +117,6 @@ class MessageVerdict:
     def error_channels(self) -> tuple[Channel, ...]:
         return tuple(call.channel for call in self.calls if call.channel is not Channel.VALID)
 
-    @property
-    def error_call_ids(self) -> tuple[str, ...]:
-        """Ids of the non-valid calls, in order."""
-        return tuple(
-            call.call_id
-            for call in self.calls
-            if call.channel is not Channel.VALID and call.call_id is not None
-        )
-
 
 def _short(text: str) -> str:
     return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."

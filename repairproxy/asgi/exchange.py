@@ -95,7 +95,7 @@ class Exchange:
             if record.promoted_formats:
                 formats = _formats(record.promoted_formats).encode()
                 out.append((b"x-repairproxy-promoted-format", formats))
-            invented = [c.tool for c in record.caught if c.tool]
+            invented = [c.tool for c in record.caught_calls if c.tool]
             if invented:
                 shown = ",".join(_header_name(n) for n in invented[:_MAX_HEADER_NAMES])
                 out.append((b"x-repairproxy-unknown-tools", shown.encode()))
@@ -119,8 +119,10 @@ class Exchange:
                 out.append((b"x-repairproxy-tool-name-margins", _margins(record).encode()))
             output = record.output
             if output is not None:  # a response format was asked for: never budget errors
-                out.append((b"x-repairproxy-output-errors", ",".join(output.caught).encode()))
-                out.append((b"x-repairproxy-output-repairs", b"%d" % output.repairs))
+                out.append(
+                    (b"x-repairproxy-output-errors", ",".join(output.caught_channels).encode())
+                )
+                out.append((b"x-repairproxy-output-repairs", b"%d" % output.repair_attempts))
                 if output.error_paths:
                     paths = _paths_header(output.error_paths)
                     out.append((b"x-repairproxy-output-error-paths", paths))
@@ -159,8 +161,8 @@ class Exchange:
         if self.record.repair_failed:
             fields["repair-failed"] = self.record.repair_failed
         if self.record.output is not None:
-            fields["output-errors"] = ",".join(self.record.output.caught)
-            fields["output-repairs"] = str(self.record.output.repairs)
+            fields["output-errors"] = ",".join(self.record.output.caught_channels)
+            fields["output-repairs"] = str(self.record.output.repair_attempts)
         if self.record.snapshot is not None:
             fields["episode-errors"], fields["budget-remaining"] = _counts(self.record.snapshot)
         return comment_event("x-repairproxy " + " ".join(f"{k}={v}" for k, v in fields.items()))
@@ -184,10 +186,10 @@ class Exchange:
             "overhead_ms": round(self.overhead_ms(), 3),
             "upstream_calls": self.timer.calls,
         }
-        if record.caught:
+        if record.caught_calls:
             event["caught"] = [
                 {"channel": c.channel, "form": c.form, "tool": c.tool, "detail": c.detail}
-                for c in record.caught
+                for c in record.caught_calls
             ]
         if record.promoted:
             event["promoted"] = record.promoted
@@ -198,8 +200,8 @@ class Exchange:
         if record.env_errors:
             event["env_errors"] = list(record.env_errors)
         if record.output is not None:
-            event["output_errors"] = list(record.output.caught)
-            event["output_repairs"] = record.output.repairs
+            event["output_errors"] = list(record.output.caught_channels)
+            event["output_repairs"] = record.output.repair_attempts
             if record.output.error_paths:
                 event["output_error_paths"] = list(record.output.error_paths)
         snapshot = record.snapshot
@@ -220,4 +222,4 @@ def _text(body: bytes | None) -> str | None:
 def _first(record: RequestRecord) -> str:
     """The first answer's channels alone (``tool-errors`` adds each re-ask's): the study counts
     "caught in the first answer" from it."""
-    return ",".join(dict.fromkeys(str(call.channel) for call in record.caught))
+    return ",".join(dict.fromkeys(str(call.channel) for call in record.caught_calls))

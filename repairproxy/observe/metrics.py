@@ -429,13 +429,13 @@ class Metrics:
         inc(m.requests[record.api, record.outcome])
         if record.tool_calls:
             inc(m.tool_calls, record.tool_calls)
-        for caught in record.caught:
-            inc(m.error(caught.channel, "answer"))
-            if caught.tool is not None:
-                inc(m.invented(caught.tool))
+        for call in record.caught_calls:
+            inc(m.error(call.channel, "answer"))
+            if call.tool is not None:
+                inc(m.invented(call.tool))
         for label in record.env_errors:
             inc(m.error(label, "environment"))
-        for repair in record.repairs:
+        for repair in record.repair_results:
             inc(m.repair(repair.channel, repair.result))
         if record.promoted:
             inc(m.promoted, record.promoted)
@@ -450,14 +450,14 @@ class Metrics:
         if record.repair_attempts:
             observe(m.repair_attempts, record.repair_attempts)
             observe(m.repair_seconds, record.repair_seconds)
-        elif record.repairs:
+        elif record.repair_results:
             observe(m.repair_attempts, 0)  # fixed without a re-ask (a promoted text call)
         if record.repair_prompt_tokens:
             inc(m.prompt_tokens, record.repair_prompt_tokens)
         if record.repair_completion_tokens:
             inc(m.completion_tokens, record.repair_completion_tokens)
         if record.output is not None:
-            for channel in record.output.caught:
+            for channel in record.output.caught_channels:
                 inc(m.output_errors[channel])
             if record.output.result is not None:
                 inc(m.output_repairs[record.output.result])

@@ -81,13 +81,13 @@ class EpisodeRecord:
 class OutputRecord:
     """The check of a structured output (``response_format``): never charged to the budget.
 
-    ``caught``: the channels of the first answer and of each re-ask's answer that failed;
+    ``caught_channels``: the channels of the first answer and of each re-ask's answer that failed;
     ``result``: ``fixed``/``failed``/``upstream_error`` once a re-ask was tried, else None.
     """
 
-    caught: tuple[str, ...] = ()
+    caught_channels: tuple[str, ...] = ()
     error_paths: tuple[str, ...] = ()  # the first answer's failing paths
-    repairs: int = 0
+    repair_attempts: int = 0
     result: RepairResultKind | None = None
 
 
@@ -103,9 +103,9 @@ class RequestRecord:
     outcome: Outcome = Outcome.OK
     status: int = 0  # the status sent (499: the client went away first)
     tool_calls: int = 0  # calls seen in the first answer, text calls included
-    caught: list[CaughtCall] = field(default_factory=list)
+    caught_calls: list[CaughtCall] = field(default_factory=list)
     env_errors: list[str] = field(default_factory=list)  # env_* labels newly counted
-    repairs: list[RepairResult] = field(default_factory=list)
+    repair_results: list[RepairResult] = field(default_factory=list)
     mode: RepairMode | None = None  # the repair mode the request runs under (header or default)
     episode_id: str | None = None  # set once the episode is known, even before its snapshot
     warn_missing_header: bool = False  # the first request without an episode header

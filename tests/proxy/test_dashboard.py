@@ -63,7 +63,9 @@ def test_page_shows_the_headline_numbers() -> None:
 def test_page_escapes_what_clients_and_models_named() -> None:
     metrics = Metrics(Settings())
     caught = [CaughtCall("unknown_tool", tool="<img src=x onerror=alert(1)>")]
-    metrics.request_finished(RequestRecord(model="<script>m</script>", tool_calls=1, caught=caught))
+    metrics.request_finished(
+        RequestRecord(model="<script>m</script>", tool_calls=1, caught_calls=caught)
+    )
     page = render_dashboard(metrics).decode()
     assert "<script>" not in page and "<img" not in page
     assert "&lt;script&gt;m&lt;/script&gt;" in page and "&lt;img src=x" in page

@@ -119,7 +119,7 @@ def test_invented_names_are_bounded_per_model() -> None:
     m = Metrics(Settings(max_tool_labels=50))
     for i in range(10_000):
         caught = [CaughtCall("unknown_tool", tool=f"invented_tool_{i}")]
-        m.request_finished(RequestRecord(model="m", tool_calls=1, caught=caught))
+        m.request_finished(RequestRecord(model="m", tool_calls=1, caught_calls=caught))
     tools = label_values(m, "repairproxy_hallucinated_tool_calls_total", "tool")
     assert len(tools) == 51 and OTHER in tools
     assert value(m, "hallucinated_tool_calls_total", model="m", tool=OTHER) == 10_000 - 50
@@ -138,7 +138,7 @@ def test_models_are_bounded_and_labels_truncated() -> None:
     assert value(m, "requests_total", model=OTHER, api="chat", outcome="client_error") == 1
     long_tool = Metrics(Settings())
     long_tool.request_finished(
-        RequestRecord(model="m", caught=[CaughtCall("unknown_tool", tool="t" * 500)])
+        RequestRecord(model="m", caught_calls=[CaughtCall("unknown_tool", tool="t" * 500)])
     )
     assert label_values(long_tool, "repairproxy_hallucinated_tool_calls_total", "tool") == {
         "t" * 64

@@ -106,8 +106,8 @@ async def test_a_valid_answer_passes_unchanged_and_charges_nothing() -> None:
     first = completion(VALID)
     _, outcome, record = await decide(pipeline(), first, ScriptedSend())
     assert outcome.answer == first and not outcome.changed
-    assert outcome.caught == () and outcome.repairs == 0
-    assert record.outcome is Outcome.OK and record.tool_calls == 1 and record.caught == []
+    assert outcome.caught_channels == () and outcome.repair_attempts == 0
+    assert record.outcome is Outcome.OK and record.tool_calls == 1 and record.caught_calls == []
     assert record.model == "m" and record.served_model == "served-m"
     assert record.snapshot is not None and record.snapshot.errors == 0
     assert record.episode is not None and record.episode.explicit and record.episode.new
@@ -138,9 +138,13 @@ async def test_a_hallucinated_call_is_re_asked_and_the_fixed_answer_returned() -
     assert "get_order_status" in reask["messages"][-1]["content"]
     answer = outcome.answer["choices"][0]["message"]
     assert answer["tool_calls"][0]["function"]["name"] == "get_order_details"
-    assert outcome.changed and outcome.repairs == 1 and outcome.caught == ("unknown_tool",)
+    assert (
+        outcome.changed
+        and outcome.repair_attempts == 1
+        and outcome.caught_channels == ("unknown_tool",)
+    )
     assert record.outcome is Outcome.REPAIRED and record.repair_attempts == 1
-    assert [r.result for r in record.repairs] == [RepairResultKind.FIXED]
+    assert [r.result for r in record.repair_results] == [RepairResultKind.FIXED]
     # The first answer's error is charged to the episode, even though the client never saw it.
     assert record.snapshot is not None and record.snapshot.errors == 1
 
@@ -150,8 +154,10 @@ async def test_repair_off_observes_and_forwards_the_invalid_answer() -> None:
     send = ScriptedSend()
     _, outcome, record = await decide(pipeline(repair="off"), first, send)
     assert send.requests == [] and outcome.answer == first
-    assert outcome.caught == ("unknown_tool",) and outcome.repairs == 0
-    assert record.outcome is Outcome.OK and [c.channel for c in record.caught] == ["unknown_tool"]
+    assert outcome.caught_channels == ("unknown_tool",) and outcome.repair_attempts == 0
+    assert record.outcome is Outcome.OK and [c.channel for c in record.caught_calls] == [
+        "unknown_tool"
+    ]
     assert record.snapshot is not None and record.snapshot.errors == 1
 
 
@@ -165,7 +171,7 @@ async def test_exhausted_repair_with_on_exhausted_error_raises_and_still_charges
     with pytest.raises(RepairExhaustedError):
         await chat.judge(request, cast(ChatCompletion, completion(HALLUCINATED)), send, record)
     assert record.outcome is Outcome.REPAIR_EXHAUSTED and record.repair_attempts == 1
-    assert [r.result for r in record.repairs] == [RepairResultKind.FAILED]
+    assert [r.result for r in record.repair_results] == [RepairResultKind.FAILED]
     assert record.snapshot is not None and record.snapshot.errors == 1
 
 
@@ -197,7 +203,7 @@ async def test_tool_choice_none_leaves_text_alone() -> None:
     send = ScriptedSend()
     _, outcome, record = await decide(pipeline(), first, send, body=body)
     assert send.requests == [] and outcome.answer == first and outcome.first_verdict is None
-    assert record.caught == [] and record.outcome is Outcome.OK
+    assert record.caught_calls == [] and record.outcome is Outcome.OK
 
 
 async def test_the_record_says_the_mode_and_warns_once_about_a_missing_episode_header() -> None:

@@ -175,7 +175,7 @@ async def test_text_calls_are_promoted_without_an_upstream_call(
     assert outcome.promoted == len(expected) and outcome.attempts == 0
     assert not outcome.exhausted and outcome.delivered_invalid == ()
     # Promotion hides nothing: each text call is still counted once, as tool_call_in_content.
-    assert outcome.caught == (Channel.TOOL_CALL_IN_CONTENT,) * len(expected)
+    assert outcome.caught_channels == (Channel.TOOL_CALL_IN_CONTENT,) * len(expected)
     assert outcome.caught_calls == (CaughtCall("tool_call_in_content", "text"),) * len(expected)
     assert outcome.response["usage"] == first["usage"]
 
@@ -195,7 +195,7 @@ async def test_prose_holding_json_is_not_a_call(tools: CompiledTools, content: s
     send = ScriptedSend()
     policy = RepairPolicy(mode=RepairMode.REFLEXIVE)
     outcome = await repair_completion(BODY, first, tools, policy, send)
-    assert outcome.response == first and outcome.caught == () and send.requests == []
+    assert outcome.response == first and outcome.caught_channels == () and send.requests == []
 
 
 @pytest.mark.anyio
@@ -288,7 +288,7 @@ async def test_tool_choice_none_leaves_text_alone(tools: CompiledTools) -> None:
     first = completion(DETAILS)
     send = ScriptedSend()
     outcome = await repair_completion(body, first, tools, RepairPolicy(), send)
-    assert outcome.response == first and outcome.first_verdict.ok and outcome.caught == ()
+    assert outcome.response == first and outcome.first_verdict.ok and outcome.caught_channels == ()
     assert send.requests == []
 
 
@@ -298,7 +298,7 @@ async def test_observing_modes_never_promote(tools: CompiledTools, mode: RepairM
     first = completion(DETAILS)
     outcome = await repair_completion(BODY, first, tools, RepairPolicy(mode=mode), ScriptedSend())
     assert outcome.response == first and outcome.promoted == 0
-    assert outcome.caught == (Channel.TOOL_CALL_IN_CONTENT,)
+    assert outcome.caught_channels == (Channel.TOOL_CALL_IN_CONTENT,)
 
 
 @pytest.mark.anyio
@@ -432,7 +432,7 @@ async def test_promote_mode_leaves_an_answer_with_nothing_to_promote_as_it_came(
         BODY, first, tools, RepairPolicy(mode=RepairMode.PROMOTE), ScriptedSend()
     )
     assert outcome.response == first and outcome.exhausted and outcome.attempts == 0
-    assert outcome.delivered_invalid_call_ids == ("call_bad",)
+    assert [c.call_id for c in outcome.delivered_invalid] == ["call_bad"]
     assert outcome.caught_calls == (CaughtCall("unknown_tool", "structured", "track_package"),)
 
 

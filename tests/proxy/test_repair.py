@@ -205,7 +205,7 @@ async def test_hallucinated_name_repaired_on_first_attempt(tools: CompiledTools)
     outcome = await _repair(tools, first, send)
     assert outcome.attempts == 1
     assert not outcome.exhausted
-    assert outcome.caught == (Channel.UNKNOWN_TOOL,)
+    assert outcome.caught_channels == (Channel.UNKNOWN_TOOL,)
     assert outcome.first_verdict.error_channels == (Channel.UNKNOWN_TOOL,)
     assert outcome.response["choices"][0]["message"]["tool_calls"] == [REPAIRED]
     usage = outcome.response["usage"]
@@ -229,7 +229,7 @@ async def test_schema_violation_repaired(tools: CompiledTools) -> None:
     fixed = call("cancel_pending_order", '{"order_id": "1", "reason": "no longer needed"}', "c2")
     send = ScriptedSend(completion(fixed))
     outcome = await _repair(tools, completion(broken), send)
-    assert outcome.caught == (Channel.SCHEMA_VIOLATION,)
+    assert outcome.caught_channels == (Channel.SCHEMA_VIOLATION,)
     assert outcome.response["choices"][0]["message"]["tool_calls"] == [fixed]
     reply = send.requests[0]["messages"][-1]["content"]
     assert "$.order_id" in reply and '"reason" is a required property' in reply
@@ -264,7 +264,7 @@ async def test_silent_failures_are_repaired(tools: CompiledTools) -> None:
     send = ScriptedSend(completion(content=""), completion(VALID))
     outcome = await _repair(tools, in_text, send)
     assert outcome.attempts == 2
-    assert outcome.caught == (Channel.TOOL_CALL_IN_CONTENT, Channel.EMPTY_OUTPUT)
+    assert outcome.caught_channels == (Channel.TOOL_CALL_IN_CONTENT, Channel.EMPTY_OUTPUT)
     assert outcome.response["choices"][0]["message"]["tool_calls"] == [VALID]
     # Attempt 2 carries attempt 1's turn too, and its own diagnosis: every attempt changes.
     first, second = send.requests
@@ -281,7 +281,7 @@ async def test_observing_modes_never_re_ask(tools: CompiledTools, mode: RepairMo
     outcome = await _repair(tools, first, send, mode=mode)
     assert send.requests == []
     assert outcome.attempts == 0 and not outcome.exhausted
-    assert outcome.caught == (Channel.UNKNOWN_TOOL,)
+    assert outcome.caught_channels == (Channel.UNKNOWN_TOOL,)
     assert outcome.response == first
 
 
@@ -290,7 +290,7 @@ async def test_valid_first_answer_is_returned_unchanged(tools: CompiledTools) ->
     first = completion(VALID)
     send = ScriptedSend()
     outcome = await _repair(tools, first, send)
-    assert outcome.response == first and outcome.attempts == 0 and outcome.caught == ()
+    assert outcome.response == first and outcome.attempts == 0 and outcome.caught_channels == ()
     assert send.requests == []
 
 
@@ -300,7 +300,7 @@ async def test_exhaustion_pass_returns_last_answer(tools: CompiledTools) -> None
     send = ScriptedSend(completion(HALLUCINATED), completion(again))
     outcome = await _repair(tools, completion(HALLUCINATED), send, on_exhausted=OnExhausted.PASS)
     assert outcome.exhausted and outcome.attempts == 2 and len(send.requests) == 2
-    assert outcome.caught == (Channel.UNKNOWN_TOOL,) * 3
+    assert outcome.caught_channels == (Channel.UNKNOWN_TOOL,) * 3
     assert outcome.response["choices"][0]["message"]["tool_calls"] == [again]
     assert outcome.response["usage"]["total_tokens"] == 45
 
@@ -483,8 +483,10 @@ async def test_outcome_names_the_invalid_calls_the_client_receives(
 ) -> None:
     send = ScriptedSend(completion(call("get_order_info", "{}", "again")))
     outcome = await _repair(tools, completion(VALID, HALLUCINATED), send, **policy)
-    assert outcome.delivered_invalid_call_ids == delivered
-    assert outcome.first_verdict.error_call_ids == ("call_bad",)
+    assert tuple(c.call_id for c in outcome.delivered_invalid) == delivered
+    assert [c.call_id for c in outcome.first_verdict.calls if c.channel is not Channel.VALID] == [
+        "call_bad"
+    ]
     ids = {c["id"] for c in outcome.response["choices"][0]["message"].get("tool_calls", [])}
     assert set(delivered) <= ids
 
@@ -492,7 +494,7 @@ async def test_outcome_names_the_invalid_calls_the_client_receives(
 @pytest.mark.anyio
 async def test_repaired_outcome_delivers_no_invalid_call(tools: CompiledTools) -> None:
     outcome = await _repair(tools, completion(HALLUCINATED), ScriptedSend(completion(REPAIRED)))
-    assert outcome.delivered_invalid_call_ids == ()
+    assert outcome.delivered_invalid == ()
 
 
 # --- re-asks that change something ---------------------------------------------------------------
@@ -604,7 +606,7 @@ async def test_a_failed_re_ask_delivers_the_first_answer(
     assert outcome.repair_failed == reason
     assert outcome.exhausted and outcome.attempts == 0
     assert outcome.response["choices"] == first["choices"]
-    assert outcome.delivered_invalid_call_ids == ("call_bad",)
+    assert [c.call_id for c in outcome.delivered_invalid] == ["call_bad"]
 
 
 @pytest.mark.anyio
@@ -657,7 +659,7 @@ async def test_every_choice_is_repaired_and_choice_zero_is_the_verdict(
     assert [c["index"] for c in choices] == [0, 1]
     assert choices[0]["message"]["tool_calls"] == [VALID]
     assert choices[1]["message"]["tool_calls"] == [REPAIRED]
-    assert outcome.first_verdict.ok and outcome.caught == () and outcome.attempts == 1
+    assert outcome.first_verdict.ok and outcome.caught_channels == () and outcome.attempts == 1
     assert outcome.response["usage"]["total_tokens"] == 25
     assert (outcome.repair_prompt_tokens, outcome.repair_completion_tokens) == (7, 3)
 

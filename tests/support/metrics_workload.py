@@ -94,11 +94,11 @@ def scripted_workload(
             if step is not None:
                 channel, name, fixed = step
                 text = channel == "tool_call_in_content"
-                record.caught.append(
+                record.caught_calls.append(
                     CaughtCall(channel, form="text" if text else "structured", tool=name)
                 )
                 result = RepairResultKind.FIXED if fixed else RepairResultKind.FAILED
-                record.repairs.append(RepairResult(channel, result))
+                record.repair_results.append(RepairResult(channel, result))
                 record.outcome = Outcome.REPAIRED if fixed else Outcome.REPAIR_EXHAUSTED
                 if text:
                     record.promoted = 1  # fixed by promotion, no re-ask, no budget charge
