@@ -21,7 +21,11 @@ recogniser into one of three outcomes:
   exemplifies ("If you confirm, I'll call: {...}"), it sits inside a reasoning block (``<think>``,
   ``<seed:think>``, ...) or a code fence whose language is not JSON or a tool-call tag
   (```` ```python ````), or it appears verbatim in a tool result or user message of the request
-  (an injection). Delivered as text: no re-ask, not a failure.
+  (an injection). An answer that *presents* calls is not making them: after a lead-in such as
+  "Here is an example of how you can call these functions:" (read over any fences between)
+  every later call shape is part of the presentation; several values listed in one fence are a
+  listing; an answer that ends inside an unclosed fence was cut off mid-listing and promotes
+  nothing. Delivered as text: no re-ask, not a failure.
 * **ambiguous**: a candidate that conflicts with the request (``tool_choice`` names another
   function; ``parallel_tool_calls: false`` and more than one call; ``tool_choice: "required"``
   and no valid call). Validation marks these (``CallVerdict.conflict``); they are counted as
@@ -500,20 +504,54 @@ _CUE_WORDS = frozenset(
     ]
 )
 _CUE_PREFIXES = ("refus", "previous", "quot")
-_CUE_PHRASES = ("in case", "for instance", "such as", "looks like", "look like", "e.g")
+_CUE_PHRASES = ("in case", "looks like", "look like")
+# Words that present what follows as an example, a listing or an instruction to the reader: once
+# an answer does that, every call shape after it in the answer belongs to the presentation.
+_EXAMPLE_WORDS = frozenset(
+    ["example", "examples", "sample", "format", "syntax", "template", "illustration"]
+)
+_EXAMPLE_PHRASES = (
+    "for instance",
+    "such as",
+    "e.g",
+    "how you",
+    "how to call",
+    "you can call",
+    "you could call",
+    "you can use",
+)
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
+
+
+class _Cue(enum.Enum):
+    NOT_NOW = enum.auto()  # declined, conditioned, narrated
+    EXAMPLE = enum.auto()  # presented as an example
+
+
+def _cue(sentence: str) -> _Cue | None:
+    """Whether ``sentence`` declines, conditions, narrates (NOT_NOW) or exemplifies (EXAMPLE)
+    what follows it; None when it does neither."""
+    lowered = sentence.lower().replace("\u2019", "'")
+    found = None
+    for word in _WORD.findall(lowered):
+        if word in _EXAMPLE_WORDS:
+            return _Cue.EXAMPLE
+        if word in _CUE_WORDS or word.endswith("n't") or word.startswith(_CUE_PREFIXES):
+            found = _Cue.NOT_NOW
+    if any(phrase in lowered for phrase in _EXAMPLE_PHRASES):
+        return _Cue.EXAMPLE
+    if found is None and any(phrase in lowered for phrase in _CUE_PHRASES):
+        found = _Cue.NOT_NOW
+    return found
 
 
 def _not_now(sentence: str) -> bool:
     """Whether ``sentence`` declines, conditions, narrates or exemplifies what follows it."""
-    lowered = sentence.lower().replace("\u2019", "'")
-    for word in _WORD.findall(lowered):
-        if word in _CUE_WORDS or word.endswith("n't") or word.startswith(_CUE_PREFIXES):
-            return True
-    return any(phrase in lowered for phrase in _CUE_PHRASES)
+    return _cue(sentence) is not None
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n")
+_PROSE_START = re.compile(r"\S")
 _SENTENCE_CHARS = 400
 
 
@@ -526,6 +564,9 @@ class NotACall(enum.StrEnum):
     IN_SENTENCE = "inside_sentence"  # prose before it on its line ("I would send {...}")
     FOLLOWED = "followed_by_prose"  # prose after it on its line, or a next sentence that declines
     LEAD_IN = "lead_in_not_now"  # the sentence before it declines, conditions, narrates
+    EXAMPLE = "presented_as_example"  # after "for example", "e.g.", "how you can call", ...; or
+    # one of several values listed in one fence that is not one call
+    CUT_OFF = "answer_cut_off"  # the answer ends inside an unclosed fence: it was cut mid-listing
 
 
 @dataclass(frozen=True, slots=True)
@@ -550,14 +591,30 @@ def reasoning_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
-def _code_spans(text: str) -> list[tuple[int, int]]:
-    if "```" not in text:
-        return []
-    return [
-        match.span()
-        for match in _ANY_FENCE.finditer(text)
-        if match.group(1).lower() not in JSON_FENCE_LANGUAGES
-    ]
+@dataclass(frozen=True, slots=True)
+class _Fences:
+    """The text's fenced blocks, read once: code (a language that is not JSON), listings (a JSON
+    fence that is not one call value), every fence, and whether the last one is left open."""
+
+    code: list[tuple[int, int]]
+    json: list[tuple[int, int]]
+    every: list[tuple[int, int]]
+    open_at_end: bool
+
+    @classmethod
+    def of(cls, text: str) -> _Fences:
+        code: list[tuple[int, int]] = []
+        json_fences: list[tuple[int, int]] = []
+        every: list[tuple[int, int]] = []
+        open_at_end = False
+        if "```" in text:
+            for match in _ANY_FENCE.finditer(text):
+                every.append(match.span())
+                is_json = match.group(1).lower() in JSON_FENCE_LANGUAGES
+                (json_fences if is_json else code).append(match.span())
+                block = match.group()
+                open_at_end = len(block) <= 3 or not block.endswith("```")
+        return cls(code, json_fences, every, open_at_end)
 
 
 def _inside(call: TextCall, spans: Sequence[tuple[int, int]]) -> bool:
@@ -629,20 +686,26 @@ def read_text_calls(
         return TextCallReading(())
     prose: list[tuple[TextCall, NotACall]] = []
     reasoning = reasoning_spans(text)
-    code = _code_spans(text)
+    fences = _Fences.of(text)
     candidates: list[TextCall] = []
     for call in found:
         if _inside(call, reasoning):
             prose.append((call, NotACall.REASONING))
-        elif _inside(call, code):
+        elif _inside(call, fences.code):
             prose.append((call, NotACall.CODE))
+        elif call.shape is not Shape.FENCED and _inside(call, fences.json):
+            # A JSON fence that is not itself one call value lists several (alternatives, a
+            # commented sample): a listing, not an act.
+            prose.append((call, NotACall.EXAMPLE))
+        elif fences.open_at_end:
+            prose.append((call, NotACall.CUT_OFF))
         else:
             candidates.append(call)
     copied = _quoted(candidates, quoted_texts(conversation)) if candidates else set()
     prose.extend((call, NotACall.QUOTED) for i, call in enumerate(candidates) if i in copied)
     candidates = [call for i, call in enumerate(candidates) if i not in copied]
     if candidates:
-        candidates = _standing(text, candidates, reasoning, prose)
+        candidates = _standing(text, candidates, [*reasoning, *fences.every], prose)
     prose.sort(key=lambda item: item[0].start)
     return TextCallReading(tuple(candidates), tuple(prose))
 
@@ -650,15 +713,18 @@ def read_text_calls(
 def _standing(
     text: str,
     calls: Sequence[TextCall],
-    reasoning: Sequence[tuple[int, int]],
+    blocks: Sequence[tuple[int, int]],
     prose: list[tuple[TextCall, NotACall]],
 ) -> list[TextCall]:
     """The calls that stand on their own lines, with no sentence around them saying they are not
-    made now; every other one goes to ``prose`` with its reason."""
-    # Neither reasoning nor calls are prose: blank them out (offsets kept).
+    made now; every other one goes to ``prose`` with its reason. Once a call is presented as an
+    example, every call after it in the answer is part of that presentation."""
+    # Neither reasoning, fenced blocks nor calls are prose: blank them out (offsets kept), so the
+    # sentence leading into a call is the last sentence of prose before it, whatever blocks sit
+    # between ("Here is an example:", then several fences: the lead-in governs them all).
     pieces: list[str] = []
     position = 0
-    for start, end in sorted([*reasoning, *((call.start, call.end) for call in calls)]):
+    for start, end in sorted([*blocks, *((call.start, call.end) for call in calls)]):
         start = max(start, position)
         if end > start:
             pieces += [text[position:start], " " * (end - start)]
@@ -666,10 +732,12 @@ def _standing(
     rest = "".join([*pieces, text[position:]])
     kept: list[TextCall] = []
     verdicts: dict[tuple[int, int], NotACall | None] = {}
+    presenting = False
     for call in calls:
         span = (call.start, call.end)
         if span not in verdicts:
-            verdicts[span] = _standing_reason(rest, *span)
+            verdicts[span] = NotACall.EXAMPLE if presenting else _standing_reason(rest, *span)
+            presenting = verdicts[span] is NotACall.EXAMPLE
         reason = verdicts[span]
         if reason is None:
             kept.append(call)
@@ -687,12 +755,18 @@ def _standing_reason(rest: str, start: int, end: int) -> NotACall | None:
         return NotACall.IN_SENTENCE
     if rest[end : len(rest) if line_end < 0 else line_end].strip():
         return NotACall.FOLLOWED
-    # One sentence each side is read (a sentence longer than _SENTENCE_CHARS is cut).
-    before = rest[max(0, start - _SENTENCE_CHARS) : start]
+    # One sentence of prose each side is read, over any blanked block between (a sentence
+    # longer than _SENTENCE_CHARS is cut).
+    prose_end = len(rest[:start].rstrip())
+    before = rest[max(0, prose_end - _SENTENCE_CHARS) : prose_end]
     leading = [s for s in _SENTENCE_END.split(before) if s.strip()]
-    if leading and _not_now(leading[-1]):
-        return NotACall.LEAD_IN
-    following = [s for s in _SENTENCE_END.split(rest[end : end + _SENTENCE_CHARS]) if s.strip()]
+    cue = _cue(leading[-1]) if leading else None
+    if cue is not None:
+        return NotACall.EXAMPLE if cue is _Cue.EXAMPLE else NotACall.LEAD_IN
+    after = _PROSE_START.search(rest, end)
+    prose_start = after.start() if after else len(rest)
+    window = rest[prose_start : prose_start + _SENTENCE_CHARS]
+    following = [s for s in _SENTENCE_END.split(window) if s.strip()]
     if following and _not_now(following[0]):
         return NotACall.FOLLOWED
     return None
