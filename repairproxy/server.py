@@ -25,7 +25,8 @@ searches per header, ~20 headers an answer here); ``_Cycle`` checks all names in
 all values in another (the forbidden bytes are single bytes, so joining adds no match and hides
 none), and is otherwise uvicorn's ``send``.
 
-Idle keep-alive connections close after ``--keep-alive-timeout`` (uvicorn's own timer). Each refusal
+Idle keep-alive connections close after ``--keep-alive-timeout`` (uvicorn's timer, armed once
+per connection rather than once per request). Each refusal
 is counted in ``repairproxy_connections_refused_total{reason}``. The limits are read from the app's
 Settings (the protocol finds the app below uvicorn's wrappers), so ``--workers`` needs no extra
 plumbing. Without httptools, uvicorn's h11 protocol runs with ``h11_max_incomplete_event_size`` set
@@ -116,6 +117,7 @@ class LimitedProtocol(HttpToolsProtocol):
         self._in_headers = True  # between one request's first byte and its headers' end
         self._header_bytes = 0
         self._header_timer: asyncio.TimerHandle | None = None
+        self._idle_since: float | None = None  # loop time of the last answer while idle
 
     def _refused(self, reason: str, answer: bytes) -> None:
         metrics = getattr(self._owner, "metrics", None)
@@ -135,6 +137,9 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
         super().connection_lost(exc)
         cycle = self.cycle
         if isinstance(cycle, _Cycle) and cycle.disconnected:
@@ -201,6 +206,41 @@ class LimitedProtocol(HttpToolsProtocol):
                 ours = cast(_Cycle, cycle)
                 extensions: dict[str, Any] = ours.scope.setdefault("extensions", {})
                 extensions[DISCONNECT_EXTENSION] = {"watch": ours.watch_disconnect}
+
+    # The keep-alive timer, armed lazily: uvicorn cancels it on every read and arms a new one
+    # after every answer (a timer made and cancelled per request). Here one timer stays armed
+    # while the connection is used, and when it fires it closes the connection only if it has
+    # been idle for the whole timeout since the last answer, else it re-arms for what is left.
+
+    def _unset_keepalive_if_required(self) -> None:
+        self._idle_since = None  # bytes came: busy until the next answer completes
+
+    def on_response_complete(self) -> None:
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            self._idle_since = None
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self._keep_alive_expired
+            )
+
+    def _keep_alive_expired(self) -> None:
+        self.timeout_keep_alive_task = None
+        idle_since = self._idle_since
+        if idle_since is None:
+            return  # a request is in progress: its answer arms the timer again
+        left = idle_since + self.timeout_keep_alive - self.loop.time()
+        if left > 0:
+            self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_expired)
+        else:
+            self.timeout_keep_alive_handler()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -21,6 +21,7 @@ import uvicorn
 from repairproxy.app import RepairProxyApp, create_app
 from repairproxy.server import LimitedProtocol, server_options
 from repairproxy.settings import Settings
+from repairproxy.types import RepairMode
 from tests.support.scripted_upstream import ScriptedUpstream, completion
 
 BASE = Settings(upstream="http://127.0.0.1:9/v1")
@@ -172,6 +173,32 @@ def test_idle_keep_alive_connections_are_closed() -> None:
         assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b"HTTP/1.1") == 1
 
 
+def _one_answer(client: socket.socket) -> bytes:
+    """One /healthz answer on a connection that stays open (its body ends the read)."""
+    data = b""
+    while not data.endswith(b'{"status":"ok"}'):
+        chunk = client.recv(65536)
+        assert chunk, f"the connection closed after {data!r}"
+        data += chunk
+    return data
+
+
+def test_a_used_keep_alive_connection_stays_open_a_whole_timeout_after_each_answer() -> None:
+    # One timer per connection (armed at the first answer, re-armed from the last answer when it
+    # fires): the third request comes after the first answer's deadline but within the second's.
+    settings = replace(BASE, keep_alive_timeout=2.0)
+    request = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
+    with _serving(settings) as server, _connect(server.port) as client:
+        answers = []
+        for pause in (0.0, 1.2, 1.2):
+            time.sleep(pause)
+            client.sendall(request)
+            answers.append(_one_answer(client))
+        last = _answer(client)  # ends when the server closes the idle connection
+    assert [a.startswith(b"HTTP/1.1 200 ") for a in answers] == [True, True, True]
+    assert last == b""
+
+
 def test_settings_come_from_flags() -> None:
     from repairproxy.settings import settings_from_args
 
@@ -203,7 +230,9 @@ def test_an_answer_slower_than_the_header_timeout_is_not_cut() -> None:
     # must not leave it armed while the answer is being made (it cut every answer > 10 s).
     with ScriptedUpstream() as upstream:
         upstream.push(dataclasses.replace(completion(content="hi"), delay=2.5))
-        settings = replace(BASE, upstream=upstream.base_url, header_timeout=1.0, repair="off")
+        settings = replace(
+            BASE, upstream=upstream.base_url, header_timeout=1.0, repair=RepairMode.OFF
+        )
         with _serving(settings) as server, _connect(server.port) as client:
             body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
             _send_all(
