@@ -9,7 +9,8 @@ the delivered output, then the new turn, sent upstream whole with ``store: false
 
 Small on purpose (the Messages and translation routes reuse it): ``put`` / ``get`` / ``delete``
 by tenant and id. Records are JSON bytes; a tenant's id is never found under another tenant.
-``MemoryResponsesStore`` is an LRU bounded in bytes (``--max-responses-memory``);
+``MemoryResponsesStore`` is an LRU bounded in bytes (``--max-responses-memory``, shared
+out per API key);
 ``RedisResponsesStore`` keeps one key per response (``<prefix>rs:<tenant>/<id>``, expiring after
 the idle TTL), shared by every worker and replica, behind ``GuardedResponsesStore`` (a store that
 is away loses the record: the next turn's id is unknown, never a 500).
@@ -109,25 +110,37 @@ class ResponsesStore(Protocol):
 
 class MemoryResponsesStore:
     """An in-process LRU of encoded records, at most ``max_bytes`` of them (keys included) and
-    each kept at most ``ttl`` seconds; a record larger than the whole bound is not kept."""
+    each kept at most ``ttl`` seconds; a record larger than the whole bound is not kept.
+
+    With ``tenant_quota`` (the proxy sets ``max_bytes`` / the number of API keys) a tenant over
+    its quota evicts its own oldest records, so one client writing many long conversations cannot
+    push another client's chains out of the shared LRU.
+    """
 
     def __init__(
         self,
         max_bytes: int,
         ttl: float = 3600.0,
         *,
+        tenant_quota: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_evict: Callable[[], None] | None = None,
     ) -> None:
         self.max_bytes = max_bytes
         self.ttl = ttl
+        self.tenant_quota = tenant_quota
         self._clock = clock
         self._on_evict = on_evict
         self._records: OrderedDict[tuple[str, str], tuple[bytes, float]] = OrderedDict()
+        self._by_tenant: dict[str, OrderedDict[str, None]] = {}  # each tenant's ids, oldest first
+        self._tenant_bytes: dict[str, int] = {}
         self.bytes = 0
 
     def __len__(self) -> int:
         return len(self._records)
+
+    def tenant_bytes(self, tenant: str) -> int:
+        return self._tenant_bytes.get(tenant, 0)
 
     @staticmethod
     def _size(key: tuple[str, str], raw: bytes) -> int:
@@ -135,7 +148,19 @@ class MemoryResponsesStore:
 
     def _drop(self, key: tuple[str, str]) -> None:
         raw, _ = self._records.pop(key)
-        self.bytes -= self._size(key, raw)
+        size = self._size(key, raw)
+        self.bytes -= size
+        tenant, response_id = key
+        ids = self._by_tenant[tenant]
+        del ids[response_id]
+        self._tenant_bytes[tenant] -= size
+        if not ids:
+            del self._by_tenant[tenant], self._tenant_bytes[tenant]
+
+    def _evict(self, key: tuple[str, str]) -> None:
+        self._drop(key)
+        if self._on_evict is not None:
+            self._on_evict()
 
     async def put(self, tenant: str, response_id: str, record: StoredResponse) -> None:
         key = (tenant, response_id)
@@ -143,14 +168,17 @@ class MemoryResponsesStore:
         if key in self._records:
             self._drop(key)
         size = self._size(key, raw)
-        if size > self.max_bytes:
+        quota = self.max_bytes if self.tenant_quota is None else self.tenant_quota
+        if size > min(self.max_bytes, quota):
             return
         self._records[key] = (raw, self._clock() + self.ttl)
+        self._by_tenant.setdefault(tenant, OrderedDict())[response_id] = None
+        self._tenant_bytes[tenant] = self._tenant_bytes.get(tenant, 0) + size
         self.bytes += size
+        while self._tenant_bytes[tenant] > quota:  # the writer pays first, from its own records
+            self._evict((tenant, next(iter(self._by_tenant[tenant]))))
         while self.bytes > self.max_bytes:
-            self._drop(next(iter(self._records)))
-            if self._on_evict is not None:
-                self._on_evict()
+            self._evict(next(iter(self._records)))
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
         key = (tenant, response_id)
@@ -161,6 +189,7 @@ class MemoryResponsesStore:
             self._drop(key)
             return None
         self._records.move_to_end(key)
+        self._by_tenant[tenant].move_to_end(response_id)
         return decode_record(entry[0])
 
     async def delete(self, tenant: str, response_id: str) -> bool:

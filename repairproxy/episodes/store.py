@@ -112,7 +112,11 @@ def open_stores(
             tenant_quota=settings.max_episode_memory // keys if keys > 1 else None,
             on_evict=count_eviction,
         )
-        responses = MemoryResponsesStore(settings.max_responses_memory, settings.episode_idle_ttl)
+        responses = MemoryResponsesStore(
+            settings.max_responses_memory,
+            settings.episode_idle_ttl,
+            tenant_quota=settings.max_responses_memory // keys if keys > 1 else None,
+        )
         return Stores(memory, count=memory.__len__, responses=responses)
     if not is_redis_url(spec):
         raise ValueError(

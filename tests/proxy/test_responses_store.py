@@ -115,6 +115,41 @@ def test_a_tenant_never_reads_or_deletes_anothers_record() -> None:
     anyio.run(main)
 
 
+def test_a_tenant_over_its_quota_evicts_its_own_records_first() -> None:
+    async def main() -> None:
+        store = MemoryResponsesStore(max_bytes=8_000, tenant_quota=4_000)
+        await store.put("quiet", "q1", _record(1_000))
+        for n in range(20):  # far beyond the whole bound
+            await store.put("busy", f"b{n}", _record(1_000))
+        assert await store.get("quiet", "q1") is not None
+        assert store.tenant_bytes("busy") <= 4_000 and store.bytes <= 8_000
+        assert await store.get("busy", "b19") is not None
+        assert await store.get("busy", "b0") is None  # its own oldest went
+        await store.delete("quiet", "q1")
+        assert store.tenant_bytes("quiet") == 0
+
+    anyio.run(main)
+
+
+def test_one_api_key_cannot_push_anothers_chain_out_of_the_store(
+    start: Any, upstream: ResponsesUpstream
+) -> None:
+    """The store's bound is shared out per key: a client writing many long answers loses its own
+    oldest, and a quiet client's chain still continues."""
+    proxy = start(api_keys=("key-a", "key-b"), max_responses_memory=64_000)
+    quiet, busy = _client(proxy, "key-a"), _client(proxy, "key-b")
+    upstream.push([message("Noted.")])
+    kept = quiet.responses.create(model="m", input="Remember #W1.")
+    for n in range(40):  # ~4 KB each, 160 KB in all: twice the whole store
+        upstream.push([message(f"Answer {n}.")])
+        busy.responses.create(model="m", input=f"{n} " + "long question " * 280)
+    upstream.push([message("It was #W1.")])
+    second = quiet.responses.create(model="m", previous_response_id=kept.id, input="Which one?")
+    assert second.output_text == "It was #W1."
+    sent = orjson.dumps(upstream.requests[-1]["input"]).decode()
+    assert "Remember #W1." in sent and "Noted." in sent  # rebuilt from the proxy's store
+
+
 def test_the_redis_store_keeps_records_by_tenant_with_an_expiry(redis: RedisServer) -> None:
     from repairproxy.episodes.redis_store import redis_client
 
