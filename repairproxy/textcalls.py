@@ -105,6 +105,9 @@ class TextCall:
     source: str
     string_values: bool = False  # XML parameters: every value came as text (see validation)
     family: str | None = None  # the native recogniser's label (``native.RECOGNISERS``), if any
+    # What to cut when promoted, where it is not all of ``start:end``: a native match keeps some
+    # prose inside its span (Mistral's text after ``[TOOL_CALLS]``, harmony's final message).
+    cuts: tuple[tuple[int, int], ...] = ()
 
 
 def fresh_call_id() -> str:
@@ -348,8 +351,12 @@ def _native_calls(text: str, tools: Mapping[str, Mapping[str, Any]] | None) -> l
     if native is None:
         return []
     calls: list[TextCall] = []
-    for match in native(text, tools):
+    # The built-in readings cover bare and fenced JSON already; the native ``json`` reading adds
+    # only calls joined by ``;`` (Llama 3), so it runs only where there is one.
+    skip = _READ_BY_BUILT_INS if ";" not in text else _READ_BY_BUILT_INS - {"json"}
+    for match in native(text, tools, skip=skip):
         source = text[match.start : match.end]
+        cuts = match.cuts if match.kept else ()
         calls.extend(
             TextCall(
                 call.name,
@@ -360,10 +367,15 @@ def _native_calls(text: str, tools: Mapping[str, Mapping[str, Any]] | None) -> l
                 source,
                 call.string_values,
                 match.family,
+                cuts,
             )
             for call in match.calls
         )
     return calls
+
+
+# The native families whose calls the built-in readings find on their own (same spans).
+_READ_BY_BUILT_INS = frozenset({"fenced_json", "json"})
 
 
 def find_text_calls(
@@ -831,7 +843,7 @@ def promote_calls(
                     "function": {"name": call.name, "arguments": arguments},
                 }
             )
-        cut.append(span)
+        cut.extend(group[0].cuts or (span,))
     if not cut:
         return promoted
     rest = _without_spans(message_text(message), cut)

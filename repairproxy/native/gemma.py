@@ -24,10 +24,18 @@ from repairproxy.native.values import typed_value
 
 __all__ = [
     "gemma_format",
+    "gemma_may",
 ]
 
 _GEMMA_BARE = re.compile(r"[^,}\]]*")
 _GEMMA_KEY = re.compile(r"\s*([^:{}\[\],<]{1,200}?)\s*:")
+_GEMMA_CALL = re.compile(r"(?:call:|<call>)([A-Za-z_][\w.\-]{0,200})\{")
+
+
+def gemma_may(text: str, schemas: Schemas | None) -> bool:
+    """Whether a Gemma call can be in ``text``: its head (``call:NAME{`` or ``<call>NAME{``)."""
+    del schemas
+    return _GEMMA_CALL.search(text) is not None
 
 
 def _gemma_value(text: str, position: int, stop: int, quote: str, depth: int) -> tuple[Any, int]:
@@ -105,7 +113,7 @@ def gemma_format(
     family: str, quote: str, openers: Sequence[str], closers: Sequence[str], *, bare: bool
 ) -> Callable[[Scanner, Schemas | None], list[NativeMatch]]:
     """``call:NAME{k:<|"|>v<|"|>,n:42}`` (Gemma 4) or with ``<escape>`` quotes (FunctionGemma)."""
-    call = re.compile(r"(?:call:|<call>)([A-Za-z_][\w.\-]{0,200})\{")
+    call = _GEMMA_CALL
 
     def recognise(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
         text = scanner.text

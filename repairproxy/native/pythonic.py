@@ -24,11 +24,13 @@ from repairproxy.native.base import (
 from repairproxy.native.values import INTEGER, NAMED_CONSTANTS, literal
 
 __all__ = [
+    "bare_lines_may",
     "lfm2_list",
     "pythonic_bare",
     "pythonic_bare_lines",
     "pythonic_lines",
     "pythonic_list",
+    "pythonic_may",
     "pythonic_wrapped",
 ]
 
@@ -317,6 +319,12 @@ def pythonic_wrapped(
     return recognise
 
 
+def pythonic_may(text: str, schemas: Schemas | None) -> bool:
+    """Whether a bare pythonic list can be in ``text``: ``[NAME(`` somewhere."""
+    del schemas
+    return _PY_LIST_START.search(text) is not None
+
+
 def pythonic_bare(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
     """``[f(a=1), g(b=2)]`` in the text, no markers (pythonic, Llama 4 stripped, LFM2 stripped).
 
@@ -366,6 +374,14 @@ def pythonic_bare(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch
 
 
 _PY_LINE_CALL = re.compile(r"^[ \t]*([A-Za-z_][\w.]*)\(", re.MULTILINE)
+
+
+def bare_lines_may(text: str, schemas: Schemas | None) -> bool:
+    """Whether Granite's bare lines can be in ``text``: a line opening with ``NAME(`` for a
+    declared tool."""
+    if schemas is None:
+        return False
+    return any(found.group(1) in schemas for found in _PY_LINE_CALL.finditer(text))
 
 
 def pythonic_bare_lines(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:

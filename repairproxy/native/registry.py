@@ -3,19 +3,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from repairproxy.native.base import MAX_MATCHES, NativeMatch, Scanner, Schemas
-from repairproxy.native.gemma import gemma_format
+from repairproxy.native.gemma import gemma_format, gemma_may
 from repairproxy.native.json_formats import apertus, cohere, fenced_json, llama3_json, marker_json
 from repairproxy.native.pythonic import (
+    bare_lines_may,
     lfm2_list,
     pythonic_bare,
     pythonic_bare_lines,
     pythonic_lines,
     pythonic_list,
+    pythonic_may,
     pythonic_wrapped,
 )
 from repairproxy.native.tokens import (
@@ -26,7 +29,9 @@ from repairproxy.native.tokens import (
     deepseek,
     harmony,
     kimi,
+    kimi_may,
     mistral,
+    mistral_may,
 )
 from repairproxy.native.xml_formats import (
     M3,
@@ -41,6 +46,7 @@ __all__ = [
     "FAMILIES",
     "GATES",
     "RECOGNISERS",
+    "Gate",
     "Recogniser",
     "find_native_calls",
     "opening_markers",
@@ -115,48 +121,64 @@ RECOGNISERS: Mapping[str, Recogniser] = MappingProxyType(
     }
 )
 
-Gate = Callable[[str, "Schemas | None"], bool]
+Check = Callable[[str, "Schemas | None"], bool]
 
 
-def _has(marker: str) -> Gate:
-    return lambda text, schemas: marker in text
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """What a recogniser cannot match without: one of ``alternatives`` holds, each a set of
+    substrings that must all occur in the text and, when they do, an optional further check.
+
+    ``find_native_calls`` looks for every gate's substrings in one sweep over the text
+    (``_present``), so a recogniser runs only where its markers are; calling a gate on its own
+    does the same for one recogniser.
+    """
+
+    alternatives: tuple[tuple[frozenset[str], Check | None], ...]
+
+    def __call__(self, text: str, schemas: Schemas | None) -> bool:
+        markers = frozenset(m for needs, _ in self.alternatives for m in needs if m in text)
+        return self.admits(text, markers, schemas)
+
+    def admits(self, text: str, present: frozenset[str], schemas: Schemas | None) -> bool:
+        """Whether the recogniser may match, given the gates' substrings ``present`` in text."""
+        return any(
+            needs <= present and (check is None or check(text, schemas))
+            for needs, check in self.alternatives
+        )
 
 
-def _has_both(first: str, second: str) -> Gate:
-    return lambda text, schemas: first in text and second in text
+def _needs(*markers: str, check: Check | None = None) -> tuple[frozenset[str], Check | None]:
+    return frozenset(markers), check
 
 
-def _kimi_may(text: str, schemas: Schemas | None) -> bool:
-    if KIMI_SECTION[0] in text:
-        return True
-    # Stripped: ``functions.NAME:0 {`` or ``NAME:0 {`` for a declared name.
-    if "{" not in text or ":" not in text:
-        return False
-    return "functions." in text or any(f"{name}:" in text for name in schemas or ())
+def _gate(*alternatives: tuple[frozenset[str], Check | None]) -> Gate:
+    return Gate(tuple(alternatives))
 
 
-def _gemma_may(text: str, schemas: Schemas | None) -> bool:
-    return "{" in text and ("call:" in text or "<call>" in text)
+def _has(*markers: str) -> Gate:
+    return _gate(_needs(*markers))
 
 
-# What each recogniser cannot match without (checked before it runs, a few substring tests):
-# most answers hold no family's marker, and running every recogniser on them is most of the
-# cost of reading a text call. Each gate is a necessary condition of its recogniser, no more.
+# What each recogniser cannot match without (the markers, then a cheap check where the format
+# has none): most answers hold no family's marker, and running every recogniser on them is
+# most of the cost of reading a text call. Each gate is a necessary condition of its
+# recogniser, no more (tested on the corpus).
 GATES: Mapping[str, Gate] = MappingProxyType(
     {
-        "openai_harmony": _has_both("<|message|>", "functions."),
+        "openai_harmony": _has("<|message|>", "functions."),
         "deepseek": _has(DS_CALL_BEGIN),
         "deepseek_dsml": _has("<｜DSML｜invoke"),
-        "kimi_k2": _kimi_may,
+        "kimi_k2": _gate(_needs(KIMI_SECTION[0]), _needs("{", ":", check=kimi_may)),
         "step3": _has("<steptml:invoke"),
         "minimax_m3": _has(M3 + "<tool_call>"),
         "minimax_m2": _has("<invoke"),
-        "gemma4": _gemma_may,
-        "functiongemma": _gemma_may,
-        "hunyuan_v3": _has_both("<tool_sep>", "<tool_call>"),
+        "gemma4": _gate(_needs("{", "call:", check=gemma_may), _needs("{", "<call>")),
+        "functiongemma": _gate(_needs("{", "call:", check=gemma_may), _needs("{", "<call>")),
+        "hunyuan_v3": _has("<tool_sep>", "<tool_call>"),
         "glm": _has("<tool_call>"),
-        "seed_oss": _has_both("<seed:tool_call>", "<function="),
-        "qwen3_xml": _has_both("<tool_call>", "<function="),
+        "seed_oss": _has("<seed:tool_call>", "<function="),
+        "qwen3_xml": _has("<tool_call>", "<function="),
         "hermes": _has("<tool_call>"),
         "tool_calls_json": _has("<tool_calls>"),
         "granite": _has("<|tool_call|>"),
@@ -165,17 +187,48 @@ GATES: Mapping[str, Gate] = MappingProxyType(
         "phi4mini": _has("functools"),
         "apertus": _has("<|tools_prefix|>"),
         "cohere_command": _has("<|START_ACTION|>"),
-        "mistral": lambda text, schemas: MISTRAL in text or (schemas is not None and "{" in text),
+        "mistral": _gate(_needs(MISTRAL), _needs("{", check=mistral_may)),
         "llama4_pythonic": _has("<|python_start|>"),
         "lfm2": _has("<|tool_call_start|>"),
         "olmo3": _has("<function_calls>"),
         "qwen3_xml_bare": _has("<function="),
         "fenced_json": _has("```"),
-        "pythonic": _has_both("[", "("),
-        "granite_pythonic": lambda text, schemas: schemas is not None and "(" in text,
+        "pythonic": _gate(_needs("[", "(", check=pythonic_may)),
+        "granite_pythonic": _gate(_needs("(", check=bare_lines_may)),
         "json": _has('"name"'),
     }
 )
+
+
+def _by_first_character(markers: Iterable[str]) -> Mapping[str, tuple[str, ...]]:
+    groups: dict[str, list[str]] = {}
+    for marker in sorted(set(markers)):
+        groups.setdefault(marker[0], []).append(marker)
+    return MappingProxyType({first: tuple(group) for first, group in groups.items()})
+
+
+# Every gate's substrings, grouped by their first character: a text without ``<`` is searched
+# for none of the tag markers.
+_GATE_MARKERS = _by_first_character(
+    marker for gate in GATES.values() for needs, _ in gate.alternatives for marker in needs
+)
+
+
+def _present(scanner: Scanner) -> frozenset[str]:
+    """The gates' substrings that occur in the text: one search per first character, then one
+    per marker of the characters found."""
+    text = scanner.text
+    present: list[str] = []
+    for first, markers in _GATE_MARKERS.items():
+        scanner.count(len(text))
+        if first not in text:
+            continue
+        if len(markers) == 1 and markers[0] == first:
+            present.append(first)
+            continue
+        scanner.count(len(text) * len(markers))
+        present.extend(marker for marker in markers if marker in text)
+    return frozenset(present)
 
 
 # The labels a promotion's format can carry (metrics, log, header): the families and "other".
@@ -264,21 +317,24 @@ def find_native_calls(
     tools: Schemas | Sequence[Mapping[str, Any]] | None = None,
     *,
     scanner: Scanner | None = None,
+    skip: Collection[str] = (),
 ) -> list[NativeMatch]:
     """Every call written in a family's native format in ``text``, in order of appearance.
 
     ``tools``: the declared tools (a request's ``tools`` list, or name -> parameters schema), used
     to type values the format wrote as text and to accept marker-less variants only for declared
     names; without them string values stay strings (``NativeCall.string_values``). Matches never
-    overlap: the first recogniser in ``RECOGNISERS`` to claim text keeps it.
+    overlap: the first recogniser in ``RECOGNISERS`` to claim text keeps it. ``skip``: families
+    not to run (a caller that reads those shapes itself). Only the recognisers whose gate's
+    markers occur in the text run (one sweep finds them).
     """
     scan = scanner if scanner is not None else Scanner(text)
     schemas = _schemas_of(tools)
     taken: list[NativeMatch] = []
     text = scan.text
+    present = _present(scan)
     for family, recognise in RECOGNISERS.items():
-        scan.count(len(text))  # the gate: a substring search or two
-        if not GATES[family](text, schemas):
+        if family in skip or not GATES[family].admits(text, present, schemas):
             continue
         for match in recognise(scan, schemas):
             if not match.calls or any(match.start < m.end and m.start < match.end for m in taken):

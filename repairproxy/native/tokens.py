@@ -29,7 +29,9 @@ __all__ = [
     "deepseek",
     "harmony",
     "kimi",
+    "kimi_may",
     "mistral",
+    "mistral_may",
 ]
 
 DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
@@ -81,6 +83,19 @@ def deepseek(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
 KIMI_SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
 _KIMI_HEAD = re.compile(r"\s*(?:functions\.)?([A-Za-z_][\w\-]*(?:\.[A-Za-z_][\w\-]*)*)?:?(\d+)\s*$")
 _KIMI_STRIPPED = re.compile(r"(functions\.)?([A-Za-z_][\w\-.]{0,200}):(\d+)[ \t]*(?=[{\[])")
+
+
+_KIMI_INDEX = re.compile(r":\d+[ \t]*[{\[]")
+
+
+def kimi_may(text: str, schemas: Schemas | None) -> bool:
+    """Whether a Kimi call can be in ``text``: its section marker, or the stripped head
+    ``functions.NAME:0 {`` (or ``NAME:0 {`` for a declared name)."""
+    if KIMI_SECTION[0] in text:
+        return True
+    if "{" not in text or _KIMI_INDEX.search(text) is None:
+        return False
+    return "functions." in text or any(f"{name}:" in text for name in schemas or ())
 
 
 def kimi(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
@@ -238,6 +253,15 @@ def _harmony_transcript_start(text: str, call_start: int) -> int:
 MISTRAL = "[TOOL_CALLS]"
 _MISTRAL_V11 = re.compile(r"\s*([A-Za-z_][\w.\-]{0,200})(?=\{)")
 _MISTRAL_STRIPPED = re.compile(r"\A\s*([A-Za-z_][\w.\-]{0,200})(?=\{)")
+
+
+def mistral_may(text: str, schemas: Schemas | None) -> bool:
+    """Whether a Mistral call can be in ``text``: its marker, or the whole text one stripped
+    ``NAME{`` call to a declared tool."""
+    if MISTRAL in text:
+        return True
+    named = _MISTRAL_STRIPPED.match(text)
+    return named is not None and declared(named.group(1), schemas)
 
 
 def mistral(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:

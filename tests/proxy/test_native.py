@@ -35,6 +35,7 @@ from repairproxy.native.registry import GATES
 from repairproxy.observe.metrics import Metrics
 from repairproxy.observe.record import RequestRecord
 from repairproxy.settings import Settings
+from repairproxy.textcalls import promote_calls, read_text_calls
 from tests.support.in_process import in_process_proxy
 from tests.support.mock_transport import MockTransport
 from tests.support.scripted_upstream import completion
@@ -224,8 +225,50 @@ def test_detection_is_linear_in_the_text(unit: str) -> None:
 
 def test_a_text_with_no_marker_costs_a_few_passes() -> None:
     prose = "The weather in Paris is mild today, with light rain expected later. " * 500
-    assert _steps(prose) <= 2 * len(RECOGNISERS) * len(prose)  # one search per recogniser
+    # One sweep for every gate's markers (a search per first character, then per marker of the
+    # characters found), not one search per recogniser, and no recogniser runs.
+    assert _steps(prose) <= 16 * len(prose) < len(RECOGNISERS) * len(prose)
     assert find_native_calls(prose, WEATHER_TOOLS) == []
+
+
+def test_only_the_recognisers_whose_markers_occur_run() -> None:
+    text = 'I will look that up.\n{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    scanner = Scanner(text)
+    (match,) = find_native_calls(text, WEATHER_TOOLS, scanner=scanner)
+    assert match.family == "json"
+    skipped = Scanner(text)
+    assert find_native_calls(text, WEATHER_TOOLS, scanner=skipped, skip={"json"}) == []
+    # With the one recogniser whose marker is there skipped, only the sweep is left.
+    assert skipped.steps <= 16 * len(text)
+    assert skipped.steps < scanner.steps
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        # harmony's final message after the call is the answer's prose
+        (
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+            '{"city": "Paris"}<|call|><|start|>assistant<|channel|>final<|message|>'
+            "Checking Paris now.<|end|>",
+            "Checking Paris now.",
+        ),
+        # what a Mistral model writes between ``[TOOL_CALLS]`` and its list stays
+        (
+            '[TOOL_CALLS] Sure, checking: [{"name": "get_weather", "arguments": '
+            '{"city": "Paris"}}]',
+            "Sure, checking:",
+        ),
+    ],
+    ids=["harmony final message", "mistral text after the marker"],
+)
+def test_prose_inside_a_match_stays_when_the_call_is_promoted(text: str, kept: str) -> None:
+    schemas = {"get_weather": WEATHER_TOOLS[0]["function"]["parameters"]}
+    reading = read_text_calls(text, tools=schemas)
+    assert [(c.name, c.arguments) for c in reading.calls] == [("get_weather", {"city": "Paris"})]
+    promoted = promote_calls({"role": "assistant", "content": text}, reading.calls)
+    assert promoted["content"] == kept
+    assert [e["function"]["name"] for e in promoted["tool_calls"]] == ["get_weather"]
 
 
 # --- through the proxy, buffered and streamed ----------------------------------------------------
