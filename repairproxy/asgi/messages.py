@@ -14,16 +14,21 @@ whole until it is valid, as chat's ``response_format`` is.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
-from typing import Any, TypeVar, cast
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from typing import Any, cast
 
 import orjson
 
 from repairproxy.asgi.call import PipelineCall
+from repairproxy.asgi.chat_upstream import (
+    CHAT_PATH,
+    ChatTextRelay,
+    ask_chat_stream,
+    keep_alive,
+    payload_of,
+)
 from repairproxy.asgi.exchange import Exchange
 from repairproxy.asgi.gate import SSEEvent, SSEParser, ToolCallGate
 from repairproxy.asgi.responder import Responder
@@ -35,7 +40,7 @@ from repairproxy.errors import (
 )
 from repairproxy.pipeline import ChatPipeline, ChatRequest, Decision, instructs, json_object
 from repairproxy.types import API, HeaderList, Outcome, Scope
-from repairproxy.upstream.client import Upstream, UpstreamReply, chat_completion_of, timed
+from repairproxy.upstream.client import Upstream, UpstreamReply, chat_completion_of
 from repairproxy.validation import text_calls_allowed
 from repairproxy.wire.messages import (
     error_body,
@@ -49,16 +54,14 @@ from repairproxy.wire.messages import (
 )
 from repairproxy.wire.openai import ChatCompletion
 
-__all__ = ["MESSAGES_PATH", "PING_SECONDS", "MessagesCall", "error_event", "sse"]
+__all__ = ["MESSAGES_PATH", "MessagesCall", "error_event", "sse"]
 
 MESSAGES_PATH = "/v1/messages"
-CHAT_PATH = "/v1/chat/completions"
-# While a held call is re-asked, the client gets a ping this often (Anthropic pings idle streams).
-PING_SECONDS = 5.0
+# While a held call is re-asked, the client gets a ping every ``KEEP_ALIVE_SECONDS`` (Anthropic
+# pings idle streams).
 _PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 _JSON = (b"content-type", b"application/json")
 _SSE = (b"content-type", b"text/event-stream; charset=utf-8")
-_T = TypeVar("_T")
 
 
 def sse(event: Mapping[str, Any]) -> bytes:
@@ -100,26 +103,6 @@ def _anthropic_error(reply: UpstreamReply) -> UpstreamReply:
     headers = [(n, v) for n, v in reply.headers if n.lower() != b"content-type"]
     content = orjson.dumps(error_body(reply.status_code, message))
     return UpstreamReply(reply.status_code, [*headers, _JSON], content)
-
-
-def _content_of(chunk: Mapping[str, Any]) -> str:
-    """The text a chat stream chunk adds to choice 0."""
-    choices = chunk.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-        return ""
-    delta = choices[0].get("delta")
-    text = delta.get("content") if isinstance(delta, Mapping) else None
-    return text if isinstance(text, str) else ""
-
-
-def _payload(data: bytes | None) -> dict[str, Any]:
-    if not data:
-        return {}
-    try:
-        parsed = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
 
 
 class _Block:
@@ -307,29 +290,15 @@ class MessagesCall(PipelineCall):
     async def _translated_stream(self, responder: Responder) -> None:
         """A chat upstream's stream, gated as chat streams are (prose flows, calls and text that
         could be a call are held), re-framed as Messages events; the rest once judged."""
-        ex, upstream = self.ex, self.upstream
-        assert self.request is not None
-        forward = dict(self.request.forward or self.request.body)
-        forward.update(stream=True, stream_options={"include_usage": True})
-        async with upstream.stream(
-            "POST", CHAT_PATH, self.out_headers, orjson.dumps(forward), ex.timer
-        ) as response:
-            content_type = response.header(b"content-type") or b""
-            if response.status_code != 200 or b"text/event-stream" not in content_type:
-                with upstream.reading():
-                    content = await response.read()
-                reply = UpstreamReply(response.status_code, response.headers, content)
-                if response.status_code >= 300:
-                    ex.record.outcome = Outcome.UPSTREAM_ERROR
-                    reply = _anthropic_error(reply)
-                    await self._whole(responder, reply, reply.content)
-                    return
-                final, _ = await self._judge(chat_completion_of(content, response.status_code))
-                await self._events(responder, message_events(final))
-                return
-            ex.record.status = 200
-            with upstream.reading():
-                await self._relay_chat(timed(response.iter_body(), ex.timer), responder)
+
+        async def whole(completion: ChatCompletion) -> None:
+            final, _ = await self._judge(completion)
+            await self._events(responder, message_events(final))
+
+        async def relay(chunks: AsyncIterable[bytes]) -> None:
+            await self._relay_chat(chunks, responder)
+
+        await ask_chat_stream(self, responder, relay=relay, whole=whole, error=_anthropic_error)
 
     async def _events(self, responder: Responder, events: list[dict[str, Any]]) -> None:
         """Events to end the stream with: the whole stream (headers with the verdict) when
@@ -344,68 +313,44 @@ class MessagesCall(PipelineCall):
             framed.insert(max(len(framed) - 1, 0), ex.trailer_comment())
         await responder.body(b"".join(framed), more=False)
 
-    async def _relay_chat(self, chunks: AsyncIterator[bytes], responder: Responder) -> None:
-        ex, request = self.ex, self.request
-        assert request is not None
+    async def _relay_chat(self, chunks: AsyncIterable[bytes], responder: Responder) -> None:
         message_id = f"msg_{secrets.token_hex(12)}"
         model = self.body.get("model")
-        gate = ToolCallGate(
-            hold_text=request.tools is not None and text_calls_allowed(request.body),
-            hold_all=request.output is not None,  # a structured output is held whole
-        )
-        parser = SSEParser()
-        opened = False  # text block 0 started
 
-        async def release(raws: list[bytes]) -> None:
-            nonlocal opened
-            for raw in raws:
-                for event in SSEParser().feed(raw):
-                    piece = _content_of(_payload(event.data))
-                    if not piece:
-                        continue
-                    out: list[dict[str, Any]] = []
-                    if not responder.started:
-                        headers: HeaderList = [_SSE, (b"cache-control", b"no-cache")]
-                        await responder.start(200, [*headers, *ex.proxy_headers(verdict=False)])
-                        responder.first_byte_at = time.perf_counter()
-                        started: dict[str, Any] = {
-                            "id": message_id,
-                            "type": "message",
-                            "role": "assistant",
-                            "model": model,
-                            "content": [],
-                            "stop_reason": None,
-                            "stop_sequence": None,
-                            "usage": {"input_tokens": 0, "output_tokens": 0},
-                        }
-                        out += [{"type": "message_start", "message": started}, {"type": "ping"}]
-                    if not opened:
-                        block = {"type": "text", "text": ""}
-                        out.append(
-                            {"type": "content_block_start", "index": 0, "content_block": block}
-                        )
-                        opened = True
-                    delta = {"type": "text_delta", "text": piece}
-                    out.append({"type": "content_block_delta", "index": 0, "delta": delta})
-                    await responder.body(b"".join(sse(e) for e in out))
+        def frames(piece: str, meta: Mapping[str, Any] | None) -> bytes:
+            out: list[dict[str, Any]] = []
+            if meta is not None:  # the first piece: the message and its text block open
+                started: dict[str, Any] = {
+                    "id": message_id,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 0, "output_tokens": 0},
+                }
+                block = {"type": "text", "text": ""}
+                out += [
+                    {"type": "message_start", "message": started},
+                    {"type": "ping"},
+                    {"type": "content_block_start", "index": 0, "content_block": block},
+                ]
+            delta = {"type": "text_delta", "text": piece}
+            out.append({"type": "content_block_delta", "index": 0, "delta": delta})
+            return b"".join(sse(e) for e in out)
 
-        async for chunk in chunks:
-            for event in parser.feed(chunk):
-                await release(gate.feed(event))
-        for event in parser.flush():
-            await release(gate.feed(event))
-        completion = gate.assembler.completion()
-        if not isinstance(completion.get("choices"), list) or not gate.assembler.meta:
-            raise UpstreamBadAnswerError("the upstream's chat stream held no chat completion")
-        final, _ = await self._pinging(responder, self._judge(completion))
+        text = ChatTextRelay(self, responder, [_SSE, (b"cache-control", b"no-cache")], frames)
+        await text.run(chunks)
+        final, _ = await keep_alive(responder, self._judge(text.completion()), _PING)
         final["id"] = message_id
-        if not opened:
+        if not text.sent:
             await self._events(responder, message_events(final, preamble=not responder.started))
             return
         content = list(final.get("content") or ())
-        text = "".join(str(b.get("text", "")) for b in content if b.get("type") == "text")
-        left = gate.unsent({"choices": [{"message": {"content": text}}]})
-        more = left["choices"][0]["message"].get("content")
+        more = text.rest(
+            "".join(str(b.get("text", "")) for b in content if b.get("type") == "text")
+        )
         events: list[dict[str, Any]] = []
         if more:
             delta = {"type": "text_delta", "text": more}
@@ -416,23 +361,6 @@ class MessagesCall(PipelineCall):
         await self._events(
             responder, [*events, *message_events(shown, first_block=1, preamble=False)]
         )
-
-    async def _pinging(self, responder: Responder, work: Awaitable[_T]) -> _T:
-        """``work``'s result; a stream already under way gets a ``ping`` every PING_SECONDS."""
-        if not responder.started:
-            return await work
-        task = asyncio.ensure_future(work)
-        try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=PING_SECONDS)
-                if done:
-                    return task.result()
-                await responder.body(_PING)
-        finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
 
     async def _relay(
         self, chunks: AsyncIterator[bytes], responder: Responder, headers: HeaderList
@@ -472,7 +400,7 @@ class MessagesCall(PipelineCall):
 
         async for chunk in chunks:
             for event in parser.feed(chunk):
-                payload = _payload(event.data)
+                payload = payload_of(event.data)
                 kind = payload.get("type")
                 index = payload.get("index")
                 if kind == "message_start" and isinstance(payload.get("message"), dict):
@@ -549,7 +477,7 @@ class MessagesCall(PipelineCall):
             "usage": usage,
         }
         self._first = first
-        final, changed = await self._pinging(responder, self._judge(to_chat_completion(first)))
+        final, changed = await keep_alive(responder, self._judge(to_chat_completion(first)), _PING)
         if not changed:
             await self._finish(responder, headers, held())
             return

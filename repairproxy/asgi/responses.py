@@ -14,21 +14,30 @@ for a structured output (``text.format``) is held whole and checked, as chat's
 ``response_format`` is, so its headers carry the verdict. An upstream that
 serves chat completions only (``--upstream-apis`` without ``responses``) is asked in chat and the
 judged answer is translated back; a stream is then asked as a chat stream and framed as Responses
-events while it arrives (prose flows, calls are held as the chat stream gate holds them).
+events while it arrives (prose flows, calls are held as the chat stream gate holds them;
+``asgi/chat_upstream.py`` does that part for Messages too). A stream under way that waits for its
+verdict (a held call re-asked) gets an SSE comment (``: keep-alive``) every few seconds.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from typing import Any, cast
 from urllib.parse import parse_qs
 
 import orjson
 
 from repairproxy.asgi.call import PipelineCall
+from repairproxy.asgi.chat_upstream import (
+    CHAT_PATH,
+    ChatTextRelay,
+    ask_chat_stream,
+    keep_alive,
+    payload_of,
+)
 from repairproxy.asgi.exchange import Exchange
-from repairproxy.asgi.gate import MAX_HELD_CONTENT_CHARS, SSEParser, ToolCallGate, call_opening
+from repairproxy.asgi.gate import MAX_HELD_CONTENT_CHARS, SSEParser, call_opening
 from repairproxy.asgi.responder import Responder
 from repairproxy.episodes.budget import EpisodeRef
 from repairproxy.episodes.responses_store import (
@@ -46,13 +55,7 @@ from repairproxy.errors import (
 )
 from repairproxy.pipeline import ChatPipeline, ChatRequest, instructs, json_object
 from repairproxy.types import API, HeaderList, Outcome, Scope
-from repairproxy.upstream.client import (
-    Upstream,
-    UpstreamReply,
-    chat_completion_of,
-    timed,
-)
-from repairproxy.validation import text_calls_allowed
+from repairproxy.upstream.client import Upstream, chat_completion_of
 from repairproxy.wire.openai import ChatCompletion
 from repairproxy.wire.responses import (
     from_chat_completion,
@@ -72,7 +75,6 @@ from repairproxy.wire.responses import (
 __all__ = ["RESPONSES_PATH", "ResponsesCall", "error_event", "stored_response"]
 
 RESPONSES_PATH = "/v1/responses"
-_CHAT_PATH = "/v1/chat/completions"
 _SSE_HEADERS: HeaderList = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache"),
@@ -82,6 +84,8 @@ _JSON_HEADERS: HeaderList = [(b"content-type", b"application/json")]
 _PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})
 _FAILED = frozenset({"response.failed", "response.incomplete", "error"})
 _LIFECYCLE_FIELD = "response"  # the field of lifecycle events that holds the response object
+# Sent while a stream under way waits for its verdict (OpenAI clients skip SSE comments).
+_BEAT = b": keep-alive\n\n"
 
 
 def _response_of(content: bytes, status: int) -> dict[str, Any]:
@@ -308,7 +312,7 @@ class ResponsesCall(PipelineCall):
         ex = self.ex
         assert self.request is not None
         reply = await self.upstream.request(
-            "POST", _CHAT_PATH, self.out_headers, self.request.forward_raw, ex.timer, self.query
+            "POST", CHAT_PATH, self.out_headers, self.request.forward_raw, ex.timer, self.query
         )
         if not 200 <= reply.status_code < 300:
             ex.record.outcome = Outcome.UPSTREAM_ERROR
@@ -328,115 +332,72 @@ class ResponsesCall(PipelineCall):
     async def _translated_stream(self, responder: Responder) -> None:
         """A chat upstream's stream, gated as chat streams are (prose flows as ``output_text``
         deltas; calls, text that could be a call and a structured output are held), framed as
-        Responses events; the rest once judged."""
-        ex, upstream = self.ex, self.upstream
-        assert self.request is not None
-        forward = dict(self.request.forward or self.request.body)
-        forward.update(stream=True, stream_options={"include_usage": True})
-        async with upstream.stream(
-            "POST", _CHAT_PATH, self.out_headers, orjson.dumps(forward), ex.timer, self.query
-        ) as response:
-            content_type = response.header(b"content-type") or b""
-            if response.status_code != 200 or b"text/event-stream" not in content_type:
-                with upstream.reading():
-                    content = await response.read()
-                reply = UpstreamReply(response.status_code, response.headers, content)
-                if not 200 <= response.status_code < 300:
-                    ex.record.outcome = Outcome.UPSTREAM_ERROR
-                    await self._whole(responder, reply, content)  # chat errors are OpenAI-shaped
-                    return
-                completion = chat_completion_of(content, response.status_code)
-                await self._relay_chat(_no_chunks(), responder, completion)
-                return
-            ex.record.status = 200
-            with upstream.reading():
-                await self._relay_chat(timed(response.iter_body(), ex.timer), responder)
+        Responses events; the rest once judged. Chat errors are OpenAI-shaped: sent as they are."""
+
+        async def whole(completion: ChatCompletion) -> None:
+            await self._relay_chat(responder, None, completion)
+
+        async def relay(chunks: AsyncIterable[bytes]) -> None:
+            await self._relay_chat(responder, chunks)
+
+        await ask_chat_stream(self, responder, relay=relay, whole=whole)
 
     async def _relay_chat(
         self,
-        chunks: AsyncIterator[bytes],
         responder: Responder,
+        chunks: AsyncIterable[bytes] | None,
         whole: ChatCompletion | None = None,
     ) -> None:
         """Frame a chat stream (or a ``whole`` answer) as a Responses stream: one response id,
         the text of message item 0 as it is released by the chat gate, then the judged rest
         (the text's remainder, the calls, the terminal event) with the verdict comment."""
-        ex, request = self.ex, self.request
-        assert request is not None
+        ex = self.ex
         self.response_id = response_id = new_response_id()
         echoed = {**self.body, "input": None}
-        gate = ToolCallGate(
-            hold_text=request.tools is not None and text_calls_allowed(request.body),
-            hold_all=request.output is not None,
-        )
-        parser = SSEParser()
         item = message_item(new_item_id("msg"), "", status="in_progress")
-        sent: list[str] = []  # the text pieces the client has
-        upstream_error: dict[str, Any] | None = None
 
-        async def release(raws: list[bytes]) -> None:
-            for raw in raws:
-                for event in SSEParser().feed(raw):
-                    piece = _chat_text(_payload(event.data))
-                    if not piece:
-                        continue
-                    out: list[dict[str, Any]] = []
-                    if not responder.started:
-                        await responder.start(
-                            200, [*_SSE_HEADERS, *ex.proxy_headers(verdict=False)]
-                        )
-                        responder.first_byte_at = time.perf_counter()
-                        meta: dict[str, Any] = {
-                            "model": gate.assembler.meta.get("model"),
-                            "choices": [{}],
-                        }
-                        opened = from_chat_completion(meta, echoed, response_id)
-                        opened.update(status="in_progress", usage=None)
-                        out += [
-                            {"type": "response.created", "response": opened},
-                            {"type": "response.in_progress", "response": opened},
-                        ]
-                    if not sent:
-                        out += message_item_opened(item, 0)
-                    sent.append(piece)
-                    out.append(output_text_delta(item, 0, piece))
-                    await responder.body(b"".join(self._frame(e) for e in out))
+        def frames(piece: str, meta: Mapping[str, Any] | None) -> bytes:
+            out: list[dict[str, Any]] = []
+            if meta is not None:  # the first piece: the response and its message item open
+                opened = from_chat_completion(
+                    {"model": meta.get("model"), "choices": [{}]}, echoed, response_id
+                )
+                opened.update(status="in_progress", usage=None)
+                out += [
+                    {"type": "response.created", "response": opened},
+                    {"type": "response.in_progress", "response": opened},
+                    *message_item_opened(item, 0),
+                ]
+            out.append(output_text_delta(item, 0, piece))
+            return b"".join(self._frame(e) for e in out)
 
-        async for chunk in chunks:
-            for event in parser.feed(chunk):
-                payload = _payload(event.data)
-                if "error" in payload and "choices" not in payload:
-                    upstream_error = upstream_error or payload
-                await release(gate.feed(event))
-        for event in parser.flush():
-            gate.feed(event)
-        if upstream_error is not None:  # the upstream's own in-band error: passed on, not judged
+        text = ChatTextRelay(self, responder, _SSE_HEADERS, frames)
+        if chunks is not None:
+            await text.run(chunks)
+        if text.upstream_error is not None:  # the upstream's own in-band error: not judged
             ex.record.outcome = Outcome.UPSTREAM_ERROR
             if not responder.started:
                 await responder.start(200, [*_SSE_HEADERS, *ex.proxy_headers()])
                 responder.first_byte_at = time.perf_counter()
-            await responder.body(error_event(upstream_error), more=False)
+            await responder.body(error_event(text.upstream_error), more=False)
             return
-        if whole is None:
-            if not gate.assembler.meta:
-                raise UpstreamBadAnswerError("the upstream's chat stream held no chat completion")
-            whole = cast(ChatCompletion, gate.assembler.completion())
-        outcome = await self._decide(whole)
+        outcome = await keep_alive(responder, self._decide(whole or text.completion()), _BEAT)
         final = from_chat_completion(cast(Mapping[str, Any], outcome.answer), echoed, response_id)
-        if not sent:
+        if not text.sent:
             await self._keep(final)
             await self._finish(
                 responder, _SSE_HEADERS, [self._frame(e) for e in response_events(final)]
             )
             return
-        shown = "".join(sent)
-        answer = "".join(
-            str(part.get("text", ""))
-            for out in final["output"]
-            if out.get("type") == "message"
-            for part in out.get("content") or ()
+        shown = "".join(text.sent)
+        rest = text.rest(
+            "".join(
+                str(part.get("text", ""))
+                for out in final["output"]
+                if out.get("type") == "message"
+                for part in out.get("content") or ()
+            )
         )
-        rest = answer[len(shown) :] if answer.startswith(shown) else ""  # a re-ask's new text
         item = message_item(str(item["id"]), shown + rest)
         final["output"] = [item, *(o for o in final["output"] if o.get("type") != "message")]
         await self._keep(final)
@@ -497,7 +458,7 @@ class ResponsesCall(PipelineCall):
 
         async for chunk in chunks:
             for event in parser.feed(chunk):
-                payload = _payload(event.data)
+                payload = payload_of(event.data)
                 kind = payload.get("type")
                 if not payload:
                     if not rewrite:
@@ -555,7 +516,7 @@ class ResponsesCall(PipelineCall):
             return
         if final is None:
             raise UpstreamUnavailableError("the upstream's event stream ended before completing")
-        answer, changed = await self._judge(final, streamed)
+        answer, changed = await keep_alive(responder, self._judge(final, streamed), _BEAT)
         if changed:
             # The preamble went out already, unless everything was held (then it leads again).
             preamble = [p for p, _ in held if p.get("type") in _PREAMBLE]
@@ -647,29 +608,3 @@ async def stored_response(
         "last_id": id_of(page[-1]) if page else None,
         "has_more": len(items) > limit,
     }
-
-
-async def _no_chunks() -> AsyncIterator[bytes]:
-    """An empty stream (an upstream that answered a stream request with one JSON body)."""
-    return
-    yield b""  # pragma: no cover - makes this an async generator
-
-
-def _chat_text(chunk: Mapping[str, Any]) -> str:
-    """The text a chat stream chunk adds to choice 0."""
-    choices = chunk.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-        return ""
-    delta = choices[0].get("delta")
-    text = delta.get("content") if isinstance(delta, Mapping) else None
-    return text if isinstance(text, str) else ""
-
-
-def _payload(data: bytes | None) -> dict[str, Any]:
-    if not data:
-        return {}
-    try:
-        parsed = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return {}
-    return parsed if isinstance(parsed, dict) else {}

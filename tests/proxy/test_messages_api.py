@@ -481,9 +481,9 @@ def test_oversized_headers_get_a_431_the_anthropic_client_reads(upstream: Messag
 def test_a_stream_gets_pings_while_a_held_call_is_re_asked(
     start: Any, upstream: MessagesUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import repairproxy.asgi.messages as framing
+    import repairproxy.asgi.chat_upstream as framing
 
-    monkeypatch.setattr(framing, "PING_SECONDS", 0.02)
+    monkeypatch.setattr(framing, "KEEP_ALIVE_SECONDS", 0.02)
     proxy = start()
     upstream.slow_re_asks(0.5)
     upstream.push(

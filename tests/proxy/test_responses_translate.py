@@ -294,3 +294,33 @@ def test_a_translated_stream_with_repair_off_says_what_was_wrong(
     assert text == '{"name": "Ann"}'
     assert events[-1]["type"] == "response.completed"
     assert len(upstream.chat_requests) == 1
+
+
+def test_a_translated_stream_keeps_alive_while_a_held_call_is_re_asked(
+    start: Any, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prose went out, the invented call after it is re-asked slower than the keep-alive
+    interval: the client hears SSE comments meanwhile (as a Messages stream hears pings), and
+    the official client still parses the stream into the repaired answer."""
+    import repairproxy.asgi.chat_upstream as framing
+
+    monkeypatch.setattr(framing, "KEEP_ALIVE_SECONDS", 0.02)
+    proxy = start()
+    for _ in range(2):  # once read raw, once through the official client
+        upstream.push(
+            completion(content="Checking.", tool_calls=[tool_call("lookup_order", GOOD)]),
+            completion(tool_calls=[tool_call("get_order_details", GOOD)], delay=0.5),
+        )
+    body = {"model": "m", "input": "Where?", "tools": TOOLS, "stream": True}
+    lines = httpx.post(proxy.base_url + "/responses", json=body, timeout=30).text.splitlines()
+    kinds = [line[7:] if line.startswith("event: ") else line for line in lines]
+    text = kinds.index("response.output_text.delta")  # the prose, released before the verdict
+    call = kinds.index("response.output_item.added", text)  # the repaired call
+    assert ": keep-alive" in kinds[text:call]
+    with _client(proxy).responses.stream(model="m", input="Where?", tools=TOOLS) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert final.output_text == "Checking."
+    assert [i.name for i in final.output if i.type == "function_call"] == ["get_order_details"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    _only_chat(upstream)
