@@ -214,20 +214,34 @@ _GATE_MARKERS = _by_first_character(
 )
 
 
+def _keyed(gates: Mapping[str, Gate]) -> Mapping[str, frozenset[str]]:
+    """Marker -> the families with an alternative that needs it (its longest marker): only those
+    can pass where the marker occurs."""
+    keyed: dict[str, set[str]] = {}
+    for family, gate in gates.items():
+        for needs, _ in gate.alternatives:
+            keyed.setdefault(max(sorted(needs), key=len), set()).add(family)
+    return MappingProxyType({marker: frozenset(group) for marker, group in keyed.items()})
+
+
+_KEYED = _keyed(GATES)
+
+
 def _present(scanner: Scanner) -> frozenset[str]:
     """The gates' substrings that occur in the text: one search per first character, then one
     per marker of the characters found."""
     text = scanner.text
     present: list[str] = []
+    searches = len(_GATE_MARKERS)
     for first, markers in _GATE_MARKERS.items():
-        scanner.count(len(text))
         if first not in text:
             continue
-        if len(markers) == 1 and markers[0] == first:
+        if markers == (first,):
             present.append(first)
             continue
-        scanner.count(len(text) * len(markers))
+        searches += len(markers)
         present.extend(marker for marker in markers if marker in text)
+    scanner.count(searches * len(text))
     return frozenset(present)
 
 
@@ -333,8 +347,11 @@ def find_native_calls(
     taken: list[NativeMatch] = []
     text = scan.text
     present = _present(scan)
+    maybe = {family for marker in present for family in _KEYED.get(marker, ())}
     for family, recognise in RECOGNISERS.items():
-        if family in skip or not GATES[family].admits(text, present, schemas):
+        if family not in maybe or family in skip:
+            continue
+        if not GATES[family].admits(text, present, schemas):
             continue
         for match in recognise(scan, schemas):
             if not match.calls or any(match.start < m.end and m.start < match.end for m in taken):
