@@ -13,13 +13,19 @@ recogniser into one of three outcomes:
 
 * **promoted** (a candidate, kept in ``TextCallReading.calls``): the call stands alone, or ends the
   answer, in a call shape; prose before it ("Let me look that up.") and a reasoning block before it
-  do not change that. Validation then promotes it when it names a declared tool with valid
-  arguments and does not conflict with the request.
+  do not change that, nor does a closing remark that asks about nothing the call does ("Would you
+  like to know more?"). A call opened by a family's special token (``[TOOL_CALLS]``,
+  ``<|tool_call>``, ``<｜tool▁calls▁begin｜>``, ``<tool_call>``) is an act, not a quotation: prose
+  glued to it on its line ("Hello[TOOL_CALLS]add{...}", "{...}<|tools_suffix|> After tools.") is
+  text of its own, unless it carries a sentence on through the call ("... and the refund went
+  through"); the sentences each side are still read as below. Validation then promotes it when it
+  names a declared tool with valid arguments and does not conflict with the request.
 * **not a call** (``TextCallReading.prose``, with the reason): prose follows it (it is narrated,
   quoted, declined or conditioned: "I called {...} and ...", "I will not run {...} unless ..."),
   it sits inside a sentence, the sentence leading into it declines, conditions, narrates or
-  exemplifies ("If you confirm, I'll call: {...}"), it sits inside a reasoning block (``<think>``,
-  ``<seed:think>``, ...) or a code fence whose language is not JSON or a tool-call tag
+  exemplifies ("If you confirm, I'll call: {...}"), the sentence after it makes it wait for the
+  user ("Shall I proceed?", "... requires your confirmation"), it sits inside a reasoning block
+  (``<think>``, ``<seed:think>``, ...) or a code fence whose language is not JSON or a tool-call tag
   (```` ```python ````), or it appears verbatim in a tool result or user message of the request
   (an injection). An answer that *presents* calls is not making them: after a lead-in such as
   "Here is an example of how you can call these functions:" (read over any fences between)
@@ -505,6 +511,8 @@ _CUE_WORDS = frozenset(
         "was",
         "already",
         "earlier",
+        "yesterday",
+        "ago",
         "last",
         "example",
         "format",
@@ -557,9 +565,22 @@ def _cue(sentence: str) -> _Cue | None:
     return found
 
 
-def _not_now(sentence: str) -> bool:
-    """Whether ``sentence`` declines, conditions, narrates or exemplifies what follows it."""
-    return _cue(sentence) is not None
+# After a call only: words that make it wait for the user ("... Shall I proceed?", "...
+# requires your confirmation"). Before a call they are how an agent acts on a confirmation.
+_WAITING_PREFIXES = ("confirm", "approv", "permission", "proceed", "shall")
+
+
+def _not_now(sentence: str, *, after: bool = False) -> bool:
+    """Whether ``sentence`` declines, conditions, narrates or exemplifies what follows it; with
+    ``after``, the sentence after a call, also whether it makes the call wait for the user."""
+    if _cue(sentence) is not None:
+        return True
+    if not after:
+        return False
+    lowered = sentence.lower()
+    return "go ahead" in lowered or any(
+        word.startswith(_WAITING_PREFIXES) for word in _WORD.findall(lowered)
+    )
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n")
@@ -748,7 +769,10 @@ def _standing(
     for call in calls:
         span = (call.start, call.end)
         if span not in verdicts:
-            verdicts[span] = NotACall.EXAMPLE if presenting else _standing_reason(rest, *span)
+            opened = _SPECIAL_OPENER.match(text, call.start) is not None
+            verdicts[span] = (
+                NotACall.EXAMPLE if presenting else _standing_reason(rest, *span, opened=opened)
+            )
             presenting = verdicts[span] is NotACall.EXAMPLE
         reason = verdicts[span]
         if reason is None:
@@ -758,14 +782,22 @@ def _standing(
     return kept
 
 
-def _standing_reason(rest: str, start: int, end: int) -> NotACall | None:
-    """Why the call at ``start:end`` is not a call, read from the prose ``rest`` around it."""
+def _standing_reason(rest: str, start: int, end: int, *, opened: bool) -> NotACall | None:
+    """Why the call at ``start:end`` is not a call, read from the prose ``rest`` around it.
+
+    ``opened``: the call opens with a family's special token (``[TOOL_CALLS]``,
+    ``<|tool_call>``, ``<｜tool▁calls▁begin｜>``): a token a model emits to act, not to quote,
+    so prose glued before it on its line is no sentence it sits in, and prose after it on its
+    line is a remark of its own unless it continues a sentence ("... and the refund went
+    through"). The sentence each side is still read for what declines, conditions, narrates.
+    """
     line_start = rest.rfind("\n", 0, start) + 1
     line_end = rest.find("\n", end)
     before = rest[line_start:start].strip()
-    if before and before[-1] not in ".!?:":
+    if before and before[-1] not in ".!?:" and not opened:
         return NotACall.IN_SENTENCE
-    if rest[end : len(rest) if line_end < 0 else line_end].strip():
+    after = rest[end : len(rest) if line_end < 0 else line_end].strip()
+    if after and not (opened and not _continues(after)) and not _closing_remark(after):
         return NotACall.FOLLOWED
     # One sentence of prose each side is read, over any blanked block between (a sentence
     # longer than _SENTENCE_CHARS is cut).
@@ -775,13 +807,46 @@ def _standing_reason(rest: str, start: int, end: int) -> NotACall | None:
     cue = _cue(leading[-1]) if leading else None
     if cue is not None:
         return NotACall.EXAMPLE if cue is _Cue.EXAMPLE else NotACall.LEAD_IN
-    after = _PROSE_START.search(rest, end)
-    prose_start = after.start() if after else len(rest)
+    next_prose = _PROSE_START.search(rest, end)
+    prose_start = next_prose.start() if next_prose else len(rest)
     window = rest[prose_start : prose_start + _SENTENCE_CHARS]
     following = [s for s in _SENTENCE_END.split(window) if s.strip()]
-    if following and _not_now(following[0]):
+    if following and _not_now(following[0], after=True) and not _closing_remark(following[0]):
         return NotACall.FOLLOWED
     return None
+
+
+# A family's special token, spelled as the servers write it when they keep it in the text.
+# ``<tool_call>`` is one too, an added token in the Qwen and Hermes tokenizers.
+_SPECIAL_OPENER = re.compile(
+    r"\s*(?:<\|[A-Za-z_]+\|?>|<｜[^｜<>\n]{1,40}｜>|\[TOOL_CALLS\]|<tool_call>)"
+)
+# Words that, first after a call, carry the sentence on through it: the call is part of it.
+_CONTINUING = frozenset(
+    [
+        *("and", "but", "or", "nor", "so", "then", "which", "that", "who", "whose", "to", "for"),
+        *("with", "because", "since", "unless", "until", "if", "when", "while", "after"),
+        *("before", "once", "as", "was", "were", "is", "are", "has", "have", "had", "did"),
+        *("does", "do", "will", "would", "could", "should", "can", "may", "might", "must"),
+        *("went", "worked"),
+    ]
+)
+# Remarks that close an answer without saying anything about the call (asked about nothing it
+# does): one of these after a call does not make it prose. Matched whole, on the lowered text.
+_CLOSING_REMARK = re.compile(
+    r"(?:would you like to know more|do you want to know more|is there anything else[^.!?]*"
+    r"|anything else|hope (?:this|that) helps|let me know if you need anything else)[.!?]*"
+)
+
+
+def _continues(after: str) -> bool:
+    """Whether the prose right after a call carries its sentence on (a lowercase joining word)."""
+    word = _WORD.match(after)
+    return word is not None and word.group() in _CONTINUING
+
+
+def _closing_remark(sentence: str) -> bool:
+    return _CLOSING_REMARK.fullmatch(sentence.strip().lower()) is not None
 
 
 def find_call_in_text(text: str) -> tuple[str | None] | None:
