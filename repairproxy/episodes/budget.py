@@ -43,6 +43,7 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from repairproxy.episodes.chaining import (
+    CanonicalCache,
     ChainIndex,
     ConversationKeys,
     MemoryChainIndex,
@@ -506,6 +507,7 @@ class ErrorBudget:
             ttl = getattr(store, "idle_ttl_seconds", 3600.0)
             chains = MemoryChainIndex(LINKS_PER_EPISODE * max_episodes, ttl)
         self.chains = chains
+        self.canonical = CanonicalCache()  # a resent history's call turns, digested once
         self.episode_header = episode_header.lower()
         self._new_episode_id = new_episode_id
         self._warned_missing_header = False
@@ -541,6 +543,7 @@ class ErrorBudget:
         keys = conversation_keys(
             messages if isinstance(messages, list) else (),
             scope=self.chain_scope(tenant, body.get("model")),
+            cache=self.canonical,
         )
         chained: dict[str, Any] = {
             "conversation": keys,
@@ -588,6 +591,7 @@ class ErrorBudget:
             keys = conversation_keys(
                 messages if isinstance(messages, list) else (),
                 scope=self.chain_scope("", body.get("model")),
+                cache=self.canonical,
             )
         await self.chains.link(keys.answer_key(answer_message), episode_id)
         if keys.elided_link is not None:

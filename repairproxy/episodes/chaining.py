@@ -41,6 +41,7 @@ from typing import Any, Protocol
 import orjson
 
 __all__ = [
+    "CanonicalCache",
     "ChainIndex",
     "ChainLink",
     "ConversationKeys",
@@ -218,6 +219,95 @@ def canonical_message(message: Mapping[str, Any], *, with_call_ids: bool = True)
     return form.encode("utf-8", "surrogatepass")
 
 
+def _cache_key(message: Any) -> bytes | None:
+    """The exact serialisation of an assistant message with tool calls, when every field
+    ``canonical_message`` reads has a JSON type (str, or null where it may be): then equal keys
+    mean equal canonical forms. None for any other message (computed afresh, never cached).
+
+    Never dict equality: ``1 == 1.0 == True`` while their forms differ (arguments sent as
+    numbers digest as ``1``, ``1.0``, ``true``); the serialised bytes tell them apart, and a
+    value whose type JSON cannot hold (a subclass, an enum, a float for a string) is refused
+    before serialising.
+    """
+    if type(message) is not dict or message.get("role") != "assistant":
+        return None
+    calls = message.get("tool_calls")
+    if type(calls) is not list or not calls or message.get("function_call") is not None:
+        return None
+    if type(message["role"]) is not str:
+        return None
+    content = message.get("content")
+    if content is not None and type(content) is not str:
+        return None
+    for call in calls:
+        if type(call) is not dict:
+            return None
+        function = call.get("function")
+        if type(function) is not dict:
+            return None
+        for value in (call.get("id"), function.get("name"), function.get("arguments")):
+            if value is not None and type(value) is not str:
+                return None
+    try:
+        return orjson.dumps(message, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
+    except TypeError:
+        return None
+
+
+class CanonicalCache:
+    """``canonical_message`` remembered per conversation turn, so a resent history costs a
+    serialisation and a lookup per assistant call message instead of its canonical form
+    (re-parsing and re-serialising each call's arguments: ~7 us a message here, ~1 us this way).
+
+    Only assistant messages with tool calls are kept (the only ones whose form costs much more
+    than their serialisation), keyed by their exact serialised bytes (``_cache_key``), the forms
+    with and without call ids apart. Bounded by ``max_bytes`` of keys and forms together; the
+    oldest entries go first (a turn still in use is remembered again on its next miss). One per
+    process, on the event loop: no lock.
+    """
+
+    def __init__(self, max_bytes: int = 8 << 20) -> None:
+        if max_bytes < 0:
+            raise ValueError("max_bytes must be >= 0")
+        self.max_bytes = max_bytes
+        self.size = 0  # bytes held: keys and forms
+        # serialised message -> its form with call ids; b"\0" + serialised -> without them (a
+        # serialised dict starts with "{", so the two never meet). Oldest first.
+        self._forms: dict[bytes, bytes] = {}
+
+    def __len__(self) -> int:
+        return len(self._forms)
+
+    def canonical(self, message: Mapping[str, Any], *, with_call_ids: bool = True) -> bytes:
+        """``canonical_message(message, with_call_ids=...)``, from memory when it was seen."""
+        if not message.get("tool_calls"):  # most messages: not kept, no key to make
+            return canonical_message(message, with_call_ids=with_call_ids)
+        key = _cache_key(message)
+        if key is None:
+            return canonical_message(message, with_call_ids=with_call_ids)
+        if not with_call_ids:
+            key = b"\0" + key
+        form = self._forms.get(key)
+        if form is None:
+            form = canonical_message(message, with_call_ids=with_call_ids)
+            self._remember(key, form)
+        return form
+
+    def _remember(self, key: bytes, form: bytes) -> None:
+        cost = len(key) + len(form)
+        if cost > self.max_bytes:
+            return
+        forms = self._forms
+        forms[key] = form
+        self.size += cost
+        while self.size > self.max_bytes:
+            old_key = next(iter(forms))
+            self.size -= len(old_key) + len(forms.pop(old_key))
+
+
+Canonical = Callable[..., bytes]
+
+
 def _has_calls(message: Mapping[str, Any]) -> bool:
     return bool(message.get("tool_calls")) or message.get("function_call") is not None
 
@@ -241,7 +331,10 @@ def _messages(messages: Iterable[Any]) -> list[Mapping[str, Any]]:
 
 
 def _stream(
-    messages: Sequence[Mapping[str, Any]], with_call_ids: bool, scope: bytes = b""
+    messages: Sequence[Mapping[str, Any]],
+    with_call_ids: bool,
+    scope: bytes = b"",
+    canonical: Canonical = canonical_message,
 ) -> tuple[Any, bytes | None]:
     """The running hash over ``messages`` (from ``scope``) and its digest at the last assistant
     message."""
@@ -252,7 +345,7 @@ def _stream(
     stream = hashlib.blake2b(_SEED + scope, digest_size=DIGEST_BYTES)
     resume: bytes | None = None
     for position, message in enumerate(messages):
-        stream.update(canonical_message(message, with_call_ids=with_call_ids))
+        stream.update(canonical(message, with_call_ids=with_call_ids))
         if position == last:
             resume = stream.digest()
     return stream, resume
@@ -278,30 +371,35 @@ class ConversationKeys:
     # key to look up when ``resume`` finds nothing, and the extra key to link after an answer.
     elided_resume: bytes | None = None
     elided_link: bytes | None = None
+    _canonical: Canonical = field(default=canonical_message, compare=False, repr=False)
 
     def plain_resume(self) -> bytes | None:
         """``resume`` without assistant call ids; None when that is ``resume`` itself."""
         if not self._ids_matter:
             return None
-        return _stream(self._messages, with_call_ids=False, scope=self._scope)[1]
+        return _stream(self._messages, False, self._scope, self._canonical)[1]
 
     def answer_key(self, answer: Mapping[str, Any]) -> bytes:
         """The key an answer is remembered under: with its call ids, unless one is missing."""
         if _has_all_call_ids(answer):
             stream = self._stream.copy()
-            stream.update(canonical_message(answer))
+            stream.update(self._canonical(answer))
         else:
-            stream = _stream(self._messages, with_call_ids=False, scope=self._scope)[0]
-            stream.update(canonical_message(answer, with_call_ids=False))
+            stream = _stream(self._messages, False, self._scope, self._canonical)[0]
+            stream.update(self._canonical(answer, with_call_ids=False))
         digest: bytes = stream.digest()
         return digest
 
 
-def conversation_keys(messages: Iterable[Any], *, scope: bytes = b"") -> ConversationKeys:
+def conversation_keys(
+    messages: Iterable[Any], *, scope: bytes = b"", cache: CanonicalCache | None = None
+) -> ConversationKeys:
     """The keys of a request's history: one pass over its messages, from ``scope`` (histories
-    under different scopes never share a key)."""
+    under different scopes never share a key); ``cache`` remembers the costly message forms
+    across requests (the same keys either way)."""
     kept = _messages(messages)
-    stream, resume = _stream(kept, with_call_ids=True, scope=scope)
+    canonical = canonical_message if cache is None else cache.canonical
+    stream, resume = _stream(kept, True, scope, canonical)
     ids_matter = any(m.get("role") == "assistant" and _has_calls(m) for m in kept)
     elided_resume = elided_link = None
     form = _elided_format(kept)
@@ -312,7 +410,15 @@ def conversation_keys(messages: Iterable[Any], *, scope: bytes = b"") -> Convers
             linked.update(_ELIDED)
             elided_link = linked.digest()
     return ConversationKeys(
-        resume, stream.digest(), stream, kept, ids_matter, scope, elided_resume, elided_link
+        resume,
+        stream.digest(),
+        stream,
+        kept,
+        ids_matter,
+        scope,
+        elided_resume,
+        elided_link,
+        canonical,
     )
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from repairproxy.episodes.budget import BudgetSnapshot, EpisodeRef, ErrorBudget, MemoryEpisodeStore
 from repairproxy.episodes.chaining import (
+    CanonicalCache,
     ChainLink,
     MemoryChainIndex,
     canonical_message,
@@ -624,3 +625,74 @@ def test_histories_under_different_scopes_never_share_a_key(
     one, other = (conversation_keys(history, scope=scope) for scope in scopes)
     assert one.history != other.history
     assert one.answer_key(answer) != other.answer_key(answer)
+
+
+# -- the per-turn cache of canonical forms ---------------------------------------------------------
+
+
+def _call_message(arguments: Any, call_id: Any = "call_1") -> dict[str, Any]:
+    call = {"id": call_id, "type": "function", "function": {"name": "f", "arguments": arguments}}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(history=_histories, answer=_answers)
+def test_the_cache_gives_the_keys_the_plain_pass_gives(
+    history: list[dict[str, Any]], answer: dict[str, Any]
+) -> None:
+    cache = CanonicalCache()
+    for _ in range(2):  # the first pass fills the cache, the second reads it
+        cached = conversation_keys([*history, _as_resent(answer)], scope=b"s", cache=cache)
+        plain = conversation_keys([*history, _as_resent(answer)], scope=b"s")
+        assert cached == plain
+        assert cached.plain_resume() == plain.plain_resume()
+        assert cached.answer_key(answer) == plain.answer_key(answer)
+    for message in [*history, answer]:
+        for ids in (True, False):
+            assert cache.canonical(message, with_call_ids=ids) == canonical_message(
+                message, with_call_ids=ids
+            )
+
+
+def test_the_cache_keeps_only_assistant_call_messages_and_hits_on_the_same_bytes() -> None:
+    cache = CanonicalCache()
+    history = [{"role": "user", "content": "hi"}, ANSWER, {"role": "tool", "content": "ok"}]
+    conversation_keys(history, cache=cache)
+    assert len(cache) == 1
+    held = cache.size
+    conversation_keys(json.loads(json.dumps(history)), cache=cache)  # the same turn, resent
+    assert (len(cache), cache.size) == (1, held)
+
+
+@pytest.mark.parametrize(
+    ("one", "other", "equal"),
+    [
+        # Equal as Python values (1 == 1.0 == True), different forms: never one cache entry.
+        (_call_message(1), _call_message(True), True),
+        (_call_message(1), _call_message(1.0), True),
+        (_call_message('{"a": 1}'), _call_message('{"a": 1.0}'), False),
+        (_call_message('{"a": 1}'), _call_message('{"a": true}'), False),
+    ],
+)
+def test_messages_equal_as_dicts_keep_their_own_forms(
+    one: dict[str, Any], other: dict[str, Any], equal: bool
+) -> None:
+    assert (one == other) is equal
+    assert canonical_message(one) != canonical_message(other)
+    cache = CanonicalCache()
+    for first, second in ((one, other), (other, one)):
+        assert cache.canonical(first) == canonical_message(first)
+        assert cache.canonical(second) == canonical_message(second)
+
+
+def test_the_cache_stays_within_its_bytes_and_drops_the_oldest_first() -> None:
+    messages = [_call_message(json.dumps({"n": n, "pad": "x" * 100})) for n in range(50)]
+    cache = CanonicalCache(max_bytes=2_000)
+    for message in messages:
+        assert cache.canonical(message) == canonical_message(message)
+        assert cache.size <= 2_000
+    assert 0 < len(cache) < 50
+    assert cache.canonical(messages[-1]) == canonical_message(messages[-1])
+    kept = len(cache)
+    assert cache.canonical(messages[0]) == canonical_message(messages[0])  # dropped, made again
+    assert len(cache) <= kept
