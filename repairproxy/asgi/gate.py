@@ -461,6 +461,10 @@ class ToolCallGate:
         content = message.get("content")
         sent_text = (self.assembler.content or "")[: self._released_chars]
         sent = sent_text.rstrip()
+        if isinstance(content, str) and not content.startswith(sent):
+            # Promotion trims the prose it keeps: " Sure! ..." sent, "Sure! ..." kept.
+            sent_text = sent_text.lstrip()
+            sent = sent.lstrip()
         rest = None
         if isinstance(content, str) and content.startswith(sent):
             tail = content[len(sent) :]

@@ -349,6 +349,18 @@ def test_the_rest_after_a_promoted_call_keeps_the_space_the_client_lacks() -> No
     assert _sent(released) + rest == "Let me check the weather for you:"
 
 
+def test_the_rest_after_a_promoted_call_is_sent_when_the_answer_began_with_a_space() -> None:
+    # Promotion trims the prose it keeps; the client has the leading space already.
+    gate = ToolCallGate()
+    call = '<tool_calls>[{"name": "f", "arguments": {}}]'
+    pieces = [" Sure! let me call the", f" tool for you.{call}"]
+    released = [raw for piece in pieces for raw in gate.feed(SSEParser().feed(_chunk(piece))[0])]
+    assert _sent(released) == " Sure! let me call the"
+    answer = completion(content="Sure! let me call the tool for you.").body
+    rest = gate.unsent(answer)["choices"][0]["message"]["content"]
+    assert _sent(released) + rest == " Sure! let me call the tool for you."
+
+
 # --- the Responses API's streams -----------------------------------------------------------------
 
 RESPONSES_TOOLS: list[Any] = [
