@@ -2,6 +2,7 @@
 benchmark's client against the fast upstream, then the top functions printed.
 
     python -m benchmarks.profile_request [--requests 3000] [--concurrency 16] [--top 30]
+        [--sort tottime|cumulative|ncalls] [--save FILE]
 
 The server runs as ``python -m cProfile -o FILE -m repairproxy serve`` with every feature on
 (validation, metrics, chaining: no episode header; its log read from a pipe), and stops on
@@ -39,7 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--top", type=int, default=30)
-    parser.add_argument("--sort", default="tottime", choices=["tottime", "cumulative"])
+    parser.add_argument("--sort", default="tottime", choices=["tottime", "cumulative", "ncalls"])
+    parser.add_argument("--save", type=Path, help="also keep the raw profile (pstats) here")
     args = parser.parse_args(argv)
     upstream_port, proxy_port = _free_port(), _free_port()
     upstream = subprocess.Popen(
@@ -74,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
             upstream.terminate()
             upstream.wait(10)
         stats = pstats.Stats(str(out))
+        if args.save is not None:
+            stats.dump_stats(str(args.save))
         calls = target.count.get(args.concurrency, args.requests) + 200
         print(f"{calls} requests at concurrency {args.concurrency}")
         _print_shares(stats, calls)
@@ -110,6 +114,9 @@ def _print_shares(stats: pstats.Stats, calls: int) -> None:
         own[group] = own.get(group, 0.0) + tottime
     total = sum(own.values())
     print(f"profiled time {total:.2f} s, {total / calls * 1e6:.0f} us a request under cProfile")
+    # Calls do not depend on the machine's load, times do (start-up's calls included).
+    function_calls = stats.total_calls  # type: ignore[attr-defined]
+    print(f"{function_calls} function calls, {function_calls / calls:.0f} a request")
     for group, seconds in sorted(own.items(), key=lambda item: -item[1])[:30]:
         print(f"  {seconds / total:6.1%}  {seconds / calls * 1e6:7.1f} us/request  {group}")
 

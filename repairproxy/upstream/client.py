@@ -202,15 +202,9 @@ class UpstreamTimer:
     seconds: float = 0.0
     calls: int = field(default=0)
 
-    @contextmanager
-    def timing(self) -> Iterator[None]:
+    def timing(self) -> _UpstreamCall:
         """Count one upstream call and the time spent in the block."""
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds += time.perf_counter() - started
-            self.calls += 1
+        return _UpstreamCall(self, translate=False)
 
 
 async def timed(chunks: AsyncIterator[bytes], timer: UpstreamTimer) -> AsyncIterator[bytes]:
@@ -267,18 +261,48 @@ def _connection_named(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes
     return frozenset(names)
 
 
-@contextmanager
-def _translate_errors() -> Iterator[None]:
-    try:
-        yield
-    except TimeoutError as exc:  # before OSError: TimeoutError is one
-        raise UpstreamTimeoutError(f"the upstream did not answer in time ({exc})") from exc
-    except (ConnectionError, OSError) as exc:
-        raise UpstreamUnavailableError(
+def _translated(exc: BaseException) -> Exception | None:
+    """Our error for a transport failure (None: not one to translate)."""
+    if isinstance(exc, TimeoutError):  # before OSError: TimeoutError is one
+        return UpstreamTimeoutError(f"the upstream did not answer in time ({exc})")
+    if isinstance(exc, OSError):  # ConnectionError included
+        return UpstreamUnavailableError(
             f"the upstream could not be reached ({type(exc).__name__}: {exc})"
-        ) from exc
-    except InvalidTargetError as exc:
-        raise BadRequestError(str(exc)) from exc
+        )
+    if isinstance(exc, InvalidTargetError):
+        return BadRequestError(str(exc))
+    return None
+
+
+class _UpstreamCall:
+    """One upstream call's block: its time added to the request's timer (when there is one),
+    transport failures raised as our errors. A plain class, not two ``@contextmanager``
+    generators: it is entered on every request."""
+
+    __slots__ = ("_started", "_timer", "_translate")
+
+    def __init__(self, timer: UpstreamTimer | None, *, translate: bool = True) -> None:
+        self._timer = timer
+        self._translate = translate
+        self._started = 0.0
+
+    def __enter__(self) -> None:
+        if self._timer is not None:
+            self._started = time.perf_counter()
+
+    def __exit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
+        timer = self._timer
+        if timer is not None:
+            timer.seconds += time.perf_counter() - self._started
+            timer.calls += 1
+        if exc is not None and self._translate:
+            translated = _translated(exc)
+            if translated is not None:
+                raise translated from exc
+
+
+def _translate_errors() -> _UpstreamCall:
+    return _UpstreamCall(None)
 
 
 class Upstream:
@@ -349,7 +373,7 @@ class Upstream:
         query: bytes = b"",
     ) -> UpstreamReply:
         """Send one request and buffer the whole answer."""
-        with timer.timing(), _translate_errors():
+        with _UpstreamCall(timer):
             target = self.url.target(path, query)
             response = await self._transport.request(method, target, headers, content)
             body = await response.read()
@@ -391,7 +415,7 @@ class Upstream:
     ) -> AsyncIterator[TransportResponse]:
         """Open a streamed request; leaving the block early (or cancellation) drops the connection,
         which is how the upstream learns to stop generating."""
-        with timer.timing(), _translate_errors():
+        with _UpstreamCall(timer):
             response = await self._transport.request(
                 method, self.url.target(path, query), headers, content
             )

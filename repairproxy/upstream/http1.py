@@ -369,7 +369,17 @@ class Response:
             self.release()
 
     async def read(self) -> bytes:
-        parts = [chunk async for chunk in self.iter_body()]
+        # iter_body's loop without the async generator (made, registered with the loop's
+        # asyncgen hooks and finalised on every buffered request otherwise).
+        parts: list[bytes] = []
+        try:
+            while True:
+                chunk = await self._conn.next_chunk(self._pool.read_timeout)
+                if chunk is _DONE or not chunk:
+                    break
+                parts.append(chunk)
+        finally:
+            self.release()  # as iter_body: read to the end -> pooled; stopped early -> closed
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def release(self) -> None:
