@@ -30,8 +30,8 @@ recogniser into one of three outcomes:
   (an injection). An answer that *presents* calls is not making them: after a lead-in such as
   "Here is an example of how you can call these functions:" (read over any fences between)
   every later call shape is part of the presentation; several values listed in one fence are a
-  listing; an answer that ends inside an unclosed fence was cut off mid-listing and promotes
-  nothing. Delivered as text: no re-ask, not a failure.
+  listing; an answer that ends inside an unclosed fence or an unclosed value after its calls was
+  cut off (the token limit) mid-listing and promotes nothing. Delivered as text: no re-ask, not a failure.
 * **ambiguous**: a candidate that conflicts with the request (``tool_choice`` names another
   function; ``parallel_tool_calls: false`` and more than one call; ``tool_choice: "required"``
   and no valid call). Validation marks these (``CallVerdict.conflict``); they are counted as
@@ -380,8 +380,9 @@ def _native_calls(text: str, tools: Mapping[str, Mapping[str, Any]] | None) -> l
     return calls
 
 
-# The native families whose calls the built-in readings find on their own (same spans).
-_READ_BY_BUILT_INS = frozenset({"fenced_json", "json"})
+# The native families whose calls the built-in readings find on their own (same spans): hermes
+# ``<tool_call>`` JSON, fenced JSON, bare JSON.
+_READ_BY_BUILT_INS = frozenset({"fenced_json", "hermes", "json"})
 
 
 def find_text_calls(
@@ -540,7 +541,7 @@ _EXAMPLE_PHRASES = (
     "you could call",
     "you can use",
 )
-_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
+_WORD = re.compile(r"[a-z_]+(?:'[a-z]+)?")  # "last_name" is one word, not "last"
 
 
 class _Cue(enum.Enum):
@@ -599,7 +600,7 @@ class NotACall(enum.StrEnum):
     LEAD_IN = "lead_in_not_now"  # the sentence before it declines, conditions, narrates
     EXAMPLE = "presented_as_example"  # after "for example", "e.g.", "how you can call", ...; or
     # one of several values listed in one fence that is not one call
-    CUT_OFF = "answer_cut_off"  # the answer ends inside an unclosed fence: it was cut mid-listing
+    CUT_OFF = "answer_cut_off"  # the answer ends inside an unclosed fence or value: cut off
 
 
 @dataclass(frozen=True, slots=True)
@@ -648,6 +649,17 @@ class _Fences:
                 block = match.group()
                 open_at_end = len(block) <= 3 or not block.endswith("```")
         return cls(code, json_fences, every, open_at_end)
+
+
+def _ends_inside_a_value(text: str, after: int) -> bool:
+    """Whether what follows the last call shape is a bracket that never closes: the answer was
+    cut off while writing another value (the token limit), so it is unfinished."""
+    start = _PROSE_START.search(text, after)
+    return (
+        start is not None
+        and text[start.start()] in "{["
+        and json_value_end(text, start.start()) is None
+    )
 
 
 def _inside(call: TextCall, spans: Sequence[tuple[int, int]]) -> bool:
@@ -720,6 +732,7 @@ def read_text_calls(
     prose: list[tuple[TextCall, NotACall]] = []
     reasoning = reasoning_spans(text)
     fences = _Fences.of(text)
+    cut_off = fences.open_at_end or _ends_inside_a_value(text, max(call.end for call in found))
     candidates: list[TextCall] = []
     for call in found:
         if _inside(call, reasoning):
@@ -730,7 +743,7 @@ def read_text_calls(
             # A JSON fence that is not itself one call value lists several (alternatives, a
             # commented sample): a listing, not an act.
             prose.append((call, NotACall.EXAMPLE))
-        elif fences.open_at_end:
+        elif cut_off:
             prose.append((call, NotACall.CUT_OFF))
         else:
             candidates.append(call)

@@ -26,6 +26,7 @@ __all__ = [
     "M3",
     "bare_function_xml",
     "glm_format",
+    "glm_may",
     "invoke_format",
     "minimax_m3",
     "tagged_xml",
@@ -316,6 +317,14 @@ def bare_function_xml(scanner: Scanner, schemas: Schemas | None) -> list[NativeM
 
 _GLM_NAME = re.compile(r"\s*([A-Za-z_][\w.\-]{0,200})\s*")
 _ARG_KEY = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>", re.DOTALL)
+_GLM_HEAD = re.compile(r"<tool_call>\s*[A-Za-z_]")
+
+
+def glm_may(text: str, schemas: Schemas | None) -> bool:
+    """Whether a GLM (or Hunyuan v3) call can be in ``text``: a ``<tool_call>`` opening with a
+    name, not JSON (hermes)."""
+    del schemas
+    return _GLM_HEAD.search(text) is not None
 
 
 def _glm_body(
