@@ -31,7 +31,8 @@ recogniser into one of three outcomes:
   "Here is an example of how you can call these functions:" (read over any fences between)
   every later call shape is part of the presentation; several values listed in one fence are a
   listing; an answer that ends inside an unclosed fence or an unclosed value after its calls was
-  cut off (the token limit) mid-listing and promotes nothing. Delivered as text: no re-ask, not a failure.
+  cut off (the token limit) mid-listing and promotes nothing. Delivered as text: no re-ask, not
+  a failure.
 * **ambiguous**: a candidate that conflicts with the request (``tool_choice`` names another
   function; ``parallel_tool_calls: false`` and more than one call; ``tool_choice: "required"``
   and no valid call). Validation marks these (``CallVerdict.conflict``); they are counted as
