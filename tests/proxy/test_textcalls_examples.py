@@ -99,3 +99,15 @@ def test_a_fenced_call_made_as_an_act_is_still_a_call(text: str) -> None:
     reading = read_text_calls(text)
     assert reading.prose == ()
     assert reading.calls
+
+
+def test_an_answer_cut_off_inside_a_bare_value_promotes_nothing() -> None:
+    text = f'{GET}\n{{"name": "get_order_details", "arguments": {{"order_id": "#W2'
+    reading = read_text_calls(text)
+    assert reading.calls == ()
+    assert [reason for _, reason in reading.prose] == [NotACall.CUT_OFF]
+
+
+def test_an_identifier_is_one_word_not_a_cue() -> None:
+    # "last_name" holds no "last" (a narration cue).
+    assert read_text_calls(f"{GET}\nI will need your first_name and last_name as well.").calls
