@@ -49,6 +49,7 @@ __all__ = [
     "completion_to_chunks",
     "could_open_call",
     "data_event",
+    "unsent_text",
 ]
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -458,22 +459,8 @@ class ToolCallGate:
             return final
         choice = dict(choices[0])
         message = dict(choice.get("message") or {})
-        content = message.get("content")
         sent_text = (self.assembler.content or "")[: self._released_chars]
-        sent = sent_text.rstrip()
-        if isinstance(content, str) and not content.startswith(sent):
-            # Promotion trims the prose it keeps: " Sure! ..." sent, "Sure! ..." kept.
-            sent_text = sent_text.lstrip()
-            sent = sent.lstrip()
-        rest = None
-        if isinstance(content, str) and content.startswith(sent):
-            tail = content[len(sent) :]
-            rest = tail.strip() or None
-            if rest is not None and sent and sent_text == sent:
-                # The client's text stops mid-line ("the weather for"): the space before the
-                # rest (" you.") is not there yet, so it goes with the rest.
-                rest = tail[: len(tail) - len(tail.lstrip())] + rest
-        message["content"] = rest
+        message["content"] = unsent_text(message.get("content"), sent_text)
         choice["message"] = message
         final["choices"] = [choice, *choices[1:]]
         return final
@@ -481,6 +468,28 @@ class ToolCallGate:
     @property
     def held(self) -> list[bytes]:
         return self._held
+
+
+def unsent_text(content: Any, sent_text: str) -> str | None:
+    """What of ``content`` (the judged answer's text) is left to send once ``sent_text`` went
+    out: the text after it, or None when ``content`` no longer begins with it (a re-ask's new
+    answer)."""
+    if not isinstance(content, str):
+        return None
+    sent = sent_text.rstrip()
+    if not content.startswith(sent):
+        # Promotion trims the prose it keeps: " Sure! ..." sent, "Sure! ..." kept.
+        sent_text = sent_text.lstrip()
+        sent = sent.lstrip()
+        if not content.startswith(sent):
+            return None
+    tail = content[len(sent) :]
+    rest = tail.strip() or None
+    if rest is not None and sent and sent_text == sent:
+        # The client's text stops mid-line ("the weather for"): the space before the rest
+        # (" you.") is not there yet, so it goes with the rest.
+        rest = tail[: len(tail) - len(tail.lstrip())] + rest
+    return rest
 
 
 def _is_content_only(chunk: Mapping[str, Any]) -> bool:

@@ -37,7 +37,13 @@ from repairproxy.asgi.chat_upstream import (
     payload_of,
 )
 from repairproxy.asgi.exchange import Exchange
-from repairproxy.asgi.gate import MAX_HELD_CONTENT_CHARS, SSEParser, call_opening
+from repairproxy.asgi.gate import (
+    MAX_HELD_CONTENT_CHARS,
+    ProseWatch,
+    SSEParser,
+    call_opening,
+    unsent_text,
+)
 from repairproxy.asgi.responder import Responder
 from repairproxy.episodes.budget import EpisodeRef
 from repairproxy.episodes.responses_store import (
@@ -56,7 +62,7 @@ from repairproxy.errors import (
 from repairproxy.pipeline import ChatPipeline, ChatRequest, instructs, json_object
 from repairproxy.types import API, HeaderList, Outcome, Scope
 from repairproxy.upstream.client import Upstream, chat_completion_of
-from repairproxy.wire.openai import ChatCompletion
+from repairproxy.wire.openai import ChatCompletion, first_message
 from repairproxy.wire.responses import (
     from_chat_completion,
     message_item,
@@ -232,22 +238,35 @@ class ResponsesCall(PipelineCall):
         return to_chat_completion(response)
 
     async def _judge(
-        self, response: dict[str, Any], streamed: Mapping[int, Any] | None = None
+        self,
+        response: dict[str, Any],
+        streamed: Mapping[int, Any] | None = None,
+        partial: tuple[int, _ItemText] | None = None,
     ) -> tuple[dict[str, Any], bool]:
         """The answer to deliver (a Responses object) and whether it differs from ``response``.
 
-        ``streamed``: the items a stream already sent whole (prose), by output index; a changed
-        answer keeps them and puts its calls after them, so the completed output is what the
-        client saw."""
+        ``streamed``: the items a stream already sent whole (prose), by output index;
+        ``partial``: the message item whose text went out in part (a call opened in it). A
+        changed answer keeps them, the partial one with the answer's text after what was sent
+        (nothing more when the answer no longer begins with it), and puts its calls after
+        them, so the completed output is what the client saw."""
         self._answers[_id_key(response.get("id"))] = response
         outcome = await self._decide(cast(ChatCompletion, to_chat_completion(response)))
         final = response
         if outcome.changed:
             base = self._answers.get(_id_key(outcome.answer.get("id")), response)
             final = to_response(cast(dict[str, Any], outcome.answer), base)
-            if streamed:
+            if streamed or partial:
+                kept = [streamed[k] for k in sorted(streamed)] if streamed else []
+                if partial is not None:
+                    said = partial[1].said
+                    shown = "".join(_item_text(item) for item in kept) + said
+                    message = first_message(outcome.answer)
+                    content = message.get("content") if message is not None else None
+                    rest = unsent_text(content, shown) or ""
+                    kept.append(message_item(str(partial[1].item_id), said + rest))
                 fresh = [i for i in final["output"] if i.get("type") != "message"]
-                final["output"] = [*(streamed[k] for k in sorted(streamed)), *fresh]
+                final["output"] = [*kept, *fresh]
             final["id"] = self.response_id or new_response_id()
         final = self._as_delivered(final)
         await self._keep(final)
@@ -430,10 +449,11 @@ class ResponsesCall(PipelineCall):
     async def _relay(
         self, chunks: AsyncIterator[bytes], responder: Responder, headers: HeaderList
     ) -> None:
-        """Release the preamble and prose at once; hold function calls (and text that could be
-        a call written as text, up to ``MAX_HELD_CONTENT_CHARS``) until the terminal event,
-        then judge the whole answer. A gated (or rebuilt) stream is re-framed: one id, sequence
-        numbers counted here; nothing follows its terminal event."""
+        """Release the preamble and prose at once; hold function calls, text that could be a
+        call written as text (up to ``MAX_HELD_CONTENT_CHARS``) and a prose item's text from
+        where a call opens in it, until the terminal event, then judge the whole answer. A
+        gated (or rebuilt) stream is re-framed: one id, sequence numbers counted here; nothing
+        follows its terminal event."""
         ex = self.ex
         # A structured output (text.format) has no prose to let through: held whole, preamble
         # included, so the headers carry the verdict (as a chat stream with response_format).
@@ -446,9 +466,7 @@ class ResponsesCall(PipelineCall):
         failed = False
         prose: set[int] = set()  # output indices whose events flow (plain prose)
         streamed: dict[int, Any] = {}  # prose items sent whole, by output index
-        text: dict[int, str] = {}
-        length: dict[int, int] = {}
-        opening: dict[int, bool | None] = {}  # output index -> its text opens a call, if decided
+        texts: dict[int, _ItemText] = {}  # the text of the items at the front, by output index
 
         async def release(payload: dict[str, Any], raw: bytes) -> None:
             if not responder.started:
@@ -481,20 +499,16 @@ class ResponsesCall(PipelineCall):
                     not failed
                     and kind == "response.output_text.delta"
                     and isinstance(index, int)
-                    and index not in prose
                     and all(h[1] == index for h in held)  # no earlier item still held
                 ):
-                    delta = str(payload.get("delta", ""))
-                    length[index] = length.get(index, 0) + len(delta)
-                    if opening.get(index) is None:
-                        # Read again only while undecided (short or blank): linear in the stream.
-                        text[index] = text.get(index, "") + delta
-                        opening[index] = call_opening(text[index])
-                    if opening[index] is False or length[index] > MAX_HELD_CONTENT_CHARS:
-                        prose.add(index)  # this item's events flow from now on
+                    text = texts.setdefault(index, _ItemText(payload.get("item_id")))
+                    if text.feed(str(payload.get("delta", ""))):
+                        prose.add(index)  # this item's events flow (until a call opens in it)
                         for earlier, _ in held:
                             await release(earlier, b"")
                         held = []
+                    else:
+                        prose.discard(index)  # held from here on, until its text decides
                 if isinstance(index, int) and index in prose and not failed:
                     if kind == "response.output_item.done":
                         streamed[index] = payload.get("item")
@@ -516,15 +530,27 @@ class ResponsesCall(PipelineCall):
             return
         if final is None:
             raise UpstreamUnavailableError("the upstream's event stream ended before completing")
-        answer, changed = await keep_alive(responder, self._judge(final, streamed), _BEAT)
-        if changed:
-            # The preamble went out already, unless everything was held (then it leads again).
-            preamble = [p for p, _ in held if p.get("type") in _PREAMBLE]
-            events = [*preamble, *response_events(answer, skip=set(streamed))[2:]]
-            tail = [self._frame(event) for event in events]
-        else:
-            tail = [self._frame(p) for p, _ in held]
-        await self._finish(responder, headers, tail)
+        # An item whose text went out in part: a call opened in its prose and the rest waits.
+        cut = next((i for i, t in texts.items() if t.said and i not in streamed), None)
+        partial = (cut, texts[cut]) if cut is not None else None
+        answer, changed = await keep_alive(responder, self._judge(final, streamed, partial), _BEAT)
+        if not changed:
+            await self._finish(responder, headers, [self._frame(p) for p, _ in held])
+            return
+        # The preamble went out already, unless everything was held (then it leads again).
+        events = [p for p, _ in held if p.get("type") in _PREAMBLE]
+        skip = set(streamed)
+        if partial is not None:
+            index, text = partial
+            item = answer["output"][len(streamed)]
+            rest = str(item["content"][0]["text"])[len(text.said) :]
+            events += [
+                *([output_text_delta(item, index, rest)] if rest else []),
+                *message_item_closed(item, index),
+            ]
+            skip.add(len(streamed))
+        events += response_events(answer, skip=skip)[2:]
+        await self._finish(responder, headers, [self._frame(event) for event in events])
 
     async def _finish(self, responder: Responder, headers: HeaderList, tail: list[bytes]) -> None:
         """The held events; a stream whose headers already left gets the verdict as an SSE
@@ -541,6 +567,63 @@ def _unknown_previous(previous: str) -> NotFoundError:
     return NotFoundError(
         f"Previous response with id '{previous[:128]}' not found.", param="previous_response_id"
     )
+
+
+class _ItemText:
+    """The text of one message item at the front of a stream, as its deltas come: held while
+    its start could open a call written as text; prose once it cannot (or it outgrew the
+    hold), then read as the chat stream gate reads prose, so from where a call opens in it the
+    text waits for the verdict (again up to ``MAX_HELD_CONTENT_CHARS``)."""
+
+    __slots__ = ("calling", "item_id", "length", "opening", "said", "start", "unsaid", "watch")
+
+    def __init__(self, item_id: Any) -> None:
+        self.item_id = item_id
+        self.said = ""  # the text the client has
+        self.unsaid = ""  # the text held since
+        self.start = ""  # read while its start is undecided (short or blank: linear overall)
+        self.length = 0
+        self.opening: bool | None = None  # its start opens a call, once that is decided
+        self.watch: ProseWatch | None = None  # set once it is prose
+        self.calling = False  # a call opened in its prose
+
+    def feed(self, delta: str) -> bool:
+        """Whether the item's held text, ``delta`` last, may go out now."""
+        self.length += len(delta)
+        self.unsaid += delta
+        watch = self.watch
+        if watch is None:
+            if self.opening is None:
+                self.start += delta
+                self.opening = call_opening(self.start)
+            if self.opening is not False and self.length <= MAX_HELD_CONTENT_CHARS:
+                return False
+            self.watch = watch = ProseWatch()
+            if self.opening is not False:
+                return self._flows()  # too long to hold: it goes, and is read from here on
+            return self._settle(watch.feed(self.start))
+        if self.calling:
+            if len(self.unsaid) <= MAX_HELD_CONTENT_CHARS:
+                return False
+            self.calling, watch.pending = False, ""  # too long to hold: it goes after all
+            return self._flows()
+        return self._settle(watch.feed(delta))
+
+    def _settle(self, opening: bool | None) -> bool:
+        if opening is False:
+            return self._flows()
+        self.calling = opening is True
+        return False
+
+    def _flows(self) -> bool:
+        self.said, self.unsaid = self.said + self.unsaid, ""
+        return True
+
+
+def _item_text(item: Any) -> str:
+    """The text of a message output item (its text parts, joined)."""
+    content = item.get("content") if isinstance(item, Mapping) else None
+    return "".join(str(part.get("text", "")) for part in content or () if isinstance(part, Mapping))
 
 
 # -- GET / DELETE /v1/responses/{id} ----------------------------------------------------------

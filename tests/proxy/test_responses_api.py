@@ -402,3 +402,53 @@ def test_json_looking_text_is_released_after_16_kib_as_chat_does() -> None:
     assert waited == [True]
     frames = [frame for frame in received.decode().split("\n\n") if frame.strip()]
     assert frames[-1].startswith("event: response.completed")
+
+
+# The prose is longer than the call, so the upstream's first text delta (half the text) is
+# prose alone and the second holds the call.
+PROSE = "Let me look that order up for you right away, it will only take a moment, thank you."
+TEXT_CALL = '{"name": "get_order_details", "arguments": {"order_id": "#W1"}}'
+
+
+@pytest.mark.parametrize("api", ["stream", "create"])
+def test_prose_flows_and_a_text_call_after_it_is_held_until_promoted(
+    start: Any, upstream: ResponsesUpstream, api: str
+) -> None:
+    """As on a chat stream: the prose item's text flows; from the call opener on it is held
+    until the verdict, so the promoted call's text never leaves as text, and the streamed
+    answer is the buffered one (the prose as a message, the call as a function_call item)."""
+    proxy = start(repair="promote")
+    text = PROSE + "\n" + TEXT_CALL
+    upstream.push([message(text)], [message(text)])
+    with _client(proxy) as client:
+        buffered = client.responses.create(model="m", input="Where?", tools=TOOLS)
+        if api == "stream":
+            with client.responses.stream(model="m", input="Where?", tools=TOOLS) as stream:
+                events = list(stream)
+                final = stream.get_final_response()
+        else:
+            asked = client.responses.create(model="m", input="Where?", tools=TOOLS, stream=True)
+            events = list(asked)
+            final = events[-1].response
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert deltas[0] == text[: len(text) // 2]  # the prose flowed as the upstream sent it
+    assert "".join(deltas) == PROSE and "get_order_details" not in "".join(deltas)
+    assert final.output_text == buffered.output_text == PROSE
+    assert _calls(final) == _calls(buffered) == [("get_order_details", GOOD)]
+    assert [i.type for i in final.output] == [i.type for i in buffered.output]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_prose_with_a_call_it_declines_keeps_its_text_on_a_stream(
+    start: Any, upstream: ResponsesUpstream
+) -> None:
+    """A call opener in prose holds the text; the verdict (not promoted: the prose declines
+    it) lets the held text go as it came."""
+    proxy = start(repair="promote")
+    text = PROSE + " I will not run " + TEXT_CALL + " until you confirm."
+    upstream.push([message(text)])
+    with _client(proxy) as client:
+        events = list(client.responses.create(model="m", input="Where?", tools=TOOLS, stream=True))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == text and events[-1].response.output_text == text
+    assert _calls(events[-1].response) == []
