@@ -207,13 +207,23 @@ class UpstreamTimer:
         return _UpstreamCall(self, translate=False)
 
 
+# How long a relay may hold the event loop with chunks that were already buffered.
+RELAY_SLICE_SECONDS = 0.0005
+# A wait for the next chunk at least this long was a real one: the loop ran other work meanwhile.
+_WAITED_SECONDS = 0.00005
+
+
 async def timed(chunks: AsyncIterator[bytes], timer: UpstreamTimer) -> AsyncIterator[bytes]:
     """Re-yield ``chunks``, adding the time spent waiting for each one to ``timer``.
 
-    Between chunks it lets the event loop run: chunks already buffered arrive without a pause, so
-    a long stream relayed in one go would otherwise hold every other request back until its end.
+    It lets the event loop run once the relay has held it for ``RELAY_SLICE_SECONDS``: chunks
+    already buffered arrive without a pause, so a long stream relayed in one go would otherwise
+    hold every other request back until its end. (Not after every chunk: a short answer that
+    arrived whole, six chunks here, would pay six extra turns of the loop; a chunk that had to
+    be waited for let the loop run already.)
     """
     iterator = chunks.__aiter__()
+    held_since = time.perf_counter()
     while True:
         started = time.perf_counter()
         try:
@@ -221,9 +231,14 @@ async def timed(chunks: AsyncIterator[bytes], timer: UpstreamTimer) -> AsyncIter
         except StopAsyncIteration:
             return
         finally:
-            timer.seconds += time.perf_counter() - started
+            now = time.perf_counter()
+            timer.seconds += now - started
+        if now - started >= _WAITED_SECONDS:
+            held_since = now
         yield chunk
-        await asyncio.sleep(0)
+        if time.perf_counter() - held_since >= RELAY_SLICE_SECONDS:
+            await asyncio.sleep(0)
+            held_since = time.perf_counter()
 
 
 def chat_completion_of(content: bytes, status: int) -> ChatCompletion:

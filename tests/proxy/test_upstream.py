@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -24,6 +26,7 @@ from repairproxy.upstream.client import (
     chat_completion_of,
     proxy_from_environment,
     response_headers,
+    timed,
 )
 from tests.support.mock_transport import MockTransport
 from tests.support.proxy_server import running_proxy
@@ -243,3 +246,48 @@ def test_a_body_that_is_not_a_chat_completion_is_the_upstreams_fault(body: bytes
         chat_completion_of(body, 200)
     assert "answered 200 with a body that is not a chat completion" in str(caught.value)
     assert chat_completion_of(b'{"choices": []}', 200) == {"choices": []}
+
+
+async def _relay_counting_turns(chunks: int, work_seconds: float) -> tuple[int, int]:
+    """Relay ``chunks`` already-buffered chunks through ``timed``, spending ``work_seconds`` on
+    each; returns (chunks relayed, turns another task got meanwhile)."""
+
+    async def buffered() -> AsyncIterator[bytes]:
+        for _ in range(chunks):
+            yield b"data: {}\n\n"
+
+    turns = 0
+    relaying = True
+
+    async def other_request() -> None:
+        nonlocal turns
+        while relaying:
+            turns += 1
+            await asyncio.sleep(0)
+
+    other = asyncio.ensure_future(other_request())
+    await asyncio.sleep(0)  # it is now waiting for its next turn
+    turns = 0
+    relayed = 0
+    async for _ in timed(buffered(), UpstreamTimer()):
+        relayed += 1
+        deadline = time.perf_counter() + work_seconds
+        while time.perf_counter() < deadline:
+            pass
+    relaying = False
+    await other
+    return relayed, turns
+
+
+@pytest.mark.anyio
+async def test_a_long_buffered_relay_lets_other_requests_run() -> None:
+    relayed, turns = await _relay_counting_turns(100, 0.0002)  # >= 20 ms of relaying
+    assert relayed == 100
+    assert turns >= 10  # a turn every RELAY_SLICE_SECONDS (0.5 ms) of held loop
+
+
+@pytest.mark.anyio
+async def test_a_short_buffered_answer_is_relayed_without_a_turn_per_chunk() -> None:
+    relayed, turns = await _relay_counting_turns(50, 0.0)
+    assert relayed == 50
+    assert turns < 10  # was one turn of the loop per chunk
