@@ -514,6 +514,8 @@ _CUE_WORDS = frozenset(
         "already",
         "earlier",
         "yesterday",
+        "maybe",
+        "perhaps",
         "ago",
         "last",
         "example",
@@ -854,7 +856,10 @@ _CLOSING_REMARK = re.compile(
 
 
 def _continues(after: str) -> bool:
-    """Whether the prose right after a call carries its sentence on (a lowercase joining word)."""
+    """Whether the prose right after a call carries its sentence on (a lowercase joining word),
+    or ends it as a question ("[TOOL_CALLS]refund_order{...}?")."""
+    if after.startswith("?"):
+        return True
     word = _WORD.match(after)
     return word is not None and word.group() in _CONTINUING
 

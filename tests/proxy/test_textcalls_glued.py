@@ -84,3 +84,52 @@ def test_without_a_special_token_the_line_rules_hold(text: str) -> None:
 
 def test_permission_words_before_a_call_are_how_an_agent_acts_on_a_confirmation() -> None:
     assert _called(f"Thanks for confirming, I will proceed.\n{BARE}") == ["add"]
+
+
+GEMMA = "<|tool_call>call:add{a:1,b:2}<tool_call|>"
+TAGGED = f"<tool_call>{BARE}</tool_call>"
+SPECIAL = {"mistral": MISTRAL, "deepseek": DEEPSEEK, "kimi": KIMI, "gemma4": GEMMA, "tag": TAGGED}
+REFUSING_LEADS = [
+    "I will not run",
+    "Yesterday I already ran",
+    "If you confirm, I'll do",
+    "For example,",
+    "Maybe",
+    "You could call",
+]
+REFUSING_TAILS = [
+    "unless you confirm.",
+    "and it went through.",
+    "was what I ran.",
+    "? Shall I proceed?",
+    "Please confirm first.",
+]
+NEUTRAL = ["Sure.", "Checking now", "One moment", "Let me add those"]
+
+
+@pytest.mark.parametrize("glue", ["", " "])
+@pytest.mark.parametrize("lead", REFUSING_LEADS)
+@pytest.mark.parametrize("form", SPECIAL)
+def test_a_refusing_lead_glued_to_any_special_token_call_keeps_it_prose(
+    form: str, lead: str, glue: str
+) -> None:
+    assert _called(f"{lead}{glue}{SPECIAL[form]}") == []
+
+
+@pytest.mark.parametrize("glue", ["", " "])
+@pytest.mark.parametrize("tail", REFUSING_TAILS)
+@pytest.mark.parametrize("form", SPECIAL)
+def test_a_refusing_tail_glued_to_any_special_token_call_keeps_it_prose(
+    form: str, tail: str, glue: str
+) -> None:
+    assert _called(f"{SPECIAL[form]}{glue}{tail}") == []
+
+
+@pytest.mark.parametrize("glue", ["", " "])
+@pytest.mark.parametrize("prose", NEUTRAL)
+@pytest.mark.parametrize("form", SPECIAL)
+def test_neutral_prose_glued_to_any_special_token_call_leaves_it_a_call(
+    form: str, prose: str, glue: str
+) -> None:
+    assert _called(f"{prose}{glue}{SPECIAL[form]}") == ["add"]
+    assert _called(f"{SPECIAL[form]}{glue}{prose}") == ["add"]
