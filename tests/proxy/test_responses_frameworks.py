@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import pytest
 
 from repairproxy.settings import Settings
+from repairproxy.types import RepairMode
 from tests.support.proxy_server import RunningProxy, running_proxy
 from tests.support.responses_upstream import ResponsesUpstream, function_call, message
 
@@ -29,7 +31,9 @@ def upstream() -> Iterator[ResponsesUpstream]:
 
 @pytest.fixture
 def proxy(upstream: ResponsesUpstream) -> Iterator[RunningProxy]:
-    with running_proxy(Settings(upstream=upstream.base_url, repair="reflexive")) as running:
+    with running_proxy(
+        Settings(upstream=upstream.base_url, repair=RepairMode.REFLEXIVE)
+    ) as running:
         yield running
 
 
@@ -46,7 +50,8 @@ def _tools_seen(upstream: ResponsesUpstream) -> list[str]:
     (the proxy's re-asks carry diagnoses, never ``Order ...``)."""
     names = []
     for request in upstream.requests:
-        items = request.get("input") if isinstance(request.get("input"), list) else []
+        found = request.get("input")
+        items: list[Any] = found if isinstance(found, list) else []
         calls = {i.get("call_id"): i.get("name") for i in items if i.get("type") == "function_call"}
         for item in items:
             output = str(item.get("output"))
@@ -199,7 +204,7 @@ def test_agents_sdk_chains_previous_response_id_across_a_promoted_call(
         [message("Your order #W1 was delivered.")],
     )
     ran: list[str] = []
-    with running_proxy(Settings(upstream=upstream.base_url, repair="promote")) as proxy:
+    with running_proxy(Settings(upstream=upstream.base_url, repair=RepairMode.PROMOTE)) as proxy:
         agent, client = _agent(proxy.base_url, ran)
 
         async def run() -> str:
@@ -236,7 +241,9 @@ def test_agents_sdk_on_a_chat_only_upstream(streamed: bool) -> None:
             completion(tool_calls=[tool_call("get_order_details", GOOD)]),
             completion(content="Your order #W1 was delivered."),
         )
-        settings = Settings(upstream=chat.base_url, upstream_apis=("chat",), repair="reflexive")
+        settings = Settings(
+            upstream=chat.base_url, upstream_apis=("chat",), repair=RepairMode.REFLEXIVE
+        )
         with running_proxy(settings) as proxy:
             agent, client = _agent(proxy.base_url, ran)
 
@@ -260,10 +267,10 @@ def test_agents_sdk_on_a_chat_only_upstream(streamed: bool) -> None:
     assert lines[0] == (["unknown_tool"], 1)
 
 
-@pytest.mark.model
-def test_agents_sdk_against_zero_config_serve_with_the_embedded_model() -> None:
-    """``repairproxy serve`` with no upstream (the embedded model, chat only) answers the
-    Agents SDK's default Responses model, and the agent's tool runs."""
+@contextmanager
+def _zero_config_serve() -> Iterator[str]:
+    """``python -m repairproxy serve`` with no upstream (the embedded model, chat only); yields
+    its base URL once it is ready."""
     from tests.local.model_fixtures import MODEL_PRESENT
 
     if not MODEL_PRESENT:
@@ -273,7 +280,6 @@ def test_agents_sdk_against_zero_config_serve_with_the_embedded_model() -> None:
     import time
 
     import httpx
-    from agents import Runner
 
     from tests.support.processes import free_port
 
@@ -293,6 +299,22 @@ def test_agents_sdk_against_zero_config_serve_with_the_embedded_model() -> None:
                 pass
             assert time.monotonic() < deadline, "the proxy did not start"
             time.sleep(0.5)
+        yield base
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        if process.stderr is not None:
+            process.stderr.close()
+
+
+@pytest.mark.model
+def test_agents_sdk_against_zero_config_serve_with_the_embedded_model() -> None:
+    """``repairproxy serve`` with no upstream (the embedded model, chat only) answers the
+    Agents SDK's default Responses model, and the agent's tool runs."""
+    import httpx
+    from agents import Runner
+
+    with _zero_config_serve() as base:
         model = httpx.get(base + "/v1/models").json()["data"][0]["id"]
         ran: list[str] = []
         # A 1.5B model often answers in prose, or calls again and again: one turn that must
@@ -312,13 +334,50 @@ def test_agents_sdk_against_zero_config_serve_with_the_embedded_model() -> None:
                 return str(result.final_output)
 
         final = asyncio.run(run())
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        if process.stderr is not None:
-            process.stderr.close()
     assert ran and ran[0].lstrip("#").upper().endswith("W1")
     assert final == f"Order {ran[0]}: delivered"
+
+
+@pytest.mark.model
+def test_pydantic_ai_against_zero_config_serve_with_the_embedded_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pydantic-ai's ``openai:`` model (its Responses model) against ``repairproxy serve`` with
+    no upstream: its tool runs (the run may then end at the request limit: a 1.5B model can call
+    again instead of answering)."""
+    import httpx
+    from pydantic_ai import Agent
+    from pydantic_ai.exceptions import UsageLimitExceeded
+    from pydantic_ai.models import infer_model
+    from pydantic_ai.models.openai import OpenAIResponsesModel
+    from pydantic_ai.usage import UsageLimits
+
+    with _zero_config_serve() as base:
+        name = httpx.get(base + "/v1/models").json()["data"][0]["id"]
+        monkeypatch.setenv("OPENAI_BASE_URL", base + "/v1")
+        monkeypatch.setenv("OPENAI_API_KEY", "x")
+        assert isinstance(infer_model(f"openai:{name}"), OpenAIResponsesModel)
+        agent = Agent(
+            f"openai:{name}", instructions="You help with orders. Look orders up with the tool."
+        )
+        ran: list[str] = []
+
+        @agent.tool_plain
+        def get_order_details(order_id: str) -> str:
+            """Get the status and details of an order."""
+            ran.append(order_id)
+            return f"Order {order_id}: delivered"
+
+        async def run() -> None:
+            async with agent:
+                with suppress(UsageLimitExceeded):
+                    await agent.run(
+                        "Look up order #W1 with get_order_details.",
+                        usage_limits=UsageLimits(request_limit=3),
+                    )
+
+        asyncio.run(run())
+    assert ran and ran[0].lstrip("#").upper().endswith("W1")
 
 
 _NODE_STREAM = r"""
@@ -410,7 +469,9 @@ def test_pydantic_ai_on_a_chat_only_upstream(
             completion(tool_calls=[tool_call("get_order_details", GOOD)]),
             completion(content="Your order #W1 was delivered."),
         )
-        settings = Settings(upstream=chat.base_url, upstream_apis=("chat",), repair="reflexive")
+        settings = Settings(
+            upstream=chat.base_url, upstream_apis=("chat",), repair=RepairMode.REFLEXIVE
+        )
         with running_proxy(settings) as proxy:
             monkeypatch.setenv("OPENAI_BASE_URL", proxy.base_url)
             monkeypatch.setenv("OPENAI_API_KEY", "x")
@@ -448,7 +509,7 @@ def test_agents_sdk_full_history_run_stays_one_episode(upstream: ResponsesUpstre
         [message("Your order #W1 was delivered.")],
     )
     ran: list[str] = []
-    with running_proxy(Settings(upstream=upstream.base_url, repair="reflexive")) as proxy:
+    with running_proxy(Settings(upstream=upstream.base_url, repair=RepairMode.REFLEXIVE)) as proxy:
         agent, client = _agent(proxy.base_url, ran)
 
         async def run() -> str:
@@ -464,3 +525,131 @@ def test_agents_sdk_full_history_run_stays_one_episode(upstream: ResponsesUpstre
     assert final == "Your order #W1 was delivered."
     assert ran == ["#W1"]
     assert len(episodes) == 2 and episodes[0] == episodes[1], episodes
+
+
+_NODE_AGENTS = r"""
+const { Agent, run, tool, setDefaultOpenAIClient, setTracingDisabled } = require("@openai/agents");
+const OpenAI = require("openai");
+const { z } = require("zod");
+const options = JSON.parse(process.argv[2]);
+setTracingDisabled(true);
+setDefaultOpenAIClient(
+  new OpenAI({ baseURL: process.argv[1], apiKey: "x", maxRetries: 0, timeout: options.timeout_ms }),
+);
+const ran = [];
+const getOrder = tool({
+  name: "get_order_details",
+  description: "Get the status and details of an order.",
+  parameters: z.object({ order_id: z.string() }),
+  execute: async ({ order_id }) => { ran.push(order_id); return `Order ${order_id}: delivered`; },
+});
+const agent = new Agent({
+  name: "support",
+  instructions: "You help with orders. Look orders up with get_order_details.",
+  tools: [getOrder],
+  model: options.model,
+  ...(options.tool_choice ? { modelSettings: { toolChoice: options.tool_choice } } : {}),
+  ...(options.stop_on_first_tool ? { toolUseBehavior: "stop_on_first_tool" } : {}),
+});
+(async () => {
+  const result = await run(agent, "Where is my order #W1?", {
+    stream: options.stream,
+    maxTurns: 4,
+  });
+  if (options.stream) { for await (const _ of result) {} await result.completed; }
+  console.log(JSON.stringify({ final: result.finalOutput, ran }));
+})().catch((error) => { console.error(String(error.stack || error)); process.exit(1); });
+"""
+
+# The newest @openai/agents whose dependencies support node 20 (CI's node): 0.15 and later need
+# openai 7, which declares node >= 22.
+AGENTS_NPM = "@openai/agents@0.14.3 zod@4"
+
+
+def _agents_node_modules() -> str:
+    """Where ``@openai/agents`` (npm) is installed (``npm install --prefix DIR`` the packages
+    above): ``$REPAIRPROXY_AGENTS_NODE_MODULES``, else ``~/.cache/repairproxy/npm-agents/
+    node_modules``, a folder of its own beside the openai npm client's. Skips without it."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    default = Path.home() / ".cache" / "repairproxy" / "npm-agents" / "node_modules"
+    path = Path(os.environ.get("REPAIRPROXY_AGENTS_NODE_MODULES", default))
+    if shutil.which("node") is None or not (path / "@openai" / "agents" / "package.json").is_file():
+        pytest.skip(f"node or the @openai/agents npm package is not installed ({AGENTS_NPM})")
+    return str(path)
+
+
+def _run_openai_agents_npm(
+    modules: str, base_url: str, *, timeout: float, **options: Any
+) -> dict[str, Any]:
+    """Run the agent above under node; its final output and the tool's order ids."""
+    import os
+    import subprocess
+
+    import orjson
+
+    options = {"model": "m", "stream": False, "timeout_ms": int(timeout * 1000), **options}
+    done = subprocess.run(
+        ["node", "-e", _NODE_AGENTS, "--", base_url, orjson.dumps(options).decode()],
+        capture_output=True,
+        text=True,
+        timeout=timeout + 60,
+        env={**os.environ, "NODE_PATH": modules},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = orjson.loads(done.stdout)
+    return result
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["buffered", "streamed"])
+def test_openai_agents_npm_on_a_chat_only_upstream(streamed: bool) -> None:
+    """``@openai/agents`` (its default model is the Responses one) against a proxy whose
+    upstream serves chat completions only: the invented name is repaired and the tool runs."""
+    from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
+
+    modules = _agents_node_modules()
+    with ScriptedUpstream() as chat:
+        chat.push(
+            completion(tool_calls=[tool_call("lookup_order", GOOD)]),
+            completion(tool_calls=[tool_call("get_order_details", GOOD)]),
+            completion(content="Your order #W1 was delivered."),
+        )
+        settings = Settings(
+            upstream=chat.base_url, upstream_apis=("chat",), repair=RepairMode.REFLEXIVE
+        )
+        with running_proxy(settings) as proxy:
+            result = _run_openai_agents_npm(modules, proxy.base_url, timeout=60.0, stream=streamed)
+            lines = _budget_lines(proxy)
+        paths = {r.path for r in chat.requests}
+        tool_results = [m for m in chat.chat_requests[-1]["messages"] if m.get("role") == "tool"]
+    assert result == {"final": "Your order #W1 was delivered.", "ran": ["#W1"]}
+    assert paths == {"/v1/chat/completions"}
+    assert [m["content"] for m in tool_results] == ["Order #W1: delivered"]
+    assert lines[0] == (["unknown_tool"], 1)
+
+
+@pytest.mark.model
+def test_openai_agents_npm_against_zero_config_serve_with_the_embedded_model() -> None:
+    """``@openai/agents``'s default (Responses) model against ``repairproxy serve`` with no
+    upstream (the embedded model, chat only): the agent's tool runs."""
+    import httpx
+
+    modules = _agents_node_modules()
+    with _zero_config_serve() as base:
+        model = httpx.get(base + "/v1/models").json()["data"][0]["id"]
+        # As for the Python Agents SDK: one turn that must call the tool, whose output is the
+        # run's answer (a 1.5B model often answers in prose or calls again and again).
+        result = _run_openai_agents_npm(
+            modules,
+            base + "/v1",
+            timeout=600.0,  # a CPU model on a busy machine
+            model=model,
+            tool_choice="required",
+            stop_on_first_tool=True,
+        )
+    ran = result["ran"]
+    assert ran and ran[0].lstrip("#").upper().endswith("W1")
+    assert result["final"] == f"Order {ran[0]}: delivered"
