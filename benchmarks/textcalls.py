@@ -14,7 +14,9 @@ Two corpora under ``tests/data/textcalls/`` (see its README):
 
 Everything goes through ``promote_answer`` below, the one adapter to the proxy's promotion code:
 when that API changes, only it changes. Both corpora run buffered, then streamed (8 content
-deltas through the stream gate, ``stream_answer`` / ``stream_hostile``).
+deltas through the stream gate, ``stream_answer`` / ``stream_hostile``), with the count of
+streamed decisions that differ from the buffered one and of streamed answers whose text differs
+(a call's text sent before the verdict, or prose lost).
 
     python -m benchmarks.textcalls [--verbose] [--family NAME]
 """
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from repairproxy.asgi.gate import SSEEvent, ToolCallGate
+from repairproxy.native import opening_markers
 from repairproxy.repair import promote
 from repairproxy.validation import CallRules, Channel, ToolsCache, text_calls_allowed
 from repairproxy.wire.openai import message_text
@@ -273,12 +276,24 @@ def run_native_streamed(family: str | None, verbose: bool) -> None:
     """The native table again, each answer streamed through the gate (``stream_answer``)."""
     rows: list[tuple[str, FamilyScore]] = []
     failures: list[str] = []
+    differ: list[str] = []
+    content_differ: list[str] = []
     for path in sorted((DATA / "native").glob("*.jsonl")):
         if family is not None and path.stem != family:
             continue
         score = FamilyScore()
         for case in _load(path):
             _score_native(case, score, failures, answer=stream_answer)
+            request = _native_request(case)
+            streamed = stream_answer(request, case["text"])
+            buffered = promote_answer(request, case["text"])
+            if streamed.calls != buffered.calls:
+                differ.append(f"{case['id']}: streamed {streamed.calls}, buffered {buffered.calls}")
+            elif _normalised(streamed.content) != _normalised(buffered.content):
+                content_differ.append(
+                    f"{case['id']}: streamed content {streamed.content!r}, "
+                    f"buffered {buffered.content!r}"
+                )
         rows.append((path.stem, score))
     print("\nnative formats (streamed: 8 content deltas through the stream gate)")
     print(
@@ -293,8 +308,13 @@ def run_native_streamed(family: str | None, verbose: bool) -> None:
     _print_family("ALL", total)
     families_at_goal = sum(1 for _, s in rows if s.cases and s.exact / s.cases >= 0.9)
     print(f"families with >= 90% exact: {families_at_goal}/{len(rows)}")
+    print(f"streamed decision differs from the buffered one: {len(differ)}")
+    print(
+        "same calls, but the client's text differs from the buffered content (part of a call's "
+        f"text streamed before the verdict, or prose lost): {len(content_differ)}"
+    )
     if verbose:
-        print("\n".join(failures))
+        print("\n".join([*failures, *differ, *content_differ]))
 
 
 # --- hostile answers -----------------------------------------------------------------------------
@@ -344,9 +364,8 @@ def stream_hostile(case: Mapping[str, Any], pieces: int) -> tuple[Promotion, boo
         sent.extend(gate.feed(SSEEvent(raw, raw.removeprefix(b"data: ").strip())))
     result = promote_answer(request, gate.assembler.content or "", case.get("messages") or ())
     released = _released_content(sent)
-    early = bool(result.calls) and any(
-        marker in released for marker in ('{"name"', "<tool_call>", "<function=", "call:")
-    )
+    markers = ('{"name"', "<tool_call>", "<function=", "call:", *opening_markers())
+    early = bool(result.calls) and any(marker in released for marker in markers)
     return result, early
 
 
