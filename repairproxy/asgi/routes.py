@@ -45,6 +45,7 @@ from repairproxy.errors import (
     UpstreamError,
     UpstreamStatusError,
 )
+from repairproxy.observe.logging import line_writer
 from repairproxy.observe.record import PipelineObserver
 from repairproxy.pipeline import ChatPipeline
 from repairproxy.settings import Settings
@@ -125,6 +126,7 @@ class Proxy:
         self.metrics = metrics  # repairproxy.observe.metrics.Metrics when /metrics is served here
         self.dashboard = dashboard  # the same Metrics, whose numbers /dashboard shows
         self.log = logger
+        self._log_request = line_writer(logger, "request")  # the per-request line, direct
         self.draining = False  # set on SIGTERM (app.py): /readyz answers 503 from then on
         self._api_keys = tuple(key.encode() for key in settings.api_keys)
         self._metrics_keys = (
@@ -354,6 +356,6 @@ class Proxy:
                 f"no {self.settings.episode_header} header: episodes are chained by conversation "
                 "history; identical concurrent conversations cannot be told apart without it"
             )
-        self.log.info("request", **event)
+        self._log_request(event)
         if ex.path in _VALIDATED:
             self.observer.request_finished(record)

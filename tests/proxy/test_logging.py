@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import structlog
 
-from repairproxy.observe.logging import LoopBatchedWriter, configure_logging
+from repairproxy.observe.logging import LoopBatchedWriter, configure_logging, line_writer
 
 
 class CountingTarget(io.BytesIO):
@@ -102,3 +102,35 @@ def test_the_level_filter_still_drops_lower_levels() -> None:
     logger.info("request")
     logger.warning("kept")
     assert [orjson.loads(line)["event"] for line in stream.getvalue().splitlines()] == ["kept"]
+
+
+def _fields() -> dict[str, Any]:
+    return {
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "status": 200,
+        "channels": ["unknown_tool"],
+        "latency_ms": 0.5,
+        "model": None,
+        "level": "overridden",
+        "odd": Path("/tmp/x"),
+    }
+
+
+def test_the_request_line_writer_writes_what_logger_info_writes() -> None:
+    direct, through = io.BytesIO(), io.BytesIO()
+    line_writer(configure_logging("info", direct), "request")(_fields())
+    configure_logging("info", through).info("request", **_fields())
+    got, want = direct.getvalue(), through.getvalue()
+    assert got.endswith(b"\n") and got.count(b"\n") == 1
+    assert _TIME.sub(b"T", got) == _TIME.sub(b"T", want)
+
+
+def test_the_request_line_writer_keeps_the_level_filter_and_other_loggers() -> None:
+    quiet = io.BytesIO()
+    line_writer(configure_logging("warning", quiet), "request")(_fields())
+    assert quiet.getvalue() == b""
+    stock = io.BytesIO()
+    line_writer(_stock_logger(stock), "request")(_fields())  # not ours: the plain call
+    line = orjson.loads(stock.getvalue())
+    assert (line["event"], line["level"], line["status"]) == ("request", "info", 200)
