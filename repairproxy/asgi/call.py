@@ -13,18 +13,35 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
+import orjson
+
 from repairproxy.asgi.exchange import Exchange
 from repairproxy.asgi.responder import Responder
 from repairproxy.episodes.budget import EpisodeRef
+from repairproxy.errors import UpstreamBadAnswerError
 from repairproxy.pipeline import ChatPipeline, ChatRequest, Decision
 from repairproxy.types import API, HeaderList, Outcome, Scope
 from repairproxy.upstream.client import Upstream, UpstreamReply, response_headers, timed
 from repairproxy.wire.openai import ChatCompletion
 
-__all__ = ["PipelineCall", "Relay"]
+__all__ = ["PipelineCall", "Relay", "answer_of"]
 
 # What a route does with an upstream event stream: (chunks, responder, the upstream's headers).
 Relay = Callable[[AsyncIterator[bytes], Responder, HeaderList], Awaitable[None]]
+
+
+def answer_of(reply: UpstreamReply, *, items: str, shape: str) -> dict[str, Any]:
+    """A 2xx body that must be a JSON object whose ``items`` field is a list (``output``,
+    ``content``): anything else is the upstream's fault (502), named as its ``shape``."""
+    try:
+        answer = orjson.loads(reply.content)
+    except orjson.JSONDecodeError:
+        answer = None
+    if not isinstance(answer, dict) or not isinstance(answer.get(items), list):
+        raise UpstreamBadAnswerError(
+            f"the upstream answered {reply.status_code} with a body that is not a {shape} answer"
+        )
+    return answer
 
 
 class PipelineCall:

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import orjson
 
-from repairproxy.asgi.call import PipelineCall
+from repairproxy.asgi.call import PipelineCall, answer_of
 from repairproxy.asgi.chat_upstream import (
     CHAT_PATH,
     ChatTextRelay,
@@ -34,7 +34,6 @@ from repairproxy.asgi.gate import SSEEvent, SSEParser, ToolCallGate
 from repairproxy.asgi.responder import Responder
 from repairproxy.errors import (
     BadRequestError,
-    UpstreamBadAnswerError,
     UpstreamStatusError,
     UpstreamUnavailableError,
 )
@@ -74,18 +73,6 @@ def sse(event: Mapping[str, Any]) -> bytes:
 def error_event(status: int, message: str) -> bytes:
     """An error once a Messages stream has started: one ``error`` event in Anthropic's shape."""
     return sse(error_body(status, message))
-
-
-def _message_of(content: bytes, status: int) -> dict[str, Any]:
-    try:
-        message = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        message = None
-    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
-        raise UpstreamBadAnswerError(
-            f"the upstream answered {status} with a body that is not a Messages answer"
-        )
-    return message
 
 
 def _anthropic_error(reply: UpstreamReply) -> UpstreamReply:
@@ -233,7 +220,7 @@ class MessagesCall(PipelineCall):
         )
         if not 200 <= reply.status_code < 300:
             raise UpstreamStatusError(reply)
-        return to_chat_completion(_message_of(reply.content, reply.status_code))
+        return to_chat_completion(answer_of(reply, items="content", shape="Messages"))
 
     def _delivered(self, outcome: Decision) -> ChatCompletion:
         """The Messages answer to deliver (kept as ``_final``); remembered as what the client
@@ -265,7 +252,7 @@ class MessagesCall(PipelineCall):
             self.ex.record.outcome = Outcome.UPSTREAM_ERROR
             return (reply if self.native else _anthropic_error(reply)), None
         if self.native:
-            self._first = _message_of(reply.content, reply.status_code)
+            self._first = answer_of(reply, items="content", shape="Messages")
             return reply, to_chat_completion(self._first)
         return reply, cast(dict[str, Any], chat_completion_of(reply.content, reply.status_code))
 

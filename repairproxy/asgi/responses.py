@@ -28,7 +28,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from repairproxy.asgi.call import PipelineCall
+from repairproxy.asgi.call import PipelineCall, answer_of
 from repairproxy.asgi.chat_upstream import (
     CHAT_PATH,
     ChatTextRelay,
@@ -55,7 +55,6 @@ from repairproxy.episodes.responses_store import (
 from repairproxy.errors import (
     BadRequestError,
     NotFoundError,
-    UpstreamBadAnswerError,
     UpstreamStatusError,
     UpstreamUnavailableError,
 )
@@ -92,18 +91,6 @@ _FAILED = frozenset({"response.failed", "response.incomplete", "error"})
 _LIFECYCLE_FIELD = "response"  # the field of lifecycle events that holds the response object
 # Sent while a stream under way waits for its verdict (OpenAI clients skip SSE comments).
 _BEAT = b": keep-alive\n\n"
-
-
-def _response_of(content: bytes, status: int) -> dict[str, Any]:
-    try:
-        response = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        response = None
-    if not isinstance(response, dict) or not isinstance(response.get("output"), list):
-        raise UpstreamBadAnswerError(
-            f"the upstream answered {status} with a body that is not a Responses answer"
-        )
-    return response
 
 
 def error_event(error: Mapping[str, Any]) -> bytes:
@@ -233,7 +220,7 @@ class ResponsesCall(PipelineCall):
         )
         if not 200 <= reply.status_code < 300:
             raise UpstreamStatusError(reply)
-        response = _response_of(reply.content, reply.status_code)
+        response = answer_of(reply, items="output", shape="Responses")
         self._answers[_id_key(response.get("id"))] = response
         return to_chat_completion(response)
 
@@ -317,7 +304,7 @@ class ResponsesCall(PipelineCall):
         )
         content = reply.content
         if 200 <= reply.status_code < 300:
-            final, changed = await self._judge(_response_of(reply.content, reply.status_code))
+            final, changed = await self._judge(answer_of(reply, items="output", shape="Responses"))
             if changed:
                 content = orjson.dumps(final)
         else:

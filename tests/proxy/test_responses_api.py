@@ -452,3 +452,20 @@ def test_prose_with_a_call_it_declines_keeps_its_text_on_a_stream(
     deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
     assert "".join(deltas) == text and events[-1].response.output_text == text
     assert _calls(events[-1].response) == []
+
+
+@pytest.mark.parametrize("body", [b"[]", b'{"output": "none"}', b"not json"])
+def test_a_2xx_that_is_not_a_responses_answer_is_a_502(body: bytes) -> None:
+    async def handle(_r: asyncio.StreamReader, writer: asyncio.StreamWriter, _q: bytes) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(body), body)
+        )
+
+    with raw_server(handle) as url, running_proxy(Settings(upstream=url + "/v1")) as proxy:
+        sent = httpx.post(proxy.base_url + "/responses", json={"model": "m", "input": "hi"})
+    assert sent.status_code == 502
+    error = sent.json()["error"]
+    assert (
+        error["message"] == "the upstream answered 200 with a body that is not a Responses answer"
+    )
