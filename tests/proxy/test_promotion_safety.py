@@ -124,6 +124,19 @@ async def test_an_ambiguous_answer_is_re_asked_in_reflexive() -> None:
     assert repair_turn["role"] == "user" and "tool_choice names" in repair_turn["content"]
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
+async def test_the_demo_answer_reaches_the_agent_as_text_in_reflexive(stream: bool) -> None:
+    """The embedded demo's first answer (calls presented as examples, cut off in a fence), under
+    the demo's own mode: delivered as it came, nothing run, nothing re-asked."""
+    (case,) = [c for c in CASES if c["id"] == "presented_as_example-001"]
+    transport = MockTransport(completion(content=case["content"]))
+    settings = Settings(upstream="http://mock/v1", repair="reflexive")
+    async with in_process_proxy(settings, transport) as proxy:
+        got = await _ask(proxy, case, stream)
+    assert got == {"content": case["content"], "calls": [], "channels": []}
+    assert len(transport.chat_requests) == 1
+
+
 async def test_a_decline_after_a_streamed_call_is_seen_before_anything_is_promoted() -> None:
     """The call streams first, the decline after it: nothing promoted, the text all delivered."""
     text = (
