@@ -228,6 +228,26 @@ def _keyed(gates: Mapping[str, Gate]) -> Mapping[str, frozenset[str]]:
 _KEYED = _keyed(GATES)
 
 
+# Families whose every match starts at an occurrence of this marker: where each occurrence lies
+# inside a match taken already, they cannot add one (it would overlap), so they do not run
+# (Qwen3's ``<function=`` inside its ``<tool_call>``, read once, not twice).
+_STARTS_AT: Mapping[str, str] = MappingProxyType(
+    {"glm": "<tool_call>", "hermes": "<tool_call>", "qwen3_xml_bare": "<function="}
+)
+
+
+def _all_taken(scanner: Scanner, marker: str, taken: Sequence[NativeMatch]) -> bool:
+    """Whether every occurrence of ``marker`` lies inside a match in ``taken``."""
+    position = 0
+    while True:
+        found = scanner.find(marker, position)
+        if found < 0:
+            return True
+        if not any(match.start <= found < match.end for match in taken):
+            return False
+        position = found + len(marker)
+
+
 def _present(scanner: Scanner) -> frozenset[str]:
     """The gates' substrings that occur in the text: one search per first character, then one
     per marker of the characters found."""
@@ -353,6 +373,9 @@ def find_native_calls(
         if family not in maybe or family in skip:
             continue
         if not GATES[family].admits(text, present, schemas):
+            continue
+        starts_at = _STARTS_AT.get(family)
+        if taken and starts_at is not None and _all_taken(scan, starts_at, taken):
             continue
         for match in recognise(scan, schemas):
             if not match.calls or any(match.start < m.end and m.start < match.end for m in taken):

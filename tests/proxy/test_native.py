@@ -243,6 +243,22 @@ def test_only_the_recognisers_whose_markers_occur_run() -> None:
     assert skipped.steps < scanner.steps
 
 
+def test_a_marker_inside_a_match_taken_already_is_not_read_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    text = (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "</function>\n</tool_call>"
+    )
+    once = Scanner(text)
+    (match,) = find_native_calls(text, WEATHER_TOOLS, scanner=once)
+    assert (match.family, match.calls[0].arguments) == ("qwen3_xml", {"city": "Paris"})
+    monkeypatch.setattr("repairproxy.native.registry._STARTS_AT", {})
+    twice = Scanner(text)
+    assert find_native_calls(text, WEATHER_TOOLS, scanner=twice) == [match]
+    assert once.steps < twice.steps  # the bare ``<function=`` reader did not run
+
+
 @pytest.mark.parametrize(
     ("text", "kept"),
     [
@@ -263,7 +279,7 @@ def test_only_the_recognisers_whose_markers_occur_run() -> None:
     ids=["harmony final message", "mistral text after the marker"],
 )
 def test_prose_inside_a_match_stays_when_the_call_is_promoted(text: str, kept: str) -> None:
-    schemas = {"get_weather": WEATHER_TOOLS[0]["function"]["parameters"]}
+    schemas = {"get_weather": {"type": "object", "properties": {"city": {"type": "string"}}}}
     reading = read_text_calls(text, tools=schemas)
     assert [(c.name, c.arguments) for c in reading.calls] == [("get_weather", {"city": "Paris"})]
     promoted = promote_calls({"role": "assistant", "content": text}, reading.calls)
