@@ -166,7 +166,8 @@ EMAIL_PROMPT = "Send an email to bob@example.com saying that his refund is on it
 
 def _send_email_case(client: httpx.Client, model: str, mode: str, max_tokens: int) -> str:
     """What the agent receives for ``EMAIL_PROMPT`` with only ``get_order_details`` declared:
-    ``text`` or ``call:NAME`` (or ``http_STATUS``), and the re-asks it took."""
+    ``text`` or ``call:NAME(ARGUMENTS)`` (or ``http_STATUS``), the proxy's account of the first
+    answer and its re-asks (headers), and the delivered text."""
     body = {
         "model": model,
         "messages": [
@@ -183,9 +184,20 @@ def _send_email_case(client: httpx.Client, model: str, mode: str, max_tokens: in
     if response.status_code != 200:
         return f"http_{response.status_code}"
     message = response.json()["choices"][0]["message"]
-    calls = [c["function"]["name"] for c in message.get("tool_calls") or ()]
+    calls = [
+        f"{c['function']['name']}({c['function']['arguments']})"
+        for c in message.get("tool_calls") or ()
+    ]
     answer = "call:" + ",".join(calls) if calls else "text"
-    return f"{answer} (repairs {response.headers.get('x-repairproxy-repairs', '0')})"
+    headers = response.headers
+    # What the model's first answer held (its errors, invented names) and what the proxy did.
+    seen = {
+        name: headers[f"x-repairproxy-{name}"]
+        for name in ("repairs", "first-tool-errors", "unknown-tools", "promoted", "repair-failed")
+        if f"x-repairproxy-{name}" in headers
+    }
+    text = " ".join((message.get("content") or "").split())
+    return f"{answer} {seen} content={text[:160]!r}"
 
 
 def _serve_proxy(upstream: str) -> tuple[subprocess.Popen[bytes], int]:
