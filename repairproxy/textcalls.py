@@ -856,9 +856,10 @@ _CLOSING_REMARK = re.compile(
 
 
 def _continues(after: str) -> bool:
-    """Whether the prose right after a call carries its sentence on (a lowercase joining word),
-    or ends it as a question ("[TOOL_CALLS]refund_order{...}?")."""
-    if after.startswith("?"):
+    """Whether the prose right after a call carries its sentence on (a lowercase joining word,
+    a comma or dash: "{...}, and the refund went through"), or ends it as a question
+    ("[TOOL_CALLS]refund_order{...}?")."""
+    if after.startswith(("?", ",", ";", "\u2014", "\u2013", " - ")):
         return True
     word = _WORD.match(after)
     return word is not None and word.group() in _CONTINUING

@@ -99,6 +99,8 @@ REFUSING_LEADS = [
 ]
 REFUSING_TAILS = [
     "unless you confirm.",
+    ", and it went through.",
+    "\u2014 which I ran yesterday.",
     "and it went through.",
     "was what I ran.",
     "? Shall I proceed?",
