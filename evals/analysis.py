@@ -14,6 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from evals import effects, stats
 from evals.definitions import AnswerFacts, answer_facts
 from evals.episodes import (
@@ -72,6 +75,7 @@ __all__ = [
     "success_at",
     "summarize_arm",
     "summarize_pair",
+    "summarize_pairs",
     "user_side_tools",
 ]
 
@@ -207,11 +211,14 @@ def _answer_names(episode: Episode, user_tools: frozenset[str] = frozenset()) ->
             env_by_message.setdefault(call.message_index, Counter())[name] += 1
     seen: set[int] = set()
     for index, proxy in episode.answer_proxy:
+        seen.add(index)
+        invented = _invented(proxy, user_tools)
+        if not invented and index not in env_by_message:
+            continue  # most answers: nothing invented in either view
         env = env_by_message.get(index, Counter())
-        caught = Counter(_invented(proxy, user_tools))
+        caught = Counter(invented)
         for name in set(env) | set(caught):
             total[name] += max(env[name], caught[name])
-        seen.add(index)
     for index, env in env_by_message.items():
         if index not in seen:
             total.update(env)
@@ -236,9 +243,16 @@ def delivered_channels(episode: Episode, message_index: int) -> frozenset[str] |
 
 def answers_facts(episode: Episode) -> list[tuple[int, AnswerFacts]]:
     """(message index, facts) of every agent answer with a proxy record."""
+    by_answer: dict[int, list[ToolCallRecord]] = {}
+    for call in episode.agent_calls:  # delivered_channels for every answer, in one pass
+        by_answer.setdefault(call.message_index, []).append(call)
     out = []
     for index, proxy in episode.answer_proxy:
-        facts = answer_facts(proxy, delivered_channels(episode, index))
+        if proxy is None:
+            continue
+        calls = by_answer.get(index)
+        delivered = frozenset(c.channel for c in calls if c.error and c.channel) if calls else None
+        facts = answer_facts(proxy, delivered)
         if facts is not None:
             out.append((index, facts))
     return out
@@ -486,53 +500,136 @@ def amplification(
 
     channels = (*ENV_CHANNELS, "any")
 
-    def counts(episodes: Sequence[Episode]) -> list[tuple[Counter[str], int]]:
-        out = []
-        for e in episodes:  # one pass per episode, every channel at once
-            agent = e.agent_calls
-            failed = Counter(c.channel or "" for c in agent if c.error)
-            failed["any"] = sum(1 for c in agent if c.error)
-            out.append((failed, len(agent) if per == "call" else 1))
-        return out
+    def counts(episodes: Sequence[Episode]) -> list[tuple[Mapping[str, int], int]]:
+        return [(e.agent_failures, len(e.agent_calls) if per == "call" else 1) for e in episodes]
 
     ref_counts, cmp_counts = counts(reference), counts(compared)
     return {
         channel: stats.rate_ratio(
-            [(failed[channel], size) for failed, size in ref_counts],
-            [(failed[channel], size) for failed, size in cmp_counts],
+            [(failed.get(channel, 0), size) for failed, size in ref_counts],
+            [(failed.get(channel, 0), size) for failed, size in cmp_counts],
         )
         for channel in channels
     }
 
 
-def summarize_pair(
-    reference: Arm, compared: Arm, ref_summary: ArmSummary, cmp_summary: ArmSummary
-) -> PairSummary:
+def _budget_tables(
+    paired: Sequence[tuple[str, Episode, Episode]], budgets: Sequence[int]
+) -> list[stats.TaskPairs]:
+    """``TaskPairs`` of success, then of success@K' for each of ``budgets``, from (task,
+    reference, compared) per paired trial sorted by task: the tasks and sizes are computed once,
+    each table's per-task sums in one numpy pass (the same integers as ``TaskPairs.from_pairs``)."""
+    if not paired:
+        return [stats.TaskPairs((), ()) for _ in range(len(budgets) + 1)]
+    tasks = [task for task, _, _ in paired]
+    starts = [i for i in range(len(tasks)) if i == 0 or tasks[i] != tasks[i - 1]]
+    sizes = tuple(b - a for a, b in zip(starts, [*starts[1:], len(tasks)], strict=True))
+    ref_ok = np.array([r.success for _, r, _ in paired], dtype=bool)
+    cmp_ok = np.array([c.success for _, _, c in paired], dtype=bool)
+    ref_failed = np.array([r.failed_calls for _, r, _ in paired])
+    cmp_failed = np.array([c.failed_calls for _, _, c in paired])
+
+    def table(ref: npt.NDArray[np.bool_], cmp: npt.NDArray[np.bool_]) -> stats.TaskPairs:
+        sums = np.add.reduceat(cmp.astype(np.int64) - ref.astype(np.int64), starts)
+        return stats.TaskPairs(tuple(int(v) for v in sums), sizes)
+
+    # success_at: successful and stopped before ``k`` failed calls.
+    return [table(ref_ok, cmp_ok)] + [
+        table(ref_ok & (ref_failed < k), cmp_ok & (cmp_failed < k)) for k in budgets
+    ]
+
+
+@dataclass(frozen=True)
+class _Pairing:
+    """Two arms' scored episodes paired by (task, trial), and the pairing's task tables."""
+
+    ref_keyed: dict[tuple[str, int], Episode]
+    cmp_keyed: dict[tuple[str, int], Episode]
+    ref_duplicates: int
+    cmp_duplicates: int
+    keys: list[tuple[str, int]]
+    swept: list[int]  # the budgets both runs reached
+    tables: list[stats.TaskPairs]  # success, then success@K' for each swept budget
+
+
+def _pairing(reference: Arm, compared: Arm) -> _Pairing:
     ref_keyed, ref_duplicates = _keyed(scored_episodes(reference))
     cmp_keyed, cmp_duplicates = _keyed(scored_episodes(compared))
     keys = sorted(set(ref_keyed) & set(cmp_keyed))
-    table = stats.PairedTable.from_pairs(
-        [(ref_keyed[k].success, cmp_keyed[k].success) for k in keys]
-    )
-    by_task = [(k[0], ref_keyed[k].success, cmp_keyed[k].success) for k in keys]
     swept = [
         k
         for k in BUDGETS
         if not _beyond(k, reference.max_errors) and not _beyond(k, compared.max_errors)
     ]
     # The difference and every budget's table have the same tasks: one pass for all.
-    tables = [stats.TaskPairs.from_pairs(by_task)]
-    for k in swept:
-        tables.append(
-            stats.TaskPairs.from_pairs(
-                [
-                    (key[0], success_at(ref_keyed[key], k), success_at(cmp_keyed[key], k))
-                    for key in keys
-                ]
+    tables = _budget_tables([(k[0], ref_keyed[k], cmp_keyed[k]) for k in keys], swept)
+    return _Pairing(ref_keyed, cmp_keyed, ref_duplicates, cmp_duplicates, keys, swept, tables)
+
+
+def summarize_pair(
+    reference: Arm,
+    compared: Arm,
+    ref_summary: ArmSummary,
+    cmp_summary: ArmSummary,
+    *,
+    resampler: effects.Resampler | None = None,
+) -> PairSummary:
+    return summarize_pairs([(reference, compared, ref_summary, cmp_summary)], resampler)[0]
+
+
+def summarize_pairs(
+    pairs: Sequence[tuple[Arm, Arm, ArmSummary, ArmSummary]],
+    resampler: effects.Resampler | None = None,
+) -> list[PairSummary]:
+    """``summarize_pair`` of each (reference, compared, their summaries): the intervals and
+    TOSTs of every pair are computed in one vectorised pass per task layout (the same numbers
+    as pair by pair; the paper grid's 96 pairs took ~5 s of 1-element numpy calls that way)."""
+    resampler = resampler or effects.Resampler()
+    pairings = [_pairing(reference, compared) for reference, compared, _, _ in pairs]
+    intervals = stats.difference_intervals(
+        [table for pairing in pairings for table in pairing.tables], alpha=DIFFERENCE_ALPHA
+    )
+    tosts = stats.tosts([pairing.tables[0] for pairing in pairings])
+    out = []
+    offset = 0
+    for (reference, compared, ref_summary, cmp_summary), pairing, tost in zip(
+        pairs, pairings, tosts, strict=True
+    ):
+        difference, *gaps = intervals[offset : offset + len(pairing.tables)]
+        offset += len(pairing.tables)
+        out.append(
+            _pair_summary(
+                reference,
+                compared,
+                ref_summary,
+                cmp_summary,
+                pairing,
+                difference,
+                gaps,
+                tost,
+                resampler,
             )
         )
-    difference, *gaps = stats.difference_intervals(tables, alpha=DIFFERENCE_ALPHA)
-    by_budget = dict(zip(swept, gaps, strict=True))
+    return out
+
+
+def _pair_summary(
+    reference: Arm,
+    compared: Arm,
+    ref_summary: ArmSummary,
+    cmp_summary: ArmSummary,
+    pairing: _Pairing,
+    difference: Interval | NotAvailable,
+    gaps: Sequence[Interval | NotAvailable],
+    tost: stats.Tost | NotAvailable,
+    resampler: effects.Resampler,
+) -> PairSummary:
+    ref_keyed, cmp_keyed, keys = pairing.ref_keyed, pairing.cmp_keyed, pairing.keys
+    table = stats.PairedTable.from_pairs(
+        [(ref_keyed[k].success, cmp_keyed[k].success) for k in keys]
+    )
+    by_task = [(k[0], ref_keyed[k].success, cmp_keyed[k].success) for k in keys]
+    by_budget = dict(zip(pairing.swept, gaps, strict=True))
     sweep_gap: dict[int, Interval | NotAvailable] = {}
     for k in BUDGETS:
         beyond = _beyond(k, reference.max_errors) or _beyond(k, compared.max_errors)
@@ -551,7 +648,7 @@ def summarize_pair(
         )
     ref_all, _ = _keyed(reference.episodes)
     cmp_all, _ = _keyed(compared.episodes)
-    task_pairs = tables[0]
+    task_pairs = pairing.tables[0]
     return PairSummary(
         reference=reference.label,
         compared=compared.label,
@@ -559,12 +656,12 @@ def summarize_pair(
         tasks=len({k[0] for k in keys}),
         unpaired_reference=len(ref_keyed) - len(keys),
         unpaired_compared=len(cmp_keyed) - len(keys),
-        duplicates_reference=ref_duplicates,
-        duplicates_compared=cmp_duplicates,
+        duplicates_reference=pairing.ref_duplicates,
+        duplicates_compared=pairing.cmp_duplicates,
         table=table,
         difference=difference,
         mcnemar_p=stats.mcnemar_exact_p(table),
-        tost=stats.tost(task_pairs),
+        tost=tost,
         sweep_gap=sweep_gap,
         spearman=rho,
         spearman_names=len(union),
@@ -575,7 +672,7 @@ def summarize_pair(
         ),
         odds_ratio=effects.paired_odds_ratio(table),
         power=effects.power(task_pairs, stats.EQUIVALENCE_MARGIN),
-        cost_per_point=_costs_per_point([(ref_keyed[k], cmp_keyed[k]) for k in keys]),
+        cost_per_point=_costs_per_point([(ref_keyed[k], cmp_keyed[k]) for k in keys], resampler),
         task_shares=_task_shares(by_task),
     )
 
@@ -584,7 +681,7 @@ COST_MEASURES = ("repair tokens", "repair seconds")
 
 
 def _costs_per_point(
-    paired: Sequence[tuple[Episode, Episode]],
+    paired: Sequence[tuple[Episode, Episode]], resampler: effects.Resampler
 ) -> dict[str, effects.CostPerPoint | NotAvailable]:
     """Repair tokens and seconds per episode, per point of success gained (see effects)."""
     rows = [
@@ -599,7 +696,7 @@ def _costs_per_point(
     ]
     return {
         measure: effects.cost_per_point(
-            [(task, r, c, rc[i], cc[i]) for task, r, c, rc, cc in rows], measure
+            [(task, r, c, rc[i], cc[i]) for task, r, c, rc, cc in rows], measure, resampler
         )
         for i, measure in enumerate(COST_MEASURES)
     }
@@ -704,9 +801,9 @@ def build_summary(
     """Summarise every arm and every pair; Holm adjusts McNemar's p within each family."""
     by_label = {arm.label: arm for arm in arms}
     summaries = {arm.label: summarize_arm(arm) for arm in arms}
-    compared = [
-        summarize_pair(by_label[r], by_label[c], summaries[r], summaries[c]) for r, c in pairs
-    ]
+    compared = summarize_pairs(
+        [(by_label[r], by_label[c], summaries[r], summaries[c]) for r, c in pairs]
+    )
     names = assign_families([(summaries[r], summaries[c]) for r, c in pairs], families)
     adjusted: dict[int, float | NotAvailable] = {}
     for family in dict.fromkeys(names):

@@ -23,6 +23,7 @@ __all__ = [
     "POWER",
     "CostPerPoint",
     "Power",
+    "Resampler",
     "clopper_pearson",
     "cost_per_point",
     "episode_costs",
@@ -166,6 +167,24 @@ def power(pairs: TaskPairs, margin: float, alpha: float = 0.05) -> Power | NotAv
 # Repair cost per point of success gained
 
 
+class Resampler:
+    """The task bootstrap's weights (``BOOTSTRAP_REPLICATES`` multinomial draws over the tasks,
+    seeded with ``BOOTSTRAP_SEED``), drawn once per number of tasks: every pair of a report with
+    that many tasks resamples with the same draws, as drawing them afresh gives anyway (~50 ms a
+    draw at 114 tasks, twice per pair before)."""
+
+    def __init__(self) -> None:
+        self._weights: dict[int, npt.NDArray[np.int64]] = {}
+
+    def weights(self, tasks: int) -> npt.NDArray[np.int64]:
+        if tasks not in self._weights:
+            rng = np.random.default_rng(BOOTSTRAP_SEED)
+            drawn = rng.multinomial(tasks, np.full(tasks, 1.0 / tasks), BOOTSTRAP_REPLICATES)
+            drawn.flags.writeable = False
+            self._weights[tasks] = drawn
+        return self._weights[tasks]
+
+
 @dataclass(frozen=True)
 class CostPerPoint:
     """Repair cost (per episode, compared − reference) over the success gained, in points."""
@@ -177,11 +196,14 @@ class CostPerPoint:
 
 
 def cost_per_point(
-    paired: Sequence[tuple[str, bool, bool, float, float]], measure: str
+    paired: Sequence[tuple[str, bool, bool, float, float]],
+    measure: str,
+    resampler: Resampler | None = None,
 ) -> CostPerPoint | NotAvailable:
     """From (task, reference success, compared success, reference cost, compared cost) per
     paired episode: the cost per episode of one percentage point of success gained, with a
-    95% interval by resampling tasks (``BOOTSTRAP_REPLICATES``, a fixed seed)."""
+    95% interval by resampling tasks (``BOOTSTRAP_REPLICATES``, a fixed seed; ``resampler``
+    shares the draws between calls)."""
     if not paired:
         return NotAvailable("no paired episodes")
     tasks: dict[str, list[float]] = {}
@@ -200,10 +222,7 @@ def cost_per_point(
     )
     if len(tasks) < 2:
         return _with(result, NotAvailable("1 task: a task bootstrap needs at least 2"))
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    weights = rng.multinomial(
-        len(tasks), np.full(len(tasks), 1.0 / len(tasks)), BOOTSTRAP_REPLICATES
-    )
+    weights = (resampler or Resampler()).weights(len(tasks))
     gains = weights @ table[:, 0]
     costs = weights @ table[:, 1]
     if np.mean(gains <= 0) > 0.025:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -108,14 +109,21 @@ class Episode:
     # per assistant message: (message index, proxy record or None)
     answer_proxy: tuple[tuple[int, Mapping[str, Any] | None], ...] = ()
 
-    @property
+    # The cached properties are read for every per-arm and per-pair number: once per episode.
+    @cached_property
     def success(self) -> bool:
         return self.reward is not None and abs(self.reward - 1.0) <= SUCCESS_TOLERANCE
 
     @cached_property
     def agent_calls(self) -> tuple[ToolCallRecord, ...]:
-        # Read for every per-arm and per-pair number: computed once per episode.
         return tuple(c for c in self.calls if c.requestor == "assistant")
+
+    @cached_property
+    def agent_failures(self) -> Mapping[str, int]:
+        """Failed agent calls by channel ("" for one without a channel), and "any": all."""
+        failed = Counter(c.channel or "" for c in self.agent_calls if c.error)
+        failed["any"] = sum(1 for c in self.agent_calls if c.error)
+        return failed
 
 
 def success_at(episode: Episode, budget: int) -> bool:

@@ -16,9 +16,10 @@ The numpy parts are vectorised so that the calibration benchmark runs the very c
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -50,6 +51,7 @@ __all__ = [
     "t_quantile",
     "tost",
     "tost_arrays",
+    "tosts",
     "wilson",
 ]
 
@@ -223,12 +225,16 @@ class TaskPairs:
         return len(self.sizes)
 
 
-def t_quantile(upper_tail: float, df: ArrayLike) -> FloatArray:
+def t_quantile(upper_tail: float | FloatArray, df: ArrayLike) -> FloatArray:
     """Student's t quantile with ``upper_tail`` above it, for each of ``df`` (>= 1; fractional
     df are floored, which only makes the quantile larger). Hill (1970), algorithm 396: exact at
-    df 1 and 2, within 2e-5 relative from df 3 on (checked against scipy in the tests)."""
-    if not 0.0 < upper_tail < 0.5:
+    df 1 and 2, within 2e-5 relative from df 3 on (checked against scipy in the tests).
+    ``upper_tail`` may be an array broadcast with ``df`` (one tail per df); each element gets
+    the very arithmetic a scalar tail gets (the normal quantile and tan by Python's math)."""
+    tails = np.asarray(upper_tail, dtype=float)
+    if not bool(np.all((tails > 0.0) & (tails < 0.5))):
         raise ValueError(f"upper tail {upper_tail} not in (0, 0.5)")
+    scalar = tails.ndim == 0
     # df 1 and 2 take their closed forms below; the general branches may overflow there.
     with np.errstate(all="ignore"):
         n = np.maximum(np.floor(np.asarray(df, dtype=float)), 1.0)
@@ -238,7 +244,8 @@ def t_quantile(upper_tail: float, df: ArrayLike) -> FloatArray:
         c = ((20700.0 * a / b - 98.0) * a - 16.0) * a + 96.36
         d = ((94.5 / (b + c) - 3.0) / b + 1.0) * np.sqrt(a * math.pi / 2.0) * n
         y = (d * two_sided) ** (2.0 / n)
-        x = NormalDist().inv_cdf(upper_tail)  # the lower-tail normal quantile, negative
+        # The lower-tail normal quantile, negative.
+        x = _elementwise(NormalDist().inv_cdf, upper_tail)
         c_tail = c + np.where(n < 5, 0.3 * (n - 4.5) * (x + 0.6), 0.0)
         c_tail = (((0.05 * d * x - 5.0) * x - 7.0) * x - 2.0) * x + b + c_tail
         x2 = x * x
@@ -247,9 +254,24 @@ def t_quantile(upper_tail: float, df: ArrayLike) -> FloatArray:
         inner = 1.0 / (((n + 6.0) / (n * y) - 0.089 * d - 0.822) * (n + 2.0) * 3.0)
         body = ((inner + 0.5 / (n + 4.0)) * y - 1.0) * (n + 1.0) / (n + 2.0) + 1.0 / y
         q = np.sqrt(n * np.where(y > 0.05 + a, tail, body))
-    q = np.where(n == 2, math.sqrt(2.0 / (two_sided * (2.0 - two_sided)) - 2.0), q)
-    q = np.where(n == 1, 1.0 / math.tan(two_sided * math.pi / 2.0), q)
+    if scalar:
+        q = np.where(n == 2, math.sqrt(2.0 / (two_sided * (2.0 - two_sided)) - 2.0), q)
+        q = np.where(n == 1, 1.0 / math.tan(two_sided * math.pi / 2.0), q)
+    else:
+        with np.errstate(all="ignore"):  # sqrt is correctly rounded: numpy's equals math's
+            q = np.where(n == 2, np.sqrt(2.0 / (two_sided * (2.0 - two_sided)) - 2.0), q)
+        q = np.where(n == 1, 1.0 / _elementwise(math.tan, two_sided * math.pi / 2.0), q)
     return np.asarray(q, dtype=float)
+
+
+def _elementwise(function: Callable[[float], float], values: float | FloatArray) -> Any:
+    """``function`` of a scalar, or of each element of an array (Python's float arithmetic,
+    so that an array of tails gets the numbers each tail alone gets)."""
+    if np.ndim(values) == 0:
+        return function(values)  # type: ignore[arg-type]
+    array = np.asarray(values, dtype=float)
+    flat = [function(float(v)) for v in array.ravel()]
+    return np.array(flat, dtype=float).reshape(array.shape)
 
 
 @dataclass(frozen=True)
@@ -285,7 +307,7 @@ class _Clusters:
         floor = (np.abs(delta) - delta**2) / self.pairs
         return np.asarray(np.maximum(cluster, floor), dtype=float)
 
-    def excess(self, delta: FloatArray, side: int, alpha: float) -> FloatArray:
+    def excess(self, delta: FloatArray, side: int, alpha: float | FloatArray) -> FloatArray:
         """How far the one-sided statistic against ``delta`` passes its critical value (> 0:
         ``delta`` is rejected). ``side`` -1 tests H0: difference <= delta, +1 H0: >= delta."""
         groups = self.sums.shape[-1]
@@ -400,25 +422,25 @@ class Tost:
         return 1.0 - 2.0 * self.alpha
 
 
-def _p_value(clusters: _Clusters, delta: float, side: int) -> float:
-    """The smallest alpha at which the one-sided test against ``delta`` rejects."""
-    at = np.array([delta])
+def _p_values(clusters: _Clusters, delta: float, side: int) -> FloatArray:
+    """Per replicate, the smallest alpha at which the one-sided test against ``delta`` rejects:
+    a geometric bisection on alpha (30 steps, the ratio high / low ends below 1 + 3e-8), run for
+    every replicate at once; 1.0 where it does not reject even at 0.4999."""
+    at = np.full(clusters.estimate.shape, delta)
 
-    def rejects(alpha: float) -> bool:
-        return bool(clusters.excess(at, side, alpha)[0] > 0)
+    def rejects(alpha: FloatArray) -> BoolArray:
+        return np.asarray(clusters.excess(at, side, alpha) > 0, dtype=bool)
 
-    if not rejects(0.4999):
-        return 1.0
-    low, high = 1e-12, 0.4999
-    if rejects(low):
-        return low
-    for _ in range(30):  # geometric: the ratio high / low ends below 1 + 3e-8
-        middle = math.sqrt(low * high)
-        if rejects(middle):
-            high = middle
-        else:
-            low = middle
-    return high
+    low = np.full(at.shape, 1e-12)
+    high = np.full(at.shape, 0.4999)
+    at_top = rejects(high)
+    at_floor = rejects(low)
+    for _ in range(30):
+        middle = np.sqrt(low * high)  # correctly rounded, as math.sqrt
+        out = rejects(middle)
+        high = np.where(out, middle, high)
+        low = np.where(out, low, middle)
+    return np.asarray(np.where(at_top, np.where(at_floor, 1e-12, high), 1.0), dtype=float)
 
 
 def difference_interval(pairs: TaskPairs, alpha: float = 0.025) -> Interval | NotAvailable:
@@ -467,23 +489,46 @@ def tost(
     """TOST of |compared − reference| < ``margin`` (fractions: 0.075 = 7.5 points) on paired
     trials grouped by task: a null-imposed cluster-robust t with a small-cluster df (see
     ``_Clusters.excess``); ``benchmarks/tost_calibration.py`` measures its size at the margin."""
-    if pairs.n == 0:
-        return NotAvailable("no paired episodes")
-    if pairs.tasks < 2:
-        return NotAvailable(f"{pairs.tasks} task: a task-level test needs at least 2 tasks")
-    result = tost_arrays(np.array([pairs.sums]), np.array([pairs.sizes]), margin, alpha)
-    clusters = _Clusters.of(np.array([pairs.sums]), np.array([pairs.sizes]))
-    difference = float(result.estimate[0])
-    return Tost(
-        margin=margin,
-        alpha=alpha,
-        difference=difference,
-        interval=Interval(difference, float(result.low[0]), float(result.high[0])),
-        p_lower=_p_value(clusters, -margin, -1),
-        p_upper=_p_value(clusters, margin, +1),
-        pairs=pairs.n,
-        tasks=pairs.tasks,
-    )
+    return tosts([pairs], margin, alpha)[0]
+
+
+def tosts(
+    tables: Sequence[TaskPairs], margin: float = EQUIVALENCE_MARGIN, alpha: float = ALPHA
+) -> list[Tost | NotAvailable]:
+    """``tost`` of each table; tables whose tasks have the same sizes are tested in one
+    vectorised pass (interval ends and p-values alike), with the same result."""
+    out: list[Tost | NotAvailable] = []
+    batch: dict[tuple[int, ...], list[int]] = {}
+    for index, pairs in enumerate(tables):
+        if pairs.n == 0:
+            out.append(NotAvailable("no paired episodes"))
+        elif pairs.tasks < 2:
+            out.append(
+                NotAvailable(f"{pairs.tasks} task: a task-level test needs at least 2 tasks")
+            )
+        else:
+            out.append(NotAvailable("pending"))
+            batch.setdefault(pairs.sizes, []).append(index)
+    for sizes, members in batch.items():
+        sums = np.array([tables[i].sums for i in members], dtype=float)
+        sizes_array = np.array(sizes, dtype=float)
+        result = tost_arrays(sums, sizes_array, margin, alpha)
+        clusters = _Clusters.of(sums, sizes_array)
+        p_lower = _p_values(clusters, -margin, -1)
+        p_upper = _p_values(clusters, margin, +1)
+        for row, i in enumerate(members):
+            difference = float(result.estimate[row])
+            out[i] = Tost(
+                margin=margin,
+                alpha=alpha,
+                difference=difference,
+                interval=Interval(difference, float(result.low[row]), float(result.high[row])),
+                p_lower=float(p_lower[row]),
+                p_upper=float(p_upper[row]),
+                pairs=tables[i].n,
+                tasks=tables[i].tasks,
+            )
+    return out
 
 
 def holm(p_values: Sequence[float | NotAvailable]) -> list[float | NotAvailable]:

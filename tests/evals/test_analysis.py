@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,8 @@ from evals.analysis import (
     read_episodes,
     success_at,
     summarize_arm,
+    summarize_pair,
+    summarize_pairs,
 )
 from evals.stats import Interval, NotAvailable, RateRatio
 from tests.evals.fixtures_tau2 import Call, Turn, episode, not_found, results, write
@@ -386,3 +390,32 @@ def test_amplification_per_call_and_per_episode_by_hand() -> None:
     assert per_call.ratio.estimate == pytest.approx((5 / 16) / (2 / 8))
     assert per_episode.ratio.estimate == pytest.approx(2.5)
     assert per_call.ratio.low < 1.25 < per_call.ratio.high
+
+
+def test_pairs_summarised_together_equal_each_pair_alone(tmp_path: Path) -> None:
+    # The report's pairs share one vectorised pass (intervals, TOST, bootstrap draws); each
+    # pair must read as it does alone, budgets past a run's own K included.
+    def arm(name: str, seed: int, max_errors: int = 10) -> Arm:
+        rng = random.Random(seed)
+        simulations = [
+            episode(
+                f"task_{t}",
+                k,
+                [Turn((Call("get_order", "Error: x" if rng.random() < 0.3 else None),))],
+                reward=1.0 if rng.random() < 0.5 else 0.0,
+            )
+            for t in range(12)
+            for k in range(3)
+        ]
+        content = results(simulations, max_errors=max_errors)
+        path = write(tmp_path / name / "results.json", content)
+        return load_arm(path, name)
+
+    arms = [arm("a", 1), arm("b", 2), arm("c", 3, max_errors=3), arm("d", 4)]
+    arms.append(replace(arms[3], label="e", episodes=arms[3].episodes[:20]))  # fewer tasks
+    summaries = {a.label: summarize_arm(a) for a in arms}
+    pairs = [(arms[0], b, summaries["a"], summaries[b.label]) for b in arms[1:]]
+    together = summarize_pairs(pairs)
+    assert together == [summarize_pair(*pair) for pair in pairs]
+    assert isinstance(together[1].sweep_gap[4], NotAvailable)  # c stopped at K=3
+    assert together[3].tasks < together[0].tasks

@@ -168,6 +168,23 @@ def test_cost_per_point_is_cost_over_gain_with_a_task_bootstrap_like_scipys() ->
     assert per.high == pytest.approx(reference.high, rel=0.08)
 
 
+def test_cost_per_point_with_a_shared_resampler_is_what_each_call_draws_alone() -> None:
+    rng = random.Random(3)
+    rows = []
+    for t in range(30):
+        for _ in range(2):
+            ref = rng.random() < 0.3
+            rows.append((f"t{t}", ref, ref or rng.random() < 0.6, 0.0, float(rng.randint(1, 9))))
+    shared = effects.Resampler()
+    first = effects.cost_per_point(rows, "repair tokens", shared)
+    weights = shared.weights(30)
+    again = effects.cost_per_point(rows[::-1], "repair tokens", shared)
+    assert shared.weights(30) is weights  # drawn once for 30 tasks
+    assert first == effects.cost_per_point(rows, "repair tokens")  # a fresh draw: the same
+    assert again == effects.cost_per_point(rows[::-1], "repair tokens")
+    assert isinstance(first, effects.CostPerPoint) and isinstance(first.per_point, Interval)
+
+
 def test_cost_per_point_is_not_available_without_a_gain_that_excludes_zero() -> None:
     flat = [(f"t{t}", True, True, 0.0, 100.0) for t in range(10)]
     assert isinstance(effects.cost_per_point(flat, "repair tokens"), NotAvailable)

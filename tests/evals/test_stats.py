@@ -35,6 +35,7 @@ from evals.stats import (
     t_quantile,
     tost,
     tost_arrays,
+    tosts,
     wilson,
 )
 
@@ -250,6 +251,29 @@ def test_tost_by_hand_far_outside_the_margin() -> None:
     assert not result.equivalent
     assert result.p_lower == 1.0 and result.p_upper < 0.05  # null-imposed: t <= sqrt(G - 1)
     assert result.interval.high < -EQUIVALENCE_MARGIN
+
+
+def test_tosts_of_many_tables_equal_each_table_tested_alone() -> None:
+    # The report tests every pair in one vectorised pass: batching must not move a number.
+    rng = np.random.default_rng(5)
+    tables = [TaskPairs((), ()), TaskPairs((1,), (4,))]
+    for tasks, size in [(2, 1), (3, 2), (6, 4), (6, 4), (6, 4), (40, 4), (40, 4), (9, 1)]:
+        skew = rng.uniform(-1, 1)
+        sums = np.clip(np.round(rng.normal(skew * size / 2, size / 2, tasks)), -size, size)
+        tables.append(TaskPairs(tuple(int(v) for v in sums), (size,) * tasks))
+    alone = [tost(table) for table in tables]
+    assert tosts(tables) == alone
+    assert all(isinstance(result, Tost) for result in alone[2:])
+    assert {r.p_lower for r in alone[2:] if isinstance(r, Tost)} - {1.0}  # not all trivial
+
+
+def test_t_quantile_of_an_array_of_tails_is_each_tail_alone() -> None:
+    tails = np.array([1e-12, 1e-4, 0.025, 0.05, 0.3, 0.4999, 0.05, 0.01])
+    dfs = np.array([1.0, 2.0, 3.0, 9.7, 30.0, 113.0, 1.0, 2.0])
+    alone = [float(t_quantile(float(t), [d])[0]) for t, d in zip(tails, dfs, strict=True)]
+    assert t_quantile(tails, dfs).tolist() == alone
+    with pytest.raises(ValueError, match="not in"):
+        t_quantile(np.array([0.05, 0.5]), [3.0, 3.0])
 
 
 def test_tost_needs_two_tasks() -> None:
