@@ -112,3 +112,42 @@ def test_constrained_repair_round_trip_returns_a_validated_call(client: openai.O
     fixed = int(headers.get("x-repairproxy-promoted", "0")) + int(headers["x-repairproxy-repairs"])
     assert fixed >= 1
     assert headers["x-repairproxy-tool-errors"]  # what it caught on the way is reported
+
+
+def test_a_structured_output_verdict_on_the_real_model_is_what_the_client_got(
+    client: openai.OpenAI,
+) -> None:
+    """A ``response_format`` json_schema answer from the real model, re-asked (reflexive): the
+    headers count every attempt that failed, the last one included exactly when the client got
+    an answer that does not match the schema, and nothing is charged to the error budget."""
+    from pydantic import BaseModel, ValidationError
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    raw = client.chat.completions.with_raw_response.create(
+        model="local",
+        temperature=0,
+        seed=1,
+        max_tokens=100,
+        messages=[{"role": "user", "content": "Ada Lovelace was 36. Give her name and age."}],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": Person.model_json_schema()},
+        },
+        extra_headers={"X-Repairproxy-Repair": "reflexive"},
+    )
+    headers = raw.headers
+    content = raw.parse().choices[0].message.content or ""
+    errors = [c for c in headers["x-repairproxy-output-errors"].split(",") if c]
+    repairs = int(headers["x-repairproxy-output-repairs"])
+    assert int(headers["x-repairproxy-upstream-calls"]) == repairs + 1
+    try:
+        Person.model_validate_json(content)
+    except ValidationError:
+        assert repairs == 2, headers  # --max-repairs 2, all spent
+        assert len(errors) == repairs + 1, headers
+    else:
+        assert len(errors) == repairs, headers
+    assert headers["x-repairproxy-episode-errors"] == "0"  # never charged to the error budget
