@@ -810,7 +810,7 @@ def _standing_reason(rest: str, start: int, end: int, *, opened: bool) -> NotACa
     line_start = rest.rfind("\n", 0, start) + 1
     line_end = rest.find("\n", end)
     before = rest[line_start:start].strip()
-    if before and before[-1] not in ".!?:" and not opened:
+    if before and (before[-1] in _QUOTING or (before[-1] not in ".!?:" and not opened)):
         return NotACall.IN_SENTENCE
     after = rest[end : len(rest) if line_end < 0 else line_end].strip()
     if after and not (opened and not _continues(after)) and not _closing_remark(after):
@@ -837,6 +837,9 @@ def _standing_reason(rest: str, start: int, end: int, *, opened: bool) -> NotACa
 _SPECIAL_OPENER = re.compile(
     r"\s*(?:<\|[A-Za-z_]+\|?>|<｜[^｜<>\n]{1,40}｜>|\[TOOL_CALLS\]|<tool_call>)"
 )
+# A call right after one of these is quoted, in a parenthesis or a block quote, however it opens.
+_QUOTING = frozenset("\"'`\u201c\u2018\u00ab>(")
+_QUOTED_END = ('"', "'", "`", "\u201d", "\u2019", "\u00bb", ")")
 # Words that, first after a call, carry the sentence on through it: the call is part of it.
 _CONTINUING = frozenset(
     [
@@ -859,7 +862,7 @@ def _continues(after: str) -> bool:
     """Whether the prose right after a call carries its sentence on (a lowercase joining word,
     a comma or dash: "{...}, and the refund went through"), or ends it as a question
     ("[TOOL_CALLS]refund_order{...}?")."""
-    if after.startswith(("?", ",", ";", "\u2014", "\u2013", " - ")):
+    if after.startswith(("?", ",", ";", "\u2014", "\u2013", " - ", *_QUOTED_END)):
         return True
     word = _WORD.match(after)
     return word is not None and word.group() in _CONTINUING

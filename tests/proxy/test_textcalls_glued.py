@@ -127,6 +127,17 @@ def test_a_refusing_tail_glued_to_any_special_token_call_keeps_it_prose(
     assert _called(f"{SPECIAL[form]}{glue}{tail}") == []
 
 
+@pytest.mark.parametrize(
+    ("opening", "closing"),
+    [('"', '"'), ("\u201c", "\u201d"), ("`", "`"), ("(", ")"), ("> ", "")],
+    ids=["quotes", "curly quotes", "backticks", "parenthesis", "block quote"],
+)
+@pytest.mark.parametrize("form", SPECIAL)
+def test_a_quoted_special_token_call_is_prose(form: str, opening: str, closing: str) -> None:
+    assert _called(f"The log shows {opening}{SPECIAL[form]}{closing}") == []
+    assert _called(f"{opening}{SPECIAL[form]}{closing}") == []
+
+
 @pytest.mark.parametrize("glue", ["", " "])
 @pytest.mark.parametrize("prose", NEUTRAL)
 @pytest.mark.parametrize("form", SPECIAL)
