@@ -601,3 +601,27 @@ def test_a_chat_upstream_stream_lets_prose_flow_before_the_verdict(
     # the headers left with the prose: the verdict comes as the comment before message_stop
     assert ": x-repairproxy tool-errors=unknown_tool" in response.text
     assert kinds[-1] == "message_stop"
+
+
+def test_a_chat_upstream_stream_gets_pings_while_a_held_call_is_re_asked(
+    start_chat: Any, chat_upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The translated stream keeps talking as the native one does: prose out, a re-ask slower
+    than the interval, pings meanwhile; the Anthropic SDK still assembles the repaired call."""
+    import repairproxy.asgi.chat_upstream as framing
+
+    monkeypatch.setattr(framing, "KEEP_ALIVE_SECONDS", 0.02)
+    proxy = start_chat()
+    for _ in range(2):  # once read raw, once through the SDK
+        chat_upstream.push(
+            completion(content="Let me check.", tool_calls=[tool_call("lookup_order", GOOD)]),
+            completion(tool_calls=[tool_call("get_order_details", GOOD)], delay=0.5),
+        )
+    body = {"model": "m", "max_tokens": 64, "messages": ASK, "tools": TOOLS, "stream": True}
+    response = httpx.post(proxy.base_url + "/messages", json=body, timeout=30)
+    kinds = [line[7:] for line in response.text.splitlines() if line.startswith("event: ")]
+    text = kinds.index("content_block_delta")  # the prose, released before the verdict
+    call = kinds.index("content_block_start", text)  # the repaired call
+    assert "ping" in kinds[text:call]
+    streamed = _create(_client(proxy), stream=True)
+    assert _calls(streamed) == [("get_order_details", GOOD)]
