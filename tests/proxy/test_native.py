@@ -321,42 +321,47 @@ def _chat_body(case: dict[str, Any], stream: bool) -> dict[str, Any]:
     }
 
 
-@pytest.mark.anyio
-@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
-@pytest.mark.parametrize("case", list(_representatives()))
-async def test_through_the_proxy_the_call_is_structured_and_no_wrapper_stays(
+async def _through_the_proxy(
     case: dict[str, Any], stream: bool
-) -> None:
+) -> tuple[list[tuple[str, Any]], str | None]:
+    """The calls and content the official client gets for ``case``'s answer (``repair=promote``)."""
     transport = MockTransport(completion(content=case["text"]))
     settings = Settings(upstream="http://mock/v1", repair="promote")
     async with in_process_proxy(settings, transport) as proxy:
         client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="k", http_client=proxy.http)
-        calls: list[tuple[str, Any]]
-        if stream:
-            chunks = await client.chat.completions.create(**_chat_body(case, True))
-            content = ""
-            arguments: dict[int, list[str]] = {}
-            names: dict[int, str] = {}
-            async for chunk in chunks:
-                if not chunk.choices:
-                    continue
-                delta = chunk.choices[0].delta
-                content += delta.content or ""
-                for call in delta.tool_calls or ():
-                    if call.function and call.function.name:
-                        names[call.index] = call.function.name
-                    if call.function and call.function.arguments:
-                        arguments.setdefault(call.index, []).append(call.function.arguments)
-            calls = [(names[i], json.loads("".join(arguments.get(i, ["{}"])))) for i in names]
-            text: str | None = content or None
-        else:
+        if not stream:
             answer = await client.chat.completions.create(**_chat_body(case, False))
             message = answer.choices[0].message
             calls = [
                 (call.function.name, json.loads(call.function.arguments))
                 for call in message.tool_calls or ()
             ]
-            text = message.content
+            return calls, message.content
+        chunks = await client.chat.completions.create(**_chat_body(case, True))
+        content = ""
+        arguments: dict[int, list[str]] = {}
+        names: dict[int, str] = {}
+        async for chunk in chunks:
+            if not chunk.choices:
+                continue
+            delta = chunk.choices[0].delta
+            content += delta.content or ""
+            for call in delta.tool_calls or ():
+                if call.function and call.function.name:
+                    names[call.index] = call.function.name
+                if call.function and call.function.arguments:
+                    arguments.setdefault(call.index, []).append(call.function.arguments)
+        calls = [(names[i], json.loads("".join(arguments.get(i, ["{}"])))) for i in names]
+        return calls, content or None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
+@pytest.mark.parametrize("case", list(_representatives()))
+async def test_through_the_proxy_the_call_is_structured_and_no_wrapper_stays(
+    case: dict[str, Any], stream: bool
+) -> None:
+    calls, text = await _through_the_proxy(case, stream)
     expected = [(call["name"], call["arguments"]) for call in case["expected_calls"]]
     assert [_canonical(c) for c in calls] == [_canonical(c) for c in expected]
     if stream and not case["text"].lstrip().startswith(opening_markers()):
@@ -364,6 +369,20 @@ async def test_through_the_proxy_the_call_is_structured_and_no_wrapper_stays(
     expected_text = case["expected_content"] or ""
     for marker in case.get("wrapper_markers", ()):
         assert marker not in (text or "") or marker in expected_text
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
+async def test_through_the_proxy_prose_inside_a_match_reaches_the_client(stream: bool) -> None:
+    case = {
+        "text": "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+        '{"city": "Paris"}<|call|><|start|>assistant<|channel|>final<|message|>'
+        "Checking Paris now.<|end|>",
+        "tools": WEATHER_TOOLS,
+    }
+    calls, text = await _through_the_proxy(case, stream)
+    assert calls == [("get_weather", {"city": "Paris"})]
+    assert text == "Checking Paris now."
 
 
 @pytest.mark.anyio
