@@ -105,7 +105,7 @@ class PipelineCall:
 
     # -- answers sent on whole --------------------------------------------------------------------
 
-    async def _whole(self, responder: Responder, reply: UpstreamReply, content: bytes) -> None:
+    async def send_whole(self, responder: Responder, reply: UpstreamReply, content: bytes) -> None:
         """One JSON (or error) answer with every header the verdict gives."""
         self.ex.record.status = reply.status_code
         headers = response_headers(reply.headers)
@@ -128,7 +128,7 @@ class PipelineCall:
                 if response.status_code >= 300:
                     ex.record.outcome = Outcome.UPSTREAM_ERROR
                 reply = UpstreamReply(response.status_code, response.headers, content)
-                await self._whole(responder, reply, content)
+                await self.send_whole(responder, reply, content)
                 return
             ex.record.status = 200
             with upstream.reading():

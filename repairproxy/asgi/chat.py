@@ -58,7 +58,7 @@ class ChatCall(PipelineCall):
             ex.record.outcome = Outcome.UPSTREAM_ERROR
         if self.pipeline.settings.log_bodies:
             ex.record.response_body = content
-        await self._whole(responder, reply, content)
+        await self.send_whole(responder, reply, content)
 
     async def stream(self, responder: Responder) -> None:
         request = self._chat

@@ -98,7 +98,7 @@ async def ask_chat_stream(
                 ex.record.outcome = Outcome.UPSTREAM_ERROR
                 reply = UpstreamReply(response.status_code, response.headers, content)
                 reply = error(reply) if error is not None else reply
-                await call._whole(responder, reply, reply.content)
+                await call.send_whole(responder, reply, reply.content)
                 return
             await whole(chat_completion_of(content, response.status_code))
             return

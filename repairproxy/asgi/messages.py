@@ -259,11 +259,11 @@ class MessagesCall(PipelineCall):
     async def buffered(self, responder: Responder) -> None:
         reply, completion = await self._first_answer()
         if completion is None:
-            await self._whole(responder, reply, reply.content)
+            await self.send_whole(responder, reply, reply.content)
             return
         final, changed = await self._judge(completion)
         content = orjson.dumps(final) if changed else reply.content
-        await self._whole(responder, reply, content)
+        await self.send_whole(responder, reply, content)
 
     # -- streamed ---------------------------------------------------------------------------------
 

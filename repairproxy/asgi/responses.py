@@ -309,7 +309,7 @@ class ResponsesCall(PipelineCall):
                 content = orjson.dumps(final)
         else:
             ex.record.outcome = Outcome.UPSTREAM_ERROR
-        await self._whole(responder, reply, content)
+        await self.send_whole(responder, reply, content)
 
     # -- a chat-only upstream ---------------------------------------------------------------------
 
@@ -322,7 +322,7 @@ class ResponsesCall(PipelineCall):
         )
         if not 200 <= reply.status_code < 300:
             ex.record.outcome = Outcome.UPSTREAM_ERROR
-            await self._whole(responder, reply, reply.content)  # chat errors are OpenAI-shaped
+            await self.send_whole(responder, reply, reply.content)  # chat errors are OpenAI-shaped
             return
         outcome = await self._decide(chat_completion_of(reply.content, reply.status_code))
         echoed = {**self.body, "input": None}
