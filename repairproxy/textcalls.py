@@ -31,8 +31,9 @@ recogniser into one of three outcomes:
   "Here is an example of how you can call these functions:" (read over any fences between)
   every later call shape is part of the presentation; several values listed in one fence are a
   listing; an answer that ends inside an unclosed fence or an unclosed value after its calls was
-  cut off (the token limit) mid-listing and promotes nothing. Delivered as text: no re-ask, not
-  a failure.
+  cut off (the token limit) mid-listing and promotes nothing; an answer calling ``TOOLKIT_RUN``
+  or more declared tools one after another in declared order recites the toolkit. Delivered as
+  text: no re-ask, not a failure.
 * **ambiguous**: a candidate that conflicts with the request (``tool_choice`` names another
   function; ``parallel_tool_calls: false`` and more than one call; ``tool_choice: "required"``
   and no valid call). Validation marks these (``CallVerdict.conflict``); they are counted as
@@ -62,6 +63,7 @@ from repairproxy.wire.openai import message_text
 __all__ = [
     "JSON_FENCE_LANGUAGES",
     "MAX_JSON_SCANS",
+    "TOOLKIT_RUN",
     "NotACall",
     "Shape",
     "TextCall",
@@ -604,6 +606,7 @@ class NotACall(enum.StrEnum):
     EXAMPLE = "presented_as_example"  # after "for example", "e.g.", "how you can call", ...; or
     # one of several values listed in one fence that is not one call
     CUT_OFF = "answer_cut_off"  # the answer ends inside an unclosed fence or value: cut off
+    TOOLKIT = "lists_the_declared_tools"  # one call to each of a run of the declared tools
 
 
 @dataclass(frozen=True, slots=True)
@@ -755,8 +758,32 @@ def read_text_calls(
     candidates = [call for i, call in enumerate(candidates) if i not in copied]
     if candidates:
         candidates = _standing(text, candidates, [*reasoning, *fences.every], prose)
+    if len(candidates) >= TOOLKIT_RUN and tools and _lists_the_tools(text, candidates, tools):
+        prose.extend((call, NotACall.TOOLKIT) for call in candidates)
+        candidates = []
     prose.sort(key=lambda item: item[0].start)
     return TextCallReading(tuple(candidates), tuple(prose))
+
+
+# An answer calling this many declared tools one after another, in the order they are declared
+# (get_user_details, list_all_product_types, modify_pending_order_address, ...), is reciting the
+# toolkit with made-up arguments, not acting: a small model's degenerate answer, seen in the
+# study's screen (Qwen2.5-Coder-0.5B, 4 of 80 answers). Agents act one or two calls at a time.
+TOOLKIT_RUN = 4
+
+
+def _lists_the_tools(text: str, calls: Sequence[TextCall], tools: Mapping[str, Any]) -> bool:
+    """Whether ``calls`` name a run of consecutive declared tools, each once, in declared order,
+    written as plain text (calls opened by a family's special token are acts: harmony's one
+    message per call)."""
+    if any(_SPECIAL_OPENER.match(text, call.start) for call in calls):
+        return False
+    position = {name: index for index, name in enumerate(tools)}
+    places = [position.get(call.name) if call.name is not None else None for call in calls]
+    if None in places:
+        return False
+    first = places[0]
+    return first is not None and places == list(range(first, first + len(places)))
 
 
 def _standing(

@@ -111,3 +111,32 @@ def test_an_answer_cut_off_inside_a_bare_value_promotes_nothing() -> None:
 def test_an_identifier_is_one_word_not_a_cue() -> None:
     # "last_name" holds no "last" (a narration cue).
     assert read_text_calls(f"{GET}\nI will need your first_name and last_name as well.").calls
+
+
+def _call(name: str) -> str:
+    return f'{{"name": "{name}", "arguments": {{}}}}'
+
+
+DECLARED = {name: {"type": "object"} for name in ("a", "b", "c", "d", "e")}
+
+
+def test_one_call_to_each_of_a_run_of_declared_tools_recites_the_toolkit() -> None:
+    text = "\n".join(_call(name) for name in ("b", "c", "d", "e"))
+    reading = read_text_calls(text, tools=DECLARED)
+    assert reading.calls == ()
+    assert {reason for _, reason in reading.prose} == {NotACall.TOOLKIT}
+
+
+@pytest.mark.parametrize(
+    "names",
+    [("a", "b", "c"), ("a", "c", "b", "d"), ("a", "b", "b", "c"), ("a", "b", "c", "x")],
+    ids=["three", "out of order", "a repeat", "an undeclared name"],
+)
+def test_other_sets_of_calls_are_still_calls(names: tuple[str, ...]) -> None:
+    text = "\n".join(_call(name) for name in names)
+    assert [c.name for c in read_text_calls(text, tools=DECLARED).calls] == list(names)
+
+
+def test_special_token_calls_to_every_declared_tool_are_acts() -> None:
+    text = "".join(f"<tool_call>{_call(name)}</tool_call>\n" for name in ("a", "b", "c", "d"))
+    assert len(read_text_calls(text, tools=DECLARED).calls) == 4
