@@ -200,7 +200,7 @@ class LimitedProtocol(HttpToolsProtocol):
         if cycle is not None and cycle.transport is self.transport:
             # The request's task was created but has not run: nothing was written yet, and
             # ``run_asgi`` has not yet looked up ``send`` (so the class below is the one used).
-            cycle.transport = _CoalescedWrites(self.transport)  # type: ignore[assignment]
+            cycle.transport = _CoalescedWrites(self.transport, self.loop)  # type: ignore[assignment]
             if type(cycle) is RequestResponseCycle:
                 cycle.__class__ = _Cycle
                 ours = cast(_Cycle, cycle)
@@ -382,10 +382,11 @@ class _CoalescedWrites:
     """One response's view of the connection: its first write (status line and headers) waits
     for the second (the body) or the end of the loop iteration, whichever comes first."""
 
-    __slots__ = ("_held", "_transport")
+    __slots__ = ("_held", "_loop", "_transport")
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
+        self._loop = loop  # given: asyncio.get_running_loop() costs a getpid() call on 3.11
         self._held: bytes | None = b""  # b"": nothing written yet; None: pass writes through
 
     def write(self, data: bytes) -> None:
@@ -397,7 +398,7 @@ class _CoalescedWrites:
             self._transport.write(held + data)
         else:
             self._held = bytes(data)
-            asyncio.get_running_loop().call_soon(self._release)
+            self._loop.call_soon(self._release)
 
     def _release(self) -> None:
         held, self._held = self._held, None
