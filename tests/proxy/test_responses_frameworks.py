@@ -577,7 +577,10 @@ def _agents_node_modules() -> str:
     default = Path.home() / ".cache" / "repairproxy" / "npm-agents" / "node_modules"
     path = Path(os.environ.get("REPAIRPROXY_AGENTS_NODE_MODULES", default))
     if shutil.which("node") is None or not (path / "@openai" / "agents" / "package.json").is_file():
-        pytest.skip(f"node or the @openai/agents npm package is not installed ({AGENTS_NPM})")
+        pytest.skip(
+            "node or the @openai/agents npm package is not installed "
+            f"(npm install --prefix ~/.cache/repairproxy/npm-agents {AGENTS_NPM})"
+        )
     return str(path)
 
 
