@@ -546,6 +546,8 @@ _EXAMPLE_PHRASES = (
     "you could call",
     "you can use",
 )
+# A sentence opening with one of these, capitalised, tells the reader what to do.
+_INSTRUCTING = frozenset(["use", "call", "run", "invoke", "execute", "try"])
 _WORD = re.compile(r"[a-z_]+(?:'[a-z]+)?")  # "last_name" is one word, not "last"
 
 
@@ -559,7 +561,14 @@ def _cue(sentence: str) -> _Cue | None:
     what follows it; None when it does neither."""
     lowered = sentence.lower().replace("\u2019", "'")
     found = None
-    for word in _WORD.findall(lowered):
+    words = _WORD.findall(lowered)
+    if (
+        words
+        and words[0] in _INSTRUCTING
+        and sentence.lstrip("#*-> \t").startswith(words[0].capitalize())
+    ):
+        return _Cue.EXAMPLE  # "Use the `check_apn_settings()` function to ...": tells the reader
+    for word in words:
         if word in _EXAMPLE_WORDS:
             return _Cue.EXAMPLE
         if word in _CUE_WORDS or word.endswith("n't") or word.startswith(_CUE_PREFIXES):

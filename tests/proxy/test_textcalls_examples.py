@@ -140,3 +140,20 @@ def test_other_sets_of_calls_are_still_calls(names: tuple[str, ...]) -> None:
 def test_special_token_calls_to_every_declared_tool_are_acts() -> None:
     text = "".join(f"<tool_call>{_call(name)}</tool_call>\n" for name in ("a", "b", "c", "d"))
     assert len(read_text_calls(text, tools=DECLARED).calls) == 4
+
+
+@pytest.mark.parametrize(
+    ("lead", "promoted"),
+    [
+        (
+            "### Step 2\nUse the `check_apn_settings()` function to verify them.",
+            False,
+        ),
+        ("Call the lookup with your order id:", False),
+        ("Let me use the order lookup for that:", True),
+        ("I will call the lookup now:", True),
+    ],
+    ids=["use, after a heading", "call", "use inside a sentence", "call inside a sentence"],
+)
+def test_an_instruction_to_the_reader_presents_the_call(lead: str, promoted: bool) -> None:
+    assert bool(read_text_calls(f"{lead}\n{_fence(GET)}").calls) is promoted
