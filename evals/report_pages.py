@@ -1,18 +1,87 @@
 """The report's figures and provenance at any grid size: paged figures whose images do not grow
 with the number of arms or pairs, and the provenance as an appendix that names what every arm
-shares once and, per arm, only what differs."""
+shares once and, per arm, only what differs.
+
+Past ``PARALLEL_FIGURES`` figures, on a machine with idle CPUs, they are drawn in forked worker
+processes: matplotlib's drawing is Python bound (~0.7 s a page, 26 pages at the paper grid's
+size), and each figure is a pure function of its arguments, so the images are the same bytes
+either way. On a busy machine the workers only share the CPU time one process would get (the
+scheduler splits it per session), so the figures are drawn here.
+"""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from evals import plots
 from evals.analysis import PairSummary, Summary
 from evals.report_format import Figure, Section, flatten
 
-__all__ = ["NAME_RANK_PAIRS", "figures_section", "provenance_appendix"]
+__all__ = [
+    "NAME_RANK_PAIRS",
+    "PARALLEL_FIGURES",
+    "draw_figures",
+    "figures_section",
+    "provenance_appendix",
+]
 
 NAME_RANK_PAIRS = 8  # past this many pairs the Spearman column carries the name ranks
+PARALLEL_FIGURES = 12  # from this many figures on, worker processes draw them
+_MAX_WORKERS = 4
+
+# (title, the plots function, its arguments): one figure to draw.
+Job = tuple[str, Callable[..., Path | None], tuple[Any, ...]]
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        return os.cpu_count() or 1
+
+
+def _can_fork() -> bool:
+    """Forking copies no other thread, so a lock another thread holds would stay held in the
+    child: fork only a single-threaded Linux process (the CLI and the grid's analysis step).
+    Forked workers start at once with matplotlib already imported; spawned ones would import
+    it again (~1 s each) and re-run a caller's script that lacks a ``__main__`` guard."""
+    return sys.platform.startswith("linux") and threading.active_count() == 1
+
+
+def _idle_cpus() -> int:
+    """CPUs the last minute left idle, this process's own one not counted as busy."""
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:  # no load average on this platform
+        return 0
+    return max(0, int(_cpus() - max(busy - 1.0, 0.0)))
+
+
+def draw_figures(jobs: Sequence[Job], workers: int | None = None) -> list[Path | None]:
+    """Each job's figure, in order: in ``workers`` forked processes (default: the idle CPUs,
+    at most 4, once there are ``PARALLEL_FIGURES`` jobs) when that is 2 or more and this is a
+    single-threaded Linux process; else here. A pool that cannot start or breaks falls back
+    to drawing here."""
+    if workers is None:
+        workers = min(_idle_cpus(), _MAX_WORKERS) if len(jobs) >= PARALLEL_FIGURES else 1
+    if workers < 2 or not _can_fork():
+        return [draw(*arguments) for _, draw, arguments in jobs]
+    try:
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            futures = [pool.submit(draw, *arguments) for _, draw, arguments in jobs]
+            return [future.result() for future in futures]
+    except (OSError, BrokenProcessPool):
+        return [draw(*arguments) for _, draw, arguments in jobs]
 
 
 def _pair_slug(pair: PairSummary) -> str:
@@ -21,59 +90,55 @@ def _pair_slug(pair: PairSummary) -> str:
 
 def figures_section(summary: Summary, out_dir: Path) -> Section:
     section = Section("Figures")
-    drawn: list[tuple[str, Path | None]] = []
+    jobs: list[Job] = []
     cells = list(dict.fromkeys(a.cell for a in summary.arms.values() if a.cell is not None))
     few = len(summary.pairs) <= NAME_RANK_PAIRS
     sweep_pages = [] if few else plots.pages(len(cells), plots.CELLS_PER_PAGE)
     for n, page in enumerate(sweep_pages, 1):
         title = f"Success vs K' per cell ({n} of {len(sweep_pages)})"
         path = out_dir / f"sweep_{n:02d}.png"
-        drawn.append((title, plots.cell_sweeps_page(summary, [cells[i] for i in page], path)))
+        drawn_cells = [cells[i] for i in page]
+        # The page's arms only: what a worker process is sent.
+        arms_of_page = {k: a for k, a in summary.arms.items() if a.cell in drawn_cells}
+        page_summary = replace(summary, arms=arms_of_page, pairs=[], notes=[])
+        jobs.append((title, plots.cell_sweeps_page, (page_summary, drawn_cells, path)))
     if few or not cells:
         for i, pair in enumerate(summary.pairs, 1):
             path = out_dir / f"sweep_{i:02d}_{_pair_slug(pair)}.png"
-            drawn.append(
-                (
-                    f"Success vs K': {pair.compared} vs {pair.reference}",
-                    plots.sweep(summary, pair, path),
-                )
-            )
+            title = f"Success vs K': {pair.compared} vs {pair.reference}"
+            jobs.append((title, plots.sweep, (summary, pair, path)))
     arms = list(summary.arms.values())
     arm_pages = plots.pages(len(arms))
     for n, page in enumerate(arm_pages, 1):
         title = f"Channel rates per arm ({n} of {len(arm_pages)})"
         path = out_dir / ("channels.png" if n == 1 else f"channels_{n:02d}.png")
-        drawn.append((title, plots.channel_rates_page([arms[i] for i in page], path, title)))
+        jobs.append((title, plots.channel_rates_page, ([arms[i] for i in page], path, title)))
     for n, page in enumerate(arm_pages, 1):
         title = (
             f"Failed tool calls per episode, each row an arm's histogram ({n} of {len(arm_pages)})"
         )
         path = out_dir / f"failed_calls_{n:02d}.png"
-        drawn.append((title, plots.failed_calls_page([arms[i] for i in page], path, title)))
+        jobs.append((title, plots.failed_calls_page, ([arms[i] for i in page], path, title)))
     pair_pages = plots.pages(len(summary.pairs))
     for n, page in enumerate(pair_pages, 1):
         title = f"Paired differences ({n} of {len(pair_pages)})"
         path = out_dir / ("differences.png" if n == 1 else f"differences_{n:02d}.png")
         pairs = [summary.pairs[i] for i in page]
-        drawn.append((title, plots.differences_page(pairs, path, title)))
+        jobs.append((title, plots.differences_page, (pairs, path, title)))
     for n, page in enumerate(pair_pages, 1):
         title = f"Per task: compared worse, same, better ({n} of {len(pair_pages)})"
         path = out_dir / f"task_shift_{n:02d}.png"
         pairs = [summary.pairs[i] for i in page]
-        drawn.append((title, plots.task_shift_page(pairs, path, title)))
+        jobs.append((title, plots.task_shift_page, (pairs, path, title)))
     if few:
         for i, pair in enumerate(summary.pairs, 1):
             path = out_dir / f"tasks_{i:02d}_{_pair_slug(pair)}.png"
             title = f"Success per task: {pair.compared} vs {pair.reference}"
-            drawn.append((title, plots.task_pairs(pair, path)))
+            jobs.append((title, plots.task_pairs, (pair, path)))
         for i, pair in enumerate(summary.pairs, 1):
             path = out_dir / f"names_{i:02d}_{_pair_slug(pair)}.png"
-            drawn.append(
-                (
-                    f"Name-count ranks: {pair.compared} vs {pair.reference}",
-                    plots.name_ranks(summary, pair, path),
-                )
-            )
+            title = f"Name-count ranks: {pair.compared} vs {pair.reference}"
+            jobs.append((title, plots.name_ranks, (summary, pair, path)))
     else:
         section.paragraphs.append(
             f"Per-task scatter and name-rank plots are drawn for at most {NAME_RANK_PAIRS} "
@@ -86,7 +151,8 @@ def figures_section(summary: Summary, out_dir: Path) -> Section:
     for n, page in enumerate(cell_pages, 1):
         title = f"Repair effect per cell ({n} of {len(cell_pages)})"
         path = out_dir / ("repair_effect.png" if n == 1 else f"repair_effect_{n:02d}.png")
-        drawn.append((title, plots.repair_effect_page([by_cell[i] for i in page], path, title)))
+        jobs.append((title, plots.repair_effect_page, ([by_cell[i] for i in page], path, title)))
+    drawn = zip([title for title, _, _ in jobs], draw_figures(jobs), strict=True)
     for title, drawn_path in drawn:
         if drawn_path is None:
             section.paragraphs.append(f"{title}: nothing to draw for this data.")

@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 from benchmarks.report_scale import png_size, write_grid
-from evals import plots
+from evals import plots, report_pages
+from evals.analysis import build_summary, default_pairs, load_arm
 from evals.analyze import analyze
 
 PAPER_CELLS = 24
@@ -57,3 +58,29 @@ def test_the_reports_figures_and_html_stay_bounded_as_cells_grow(tmp_path: Path)
     markdown = (out / "report.md").read_text(encoding="utf-8")
     assert markdown.index("## Definitions") < markdown.index("## Appendix: provenance")
     assert markdown.rstrip().rfind("## ") == markdown.index("## Appendix: provenance")
+
+
+def test_figures_drawn_by_worker_processes_are_the_same_bytes(tmp_path: Path) -> None:
+    paths = write_grid(
+        tmp_path / "runs", models=("m1",), precisions=("bf16", "int4"), tasks=3, trials=2
+    )
+    arms = [load_arm(p) for p in paths]
+    summary = build_summary(arms, default_pairs(arms))
+    arms_list = list(summary.arms.values())
+
+    def jobs(folder: Path) -> list[report_pages.Job]:
+        folder.mkdir()
+        return [
+            ("c", plots.channel_rates_page, (arms_list[:5], folder / "c.png", "c")),
+            ("f", plots.failed_calls_page, (arms_list, folder / "f.png", "f")),
+            ("d", plots.differences_page, (summary.pairs, folder / "d.png", "d")),
+            ("none", plots.differences_page, ([], folder / "none.png", "none")),
+        ]
+
+    here = report_pages.draw_figures(jobs(tmp_path / "here"), workers=1)
+    forked = report_pages.draw_figures(jobs(tmp_path / "forked"), workers=2)
+    assert [p.name if p else None for p in forked] == ["c.png", "f.png", "d.png", None]
+    for mine, theirs in zip(here, forked, strict=True):
+        assert (mine is None) == (theirs is None)
+        if mine is not None and theirs is not None:
+            assert mine.read_bytes() == theirs.read_bytes()
