@@ -635,9 +635,13 @@ def test_openai_agents_npm_on_a_chat_only_upstream(streamed: bool) -> None:
 
 
 @pytest.mark.model
-def test_openai_agents_npm_against_zero_config_serve_with_the_embedded_model() -> None:
+@pytest.mark.parametrize("streamed", [False, True], ids=["buffered", "streamed"])
+def test_openai_agents_npm_against_zero_config_serve_with_the_embedded_model(
+    streamed: bool,
+) -> None:
     """``@openai/agents``'s default (Responses) model against ``repairproxy serve`` with no
-    upstream (the embedded model, chat only): the agent's tool runs."""
+    upstream (the embedded model, chat only), streamed through the stream gate or not: the
+    agent's tool runs."""
     import httpx
 
     modules = _agents_node_modules()
@@ -650,6 +654,7 @@ def test_openai_agents_npm_against_zero_config_serve_with_the_embedded_model() -
             base + "/v1",
             timeout=600.0,  # a CPU model on a busy machine
             model=model,
+            stream=streamed,
             tool_choice="required",
             stop_on_first_tool=True,
         )
