@@ -41,6 +41,7 @@ from tests.support.mock_transport import MockTransport
 from tests.support.scripted_upstream import completion
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "textcalls" / "native"
+HOSTILE = CORPUS.parent / "hostile.jsonl"
 
 
 @cache
@@ -189,6 +190,31 @@ def test_each_gate_holds_wherever_its_recogniser_reads_a_call() -> None:
                     read += 1
                     assert GATES[family](case["text"], tools), (family, case["id"])
     assert read >= 465
+
+
+def _every_recogniser(text: str, schemas: dict[str, Any] | None) -> list[NativeMatch]:
+    """``find_native_calls`` with no gate, sweep or skip: every recogniser runs on the text."""
+    scanner = Scanner(text)
+    taken: list[NativeMatch] = []
+    for recognise in RECOGNISERS.values():
+        for match in recognise(scanner, schemas):
+            if match.calls and not any(match.start < m.end and m.start < match.end for m in taken):
+                taken.append(match)
+    return sorted(taken, key=lambda match: match.start)[:32]
+
+
+def test_the_marker_sweep_changes_no_reading() -> None:
+    """Gates, the marker sweep and the taken-marker rule only skip work: on every corpus text
+    (native and hostile), with and without the tools, the matches are those of running every
+    recogniser."""
+    texts = [(c["text"], c["tools"]) for cases in _corpus().values() for c in cases]
+    with HOSTILE.open(encoding="utf-8") as handle:
+        hostile = [json.loads(line) for line in handle if line.strip()]
+    texts += [(c["content"], c["request"].get("tools", [])) for c in hostile]
+    for text, tools in texts:
+        schemas = {t["function"]["name"]: t["function"].get("parameters", {}) for t in tools}
+        for declared in (schemas, None):
+            assert find_native_calls(text, declared) == _every_recogniser(text, declared), text
 
 
 # --- linear detection ----------------------------------------------------------------------------
