@@ -818,10 +818,12 @@ def _standing(
     kept: list[TextCall] = []
     verdicts: dict[tuple[int, int], NotACall | None] = {}
     presenting = False
+    instructed = _instructs_the_reader(rest)
     for call in calls:
         span = (call.start, call.end)
         if span not in verdicts:
             opened = _SPECIAL_OPENER.match(text, call.start) is not None
+            presenting = presenting or call.start > instructed
             verdicts[span] = (
                 NotACall.EXAMPLE if presenting else _standing_reason(rest, *span, opened=opened)
             )
@@ -832,6 +834,32 @@ def _standing(
         else:
             prose.append((call, reason))
     return kept
+
+
+# Prose telling the reader how to use the tools ("You can do this by calling the `X` function",
+# "Use the `X` function to ..."): an answer that does so presents the calls after it, wherever
+# in the answer it says so. Lowered phrases, and capitalised imperatives before a code span.
+_TO_THE_READER = (
+    "you can use",
+    "you can call",
+    "you could use",
+    "you could call",
+    "you can do this by",
+    "you need to call",
+    "you need to use",
+    "you will need to call",
+    "you will need to use",
+)
+_IMPERATIVE_TOOL = ("Use the `", "Call the `", "Run the `")
+
+
+def _instructs_the_reader(prose: str) -> int:
+    """Where the prose first tells the reader how to use the tools (len(prose) when it never
+    does): one search per phrase over the whole text."""
+    lowered = prose.lower()
+    found = [lowered.find(phrase) for phrase in _TO_THE_READER]
+    found += [prose.find(phrase) for phrase in _IMPERATIVE_TOOL]
+    return min((at for at in found if at >= 0), default=len(prose))
 
 
 def _standing_reason(rest: str, start: int, end: int, *, opened: bool) -> NotACall | None:

@@ -157,3 +157,21 @@ def test_special_token_calls_to_every_declared_tool_are_acts() -> None:
 )
 def test_an_instruction_to_the_reader_presents_the_call(lead: str, promoted: bool) -> None:
     assert bool(read_text_calls(f"{lead}\n{_fence(GET)}").calls) is promoted
+
+
+@pytest.mark.parametrize(
+    ("earlier", "promoted"),
+    [
+        ("You can do this by calling the `get_order_details` function.", False),
+        ("1. **Find it**: Use the `get_order_details` function to find the order.", False),
+        ("If needed you will need to use the order lookup.", False),
+        ("I'll use the `get_order_details` function to look that up.", True),
+        ("Let me call the lookup for you.", True),
+    ],
+    ids=["you can do this by", "imperative use", "you will need to use", "I'll use", "let me call"],
+)
+def test_prose_telling_the_reader_how_to_use_the_tools_presents_later_calls(
+    earlier: str, promoted: bool
+) -> None:
+    text = f"{earlier}\n\nHere is the request:\n{_fence(GET)}"
+    assert bool(read_text_calls(text).calls) is promoted
