@@ -308,9 +308,10 @@ def _zero_config_serve() -> Iterator[str]:
 
 
 @pytest.mark.model
-def test_agents_sdk_against_zero_config_serve_with_the_embedded_model() -> None:
+@pytest.mark.parametrize("streamed", [False, True], ids=["buffered", "streamed"])
+def test_agents_sdk_against_zero_config_serve_with_the_embedded_model(streamed: bool) -> None:
     """``repairproxy serve`` with no upstream (the embedded model, chat only) answers the
-    Agents SDK's default Responses model, and the agent's tool runs."""
+    Agents SDK's default Responses model, streamed or not, and the agent's tool runs."""
     import httpx
     from agents import Runner
 
@@ -330,6 +331,11 @@ def test_agents_sdk_against_zero_config_serve_with_the_embedded_model() -> None:
 
         async def run() -> str:
             async with client:
+                if streamed:
+                    streaming = Runner.run_streamed(agent, "Where is my order #W1?", max_turns=4)
+                    async for _ in streaming.stream_events():
+                        pass
+                    return str(streaming.final_output)
                 result = await Runner.run(agent, "Where is my order #W1?", max_turns=4)
                 return str(result.final_output)
 
