@@ -16,7 +16,9 @@ Everything goes through ``promote_answer`` below, the one adapter to the proxy's
 when that API changes, only it changes. Both corpora run buffered, then streamed (8 content
 deltas through the stream gate, ``stream_answer`` / ``stream_hostile``), with the count of
 streamed decisions that differ from the buffered one and of streamed answers whose text differs
-(a call's text sent before the verdict, or prose lost).
+(a call's text sent before the verdict, or prose lost). ``--corpus real`` reads every real
+model answer stored under ``docs/`` (the risk screen, the demo sweep, the CPU grid's cells with
+repair off) and prints what promotion makes of them.
 
     python -m benchmarks.textcalls [--verbose] [--family NAME]
 """
@@ -484,11 +486,70 @@ def run_gold_repeats(data_dir: Path) -> None:
     )
 
 
+# --- real answers stored in docs/ -----------------------------------------------------------------
+
+
+def _real_answers(docs: Path) -> list[tuple[str, str, str]]:
+    """(source, domain, text) of every stored model answer with text: the risk screen's raw
+    answers, the demo sweep's model answers, and the assistant turns of the CPU grid's cells with
+    repair off (with repair on, the stored turn is already the proxy's)."""
+    answers: list[tuple[str, str, str]] = []
+    screen = docs / "screen" / "answers.jsonl"
+    if screen.exists():
+        for row in _load(screen):
+            message = row["completion"]["choices"][0]["message"]
+            domain = row["point"].split("/", 1)[0]
+            answers.append(("screen", domain, message.get("content") or ""))
+    for path in sorted(docs.glob("demo-sweep/*/model-answers.jsonl")):
+        answers += [("demo-sweep", "retail", row.get("text") or "") for row in _load(path)]
+    for path in sorted(docs.glob("cpu-grid/*/off/results.json")):
+        domain = path.parent.parent.name.split("-", 1)[0]
+        for simulation in json.loads(path.read_text(encoding="utf-8")).get("simulations") or ():
+            for message in simulation.get("messages") or ():
+                if message.get("role") == "assistant" and message.get("content"):
+                    answers.append(("cpu-grid off", domain, message["content"]))
+    return [answer for answer in answers if answer[2]]
+
+
+def run_real_answers(docs: Path, verbose: bool) -> None:
+    """What promotion makes of every real model answer stored under ``docs/`` (the domain's
+    agent tools declared): per source, the answers, those holding a call shape, and the
+    outcome; for the ones that are not a call, the reasons (``textcalls.NotACall``)."""
+    from evals.domains.retail.tools import RetailTools
+    from evals.domains.telecom.agent_tools import TelecomTools
+    from repairproxy.textcalls import read_text_calls
+
+    tools = {"retail": RetailTools.openai_tools(), "telecom": TelecomTools.openai_tools()}
+    rows: dict[str, Counter[str]] = {}
+    listed: list[str] = []
+    for source, domain, text in _real_answers(docs):
+        declared = tools.get(domain, tools["retail"])
+        schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in declared}
+        reading = read_text_calls(text, tools=schemas)
+        counts = rows.setdefault(source, Counter())
+        counts["answers"] += 1
+        if not (reading.calls or reading.prose):
+            continue
+        counts["call shapes"] += 1
+        outcome = promote_answer({"tools": declared}, text).outcome
+        counts[outcome] += 1
+        reasons = sorted({reason.value for _, reason in reading.prose})
+        for reason in reasons if outcome == "not_a_call" else ():
+            counts[reason] += 1
+        listed.append(f"{source} {domain}: {outcome} {reasons} {text[:100]!r}")
+    print("\nreal answers stored in docs/ (each with its domain's agent tools declared)")
+    for source, counts in rows.items():
+        shown = ", ".join(f"{key} {value}" for key, value in counts.items())
+        print(f"{source:<14} {shown}")
+    if verbose:
+        print("\n".join(listed))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--verbose", action="store_true", help="list every case that misses")
     parser.add_argument("--family", help="only this native family (file stem)")
-    parser.add_argument("--corpus", choices=("native", "hostile", "all"), default="all")
+    parser.add_argument("--corpus", choices=("native", "hostile", "real", "all"), default="all")
     parser.add_argument(
         "--tau2-data",
         type=Path,
@@ -504,6 +565,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.corpus in ("hostile", "all"):
         run_hostile(args.verbose)
         run_hostile_streamed(args.verbose)
+    if args.corpus in ("real", "all"):
+        run_real_answers(DATA.parent.parent.parent / "docs", args.verbose)
 
 
 if __name__ == "__main__":
