@@ -2,7 +2,7 @@
 benchmark's client against the fast upstream, then the top functions printed.
 
     python -m benchmarks.profile_request [--requests 3000] [--concurrency 16] [--top 30]
-        [--sort tottime|cumulative|ncalls] [--save FILE]
+        [--sort tottime|cumulative|ncalls] [--save FILE] [--stream]
 
 The server runs as ``python -m cProfile -o FILE -m repairproxy serve`` with every feature on
 (validation, metrics, chaining: no episode header; its log read from a pipe), and stops on
@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--sort", default="tottime", choices=["tottime", "cumulative", "ncalls"])
     parser.add_argument("--save", type=Path, help="also keep the raw profile (pstats) here")
+    parser.add_argument("--stream", action="store_true", help="streamed answers (SSE), not JSON")
     args = parser.parse_args(argv)
     upstream_port, proxy_port = _free_port(), _free_port()
     upstream = subprocess.Popen(
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             _wait_port(upstream_port)
             _wait_port(proxy_port)
-            request = _http_request(proxy_port, orjson.dumps(REQUEST_BODY))
+            body = {**REQUEST_BODY, "stream": True} if args.stream else REQUEST_BODY
+            request = _http_request(proxy_port, orjson.dumps(body))
             target = _Target("proxy", proxy_port, request)
 
             async def drive() -> None:
@@ -79,7 +81,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.save is not None:
             stats.dump_stats(str(args.save))
         calls = target.count.get(args.concurrency, args.requests) + 200
-        print(f"{calls} requests at concurrency {args.concurrency}")
+        kind = "streamed" if args.stream else "JSON"
+        print(f"{calls} {kind} requests at concurrency {args.concurrency}")
         _print_shares(stats, calls)
         print(f"profile sorted by {args.sort}")
         stats.strip_dirs().sort_stats(args.sort).print_stats(args.top)

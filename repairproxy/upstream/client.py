@@ -26,8 +26,8 @@ import asyncio
 import ipaddress
 import os
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
@@ -316,8 +316,40 @@ class _UpstreamCall:
                 raise translated from exc
 
 
-def _translate_errors() -> _UpstreamCall:
-    return _UpstreamCall(None)
+class _Streamed:
+    """``Upstream.stream``'s block as a plain class (entered on every streamed request; an
+    ``@asynccontextmanager`` makes a generator and a wrapper each time)."""
+
+    __slots__ = ("_content", "_headers", "_request", "_response", "_timer", "_transport", "_url")
+
+    def __init__(
+        self,
+        transport: Transport,
+        url: UpstreamURL,
+        request: tuple[str, str, bytes],
+        headers: HeaderList,
+        content: bytes,
+        timer: UpstreamTimer,
+    ) -> None:
+        self._transport = transport
+        self._url = url
+        self._request = request
+        self._headers = headers
+        self._content = content
+        self._timer = timer
+        self._response: TransportResponse | None = None
+
+    async def __aenter__(self) -> TransportResponse:
+        method, path, query = self._request
+        with _UpstreamCall(self._timer):
+            self._response = await self._transport.request(
+                method, self._url.target(path, query), self._headers, self._content
+            )
+        return self._response
+
+    async def __aexit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
+        if self._response is not None:
+            await self._response.aclose()
 
 
 class Upstream:
@@ -418,8 +450,7 @@ class Upstream:
             )
         return parsed
 
-    @asynccontextmanager
-    async def stream(
+    def stream(
         self,
         method: str,
         path: str,
@@ -427,24 +458,15 @@ class Upstream:
         content: bytes,
         timer: UpstreamTimer,
         query: bytes = b"",
-    ) -> AsyncIterator[TransportResponse]:
+    ) -> AbstractAsyncContextManager[TransportResponse]:
         """Open a streamed request; leaving the block early (or cancellation) drops the connection,
         which is how the upstream learns to stop generating."""
-        with _UpstreamCall(timer):
-            response = await self._transport.request(
-                method, self.url.target(path, query), headers, content
-            )
-        try:
-            yield response
-        finally:
-            await response.aclose()
+        return _Streamed(self._transport, self.url, (method, path, query), headers, content, timer)
 
     @staticmethod
-    @contextmanager
-    def reading() -> Iterator[None]:
+    def reading() -> AbstractContextManager[None]:
         """Wrap reads of a streamed body so mid-stream failures map to our errors too."""
-        with _translate_errors():
-            yield
+        return _UpstreamCall(None)
 
     async def ready(self) -> bool:
         """Whether ``GET /v1/models`` answers 2xx within a few seconds."""
