@@ -24,6 +24,7 @@ __all__ = [
     "LABEL_CHARS",
     "PAGE_DPI",
     "PAGE_ROWS",
+    "TITLE_Y",
     "cell_sweeps_page",
     "channel_rates_page",
     "differences_page",
@@ -140,6 +141,9 @@ def name_ranks(summary: Summary, pair: PairSummary, path: Path) -> Path | None:
 # number of rows, one per cell for the sweeps, so no image grows with the grid.
 
 PAGE_ROWS = 24  # rows (arms or pairs) per page of a paged figure
+# A page's titles sit at a fixed height: nothing is drawn above its axes, and matplotlib's
+# automatic placement measures every tick label to find that out (~10% of a page's drawing).
+TITLE_Y = 1.0
 LABEL_CHARS = 44  # longest label drawn; a longer one keeps its head and tail around "…"
 PAGE_DPI = 80
 
@@ -189,7 +193,7 @@ def channel_rates_page(arms: Sequence[ArmSummary], path: Path, title: str) -> Pa
     axes.set_yticklabels([short(arm.label) for arm in arms], fontsize=7)
     axes.invert_yaxis()
     axes.set_xlabel("share of agent tool calls")
-    axes.set_title(title, fontsize=9)
+    axes.set_title(title, fontsize=9, y=TITLE_Y)
     axes.grid(axis="x", alpha=0.3)
     axes.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save_page(figure, path)
@@ -215,7 +219,7 @@ def differences_page(pairs: Sequence[PairSummary], path: Path, title: str) -> Pa
     )
     axes.invert_yaxis()
     axes.set_xlabel("compared − reference, success (95% CI); green: ±7.5 points", fontsize=8)
-    axes.set_title(title, fontsize=9)
+    axes.set_title(title, fontsize=9, y=TITLE_Y)
     axes.grid(axis="x", alpha=0.3)
     return _save_page(figure, path)
 
@@ -257,7 +261,7 @@ def repair_effect_page(
     axes.set_xlim(-0.6, len(cells) - 0.4)
     axes.set_ylim(0, 1.05)
     axes.set_ylabel("success at the run's budget", fontsize=8)
-    axes.set_title(title, fontsize=9)
+    axes.set_title(title, fontsize=9, y=TITLE_Y)
     axes.grid(axis="y", alpha=0.3)
     axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save_page(figure, path)
@@ -320,7 +324,7 @@ def task_shift_page(pairs: Sequence[PairSummary], path: Path, title: str) -> Pat
     axes.invert_yaxis()
     axes.set_xlim(0, 1)
     axes.set_xlabel("share of tasks: compared did worse / the same / better", fontsize=8)
-    axes.set_title(title, fontsize=9)
+    axes.set_title(title, fontsize=9, y=TITLE_Y)
     axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save_page(figure, path)
 
@@ -348,7 +352,7 @@ def failed_calls_page(arms: Sequence[ArmSummary], path: Path, title: str) -> Pat
     axes.set_yticks(range(len(rows)))
     axes.set_yticklabels([short(arm.label) for arm in rows], fontsize=7)
     axes.set_xlabel("failed tool calls in the episode (agent's and user's)", fontsize=8)
-    axes.set_title(title, fontsize=9)
+    axes.set_title(title, fontsize=9, y=TITLE_Y)
     colour_axes = figure.add_axes((0.86, 1.0 / height, 0.02, 1 - 1.5 / height))
     figure.colorbar(image, cax=colour_axes).set_label("share of episodes", fontsize=7)
     return _save_page(figure, path)
@@ -376,7 +380,7 @@ def cell_sweeps_page(summary: Summary, cells: Sequence[str], path: Path) -> Path
             (line,) = axes.plot(ks, mid, marker="o", markersize=2, linewidth=1, label=label)
             axes.fill_between(ks, low, high, color=line.get_color(), alpha=0.1, linewidth=0)
             handles.setdefault(label, line)
-        axes.set_title(short(cell, 36), fontsize=7)
+        axes.set_title(short(cell, 36), fontsize=7, y=TITLE_Y)
         axes.set_ylim(0, 1)
         axes.set_xticks(list(BUDGETS))
         axes.tick_params(labelsize=6)
