@@ -851,15 +851,28 @@ _TO_THE_READER = (
     "you will need to use",
 )
 _IMPERATIVE_TOOL = ("Use the `", "Call the `", "Run the `")
+_TOOL_NEAR = 60  # characters after "you can use" where the tool it means is named
 
 
 def _instructs_the_reader(prose: str) -> int:
     """Where the prose first tells the reader how to use the tools (len(prose) when it never
-    does): one search per phrase over the whole text."""
+    does). A "you can use" counts when a tool follows it closely (a code span, "function",
+    "tool"): "you can use it later" is about something else."""
     lowered = prose.lower()
-    found = [lowered.find(phrase) for phrase in _TO_THE_READER]
-    found += [prose.find(phrase) for phrase in _IMPERATIVE_TOOL]
-    return min((at for at in found if at >= 0), default=len(prose))
+    first = len(prose)
+    for phrase in _TO_THE_READER:
+        at = lowered.find(phrase)
+        while 0 <= at < first:
+            near = lowered[at + len(phrase) : at + len(phrase) + _TOOL_NEAR]
+            if "`" in near or "function" in near or "tool" in near:
+                first = at
+                break
+            at = lowered.find(phrase, at + len(phrase))
+    for phrase in _IMPERATIVE_TOOL:
+        at = prose.find(phrase)
+        if 0 <= at < first:
+            first = at
+    return first
 
 
 def _standing_reason(rest: str, start: int, end: int, *, opened: bool) -> NotACall | None:

@@ -164,11 +164,19 @@ def test_an_instruction_to_the_reader_presents_the_call(lead: str, promoted: boo
     [
         ("You can do this by calling the `get_order_details` function.", False),
         ("1. **Find it**: Use the `get_order_details` function to find the order.", False),
-        ("If needed you will need to use the order lookup.", False),
+        ("If needed you will need to use the order lookup tool.", False),
+        ("Your gift card balance stays; you can use it later.", True),
         ("I'll use the `get_order_details` function to look that up.", True),
         ("Let me call the lookup for you.", True),
     ],
-    ids=["you can do this by", "imperative use", "you will need to use", "I'll use", "let me call"],
+    ids=[
+        "you can do this by",
+        "imperative use",
+        "you will need to use",
+        "you can use it",
+        "I'll use",
+        "let me call",
+    ],
 )
 def test_prose_telling_the_reader_how_to_use_the_tools_presents_later_calls(
     earlier: str, promoted: bool
