@@ -345,12 +345,13 @@ def test_agents_sdk_against_zero_config_serve_with_the_embedded_model(streamed: 
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("streamed", [False, True], ids=["buffered", "streamed"])
 def test_pydantic_ai_against_zero_config_serve_with_the_embedded_model(
-    monkeypatch: pytest.MonkeyPatch,
+    streamed: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """pydantic-ai's ``openai:`` model (its Responses model) against ``repairproxy serve`` with
-    no upstream: its tool runs (the run may then end at the request limit: a 1.5B model can call
-    again instead of answering)."""
+    no upstream, streamed or not: its tool runs (the run may then end at the request limit: a
+    1.5B model can call again instead of answering)."""
     import httpx
     from pydantic_ai import Agent
     from pydantic_ai.exceptions import UsageLimitExceeded
@@ -375,12 +376,15 @@ def test_pydantic_ai_against_zero_config_serve_with_the_embedded_model(
             return f"Order {order_id}: delivered"
 
         async def run() -> None:
+            question = "Look up order #W1 with get_order_details."
+            limits = UsageLimits(request_limit=3)
             async with agent:
                 with suppress(UsageLimitExceeded):
-                    await agent.run(
-                        "Look up order #W1 with get_order_details.",
-                        usage_limits=UsageLimits(request_limit=3),
-                    )
+                    if streamed:
+                        async with agent.run_stream(question, usage_limits=limits) as result:
+                            await result.get_output()
+                    else:
+                        await agent.run(question, usage_limits=limits)
 
         asyncio.run(run())
     assert ran and ran[0].lstrip("#").upper().endswith("W1")
