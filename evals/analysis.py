@@ -685,13 +685,7 @@ def _costs_per_point(
 ) -> dict[str, effects.CostPerPoint | NotAvailable]:
     """Repair tokens and seconds per episode, per point of success gained (see effects)."""
     rows = [
-        (
-            ref.task_id,
-            ref.success,
-            cmp.success,
-            effects.episode_costs(ref.proxy_answers),
-            effects.episode_costs(cmp.proxy_answers),
-        )
+        (ref.task_id, ref.success, cmp.success, ref.repair_costs, cmp.repair_costs)
         for ref, cmp in paired
     ]
     return {

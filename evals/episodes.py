@@ -119,6 +119,13 @@ class Episode:
         return tuple(c for c in self.calls if c.requestor == "assistant")
 
     @cached_property
+    def repair_costs(self) -> tuple[float, float]:
+        """(repair tokens, repair seconds) from the proxy's records (``effects.episode_costs``)."""
+        from evals.effects import episode_costs  # numpy comes with it: only when asked
+
+        return episode_costs(self.proxy_answers)
+
+    @cached_property
     def agent_failures(self) -> Mapping[str, int]:
         """Failed agent calls by channel ("" for one without a channel), and "any": all."""
         failed = Counter(c.channel or "" for c in self.agent_calls if c.error)

@@ -78,7 +78,9 @@ def _group(per_episode: Sequence[Sequence[float]], reason: str) -> MarginGroup:
 
 def _unknown(proxy: Mapping[str, Any]) -> set[str]:
     raw = proxy.get("unknown_tools")
-    names = raw if isinstance(raw, list) else str(raw or "").split(",")
+    if not raw:
+        return set()  # most answers: nothing unknown
+    names = raw if isinstance(raw, list) else str(raw).split(",")
     return {str(n).strip() for n in names if str(n).strip()}
 
 
