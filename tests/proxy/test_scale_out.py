@@ -406,7 +406,13 @@ def test_two_workers_share_one_port_one_budget_and_one_metrics(
             last = chat(client, proxy.root_url, "workers", [], budget=1000, tools=True)
         assert last.headers["x-repairproxy-episode-errors"] == str(sent)  # one budget
         requests = sent + 1
+        # A request is counted just after its answer left (the metrics come after the last
+        # byte, by design): the client can read the files first, so wait for the last count.
+        deadline = time.monotonic() + 5
         served = served_per_worker(tmp_path)
+        while sum(served.values()) < requests and time.monotonic() < deadline:
+            time.sleep(0.01)
+            served = served_per_worker(tmp_path)
         assert min(served.values()) > 0 and sum(served.values()) == requests, served
         for _ in range(4):  # whichever worker answers the scrape, the sum is the same
             text = httpx.get(proxy.root_url + "/metrics", timeout=5).text
