@@ -10,7 +10,9 @@ Smaller grids (``--models 1 --tasks 10``) are what the tests use to check sizes,
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import resource
 import struct
 import tempfile
 import time
@@ -128,6 +130,13 @@ def png_size(path: Path) -> tuple[int, int]:
     return int(width), int(height)
 
 
+def _cpu_seconds() -> float:
+    """User + system time of this process and its waited-for children (the figure workers)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.report_scale", description=__doc__)
     parser.add_argument("--models", type=int, default=len(MODELS))
@@ -144,12 +153,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             root / "runs", models=MODELS[: args.models], tasks=args.tasks, trials=args.trials
         )
         written = time.perf_counter() - started
+        load = os.getloadavg()[0]
+        cpu_before = _cpu_seconds()
         started = time.perf_counter()
         summary = analyze(paths, None, root / "report", "synthetic paper grid")
         took = time.perf_counter() - started
+        cpu = _cpu_seconds() - cpu_before
         report = root / "report"
         print(f"{len(paths)} results files written in {written:.1f} s")
-        print(f"analysis + report of {len(paths)} files: {took:.1f} s wall")
+        # On a shared machine the wall time is the neighbours' as much as ours: CPU time too.
+        print(
+            f"analysis + report of {len(paths)} files: {took:.1f} s wall, {cpu:.1f} s CPU "
+            f"(this process and its figure workers), load average {load:.1f} at the start"
+        )
         print(f"arms {len(summary.arms)}, pairs {len(summary.pairs)}")
         html_bytes = (report / "report.html").stat().st_size
         print(f"report.html: {html_bytes / 1e6:.2f} MB")
