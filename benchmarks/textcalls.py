@@ -249,12 +249,21 @@ def _released_content(raw_events: Sequence[bytes]) -> str:
     return "".join(text)
 
 
+def _gate(request: Mapping[str, Any]) -> ToolCallGate:
+    """The stream gate the proxy puts on a chat stream for ``request`` (its declared tools'
+    names, as ``asgi.chat`` passes them)."""
+    tools = ToolsCache().compile(request)
+    return ToolCallGate(
+        hold_text=text_calls_allowed(request), tool_names=tools.names if tools else ()
+    )
+
+
 def stream_answer(request: Mapping[str, Any], content: str, pieces: int = 8) -> Promotion:
     """The proxy's streamed promotion of ``content``: the answer arrives in ``pieces`` content
     deltas through the stream gate (``asgi.gate.ToolCallGate``), which lets prose out at once and
     holds what may open a call; the assembled message is promoted as buffered, and the client
     ends up with the prose already sent plus what the gate sends after the verdict."""
-    gate = ToolCallGate(hold_text=text_calls_allowed(request))
+    gate = _gate(request)
     sent: list[bytes] = []
     for raw in _chunk_events(content, pieces):
         sent.extend(gate.feed(SSEEvent(raw, raw.removeprefix(b"data: ").strip())))
@@ -360,7 +369,7 @@ def stream_hostile(case: Mapping[str, Any], pieces: int) -> tuple[Promotion, boo
     a call's text reached the client before the verdict (it must not: a decline written after
     it would come too late)."""
     request, content = case["request"], case["content"]
-    gate = ToolCallGate(hold_text=text_calls_allowed(request))
+    gate = _gate(request)
     sent: list[bytes] = []
     for raw in _chunk_events(content, pieces):
         sent.extend(gate.feed(SSEEvent(raw, raw.removeprefix(b"data: ").strip())))

@@ -85,7 +85,9 @@ class ChatCall(PipelineCall):
         # tool_choice none: text is text, so nothing is held for a possible text call
         request = self._chat
         gate = ToolCallGate(
-            hold_text=text_calls_allowed(request.body), hold_all=request.output is not None
+            hold_text=text_calls_allowed(request.body),
+            hold_all=request.output is not None,
+            tool_names=request.tools.names if request.tools is not None else (),
         )
         upstream_error = False
         async for chunk in chunks:

@@ -120,6 +120,7 @@ class ChatTextRelay:
         self.gate = ToolCallGate(
             hold_text=request.tools is not None and text_calls_allowed(request.body),
             hold_all=request.output is not None,  # a structured output is held whole
+            tool_names=request.tools.names if request.tools is not None else (),
         )
         self.sent: list[str] = []  # the text pieces the client has
         # The upstream's own in-band error (an object with ``error`` and no ``choices``).

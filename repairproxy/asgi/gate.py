@@ -4,7 +4,10 @@ A stream behaves as the buffered answer does: text flows, a candidate call is he
 answer ends, and the pipeline decides on the whole answer as it would on a buffered one. Content
 deltas go to the client at once, except from the point where the text could open a tool call
 written as text (``{"``, ``[{``, ``<tool_call>``, ``<function=``, a JSON code fence, a model
-family's native marker), at the start or after prose: from there everything is held, up to
+family's native marker; where tools are declared, also a declared tool's name at the start of the
+answer, a line or a sentence, as marker-less formats write it: ``get_weather(city="LA")``,
+``get_weather{...}``, ``get_weather:0 {...}``), at the start or after prose: from there everything
+is held, up to
 ``MAX_HELD_CONTENT_CHARS``, so that a decline written after the call ("... unless you confirm")
 is seen before anything is promoted. Held text that is not a call is released as it came; a
 promoted call replaces it (the prose after it kept, ``ToolCallGate.unsent``). Tool-call deltas,
@@ -27,7 +30,7 @@ What a stream's HTTP headers can carry (headers leave before the first body byte
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +81,11 @@ _OPENER_START = re.compile(
 _BOUNDARY = frozenset("\n.!?:")
 # An opener is decided within this many characters of where it starts (else it is prose).
 _WATCH_WINDOW = 256
+# After a declared tool's name, what makes it a call written without a marker: Granite's and
+# pythonic ``name(``, Mistral's stripped ``name{``, Kimi's stripped ``name:0`` (spaces between).
+_AFTER_NAME = re.compile(r"\s*(?:[({]|:\d)")
+# ... and what leaves it undecided: only blanks so far, or a ``:`` waiting for its digit.
+_AFTER_NAME_UNDECIDED = re.compile(r"\s*:?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,9 +310,11 @@ class ProseWatch:
     Only the new text and an undecided tail (at most ``_WATCH_WINDOW`` characters) are read.
     """
 
-    __slots__ = ("_carry", "_fences", "pending", "read")
+    __slots__ = ("_carry", "_fences", "_names", "pending", "read")
 
-    def __init__(self) -> None:
+    def __init__(self, *, tool_names: Iterable[str] = ()) -> None:
+        # Declared tools' names open a call where a word marker may (a line or sentence start).
+        self._names = tuple(tool_names)
         self.pending = ""  # prose from an opener not decided yet
         self._carry = ""  # a line or sentence end the last text ended with (flows, but is read)
         self._fences = 0  # code fences in the prose read so far (odd: inside one)
@@ -328,7 +338,7 @@ class ProseWatch:
                     self._carry = match.group()
                     continue
                 # Only a word marker here: other openers have their own matches.
-                opening = _word_opening(window[match.end() - start :])
+                opening = _word_opening(window[match.end() - start :], self._names)
             else:
                 opening = call_opening(window, words=False)
             if opening:
@@ -356,8 +366,12 @@ class ToolCallGate:
         hold_text: bool = True,
         max_held_chars: int = MAX_HELD_CONTENT_CHARS,
         hold_all: bool = False,
+        tool_names: Iterable[str] = (),
     ) -> None:
         self.assembler = StreamAssembler()
+        # The declared tools' names: one at the start of the answer or of a line or sentence
+        # may open a call written without a marker (``get_weather(city="LA")``).
+        self._names = tuple(name for name in tool_names if name) if hold_text else ()
         self._held: list[bytes] = []
         self._held_calls = False  # a tool-call/finish/usage event is among the held ones
         # The content is plain text: stream it straight through. Without ``hold_text`` (the
@@ -373,7 +387,7 @@ class ToolCallGate:
         # Prose is watched for a call opening after it (unless text is text: tool_choice none).
         self._watching = hold_text
         self._holding = False  # a call opened after prose: everything is held to the end
-        self._prose_watch = ProseWatch()
+        self._prose_watch = ProseWatch(tool_names=self._names)
         self._released_chars = 0  # content characters the client already has
 
     def feed(self, event: SSEEvent) -> list[bytes]:
@@ -403,7 +417,7 @@ class ToolCallGate:
             # Undecided prefixes are short (or blank): the text is read again only while one is.
             content = self.assembler.content or ""
             self.scanned += len(content)
-            self._opening = call_opening(content)
+            self._opening = call_opening(content, tool_names=self._names)
         if self._opening is None:
             return []
         if self._opening and self.assembler.content_chars <= self._max_held_chars:
@@ -517,22 +531,47 @@ def could_open_call(text: str) -> bool:
     return call_opening(text) is not False
 
 
-def _word_opening(text: str) -> bool | None:
-    """Whether a line beginning with ``text`` opens with a word marker (``call:``), as far as
-    it tells (None while ``text`` is a prefix of one)."""
+def _word_opening(text: str, tool_names: tuple[str, ...] = ()) -> bool | None:
+    """Whether a line beginning with ``text`` opens with a word marker (``call:``) or a
+    declared tool's name called without a marker, as far as it tells (None while ``text`` is a
+    prefix of one)."""
     stripped = text.lstrip(" \t")
     if any(stripped.startswith(opener) for opener in _WORD_OPENERS):
         return True
-    return None if any(opener.startswith(stripped) for opener in _WORD_OPENERS) else False
+    named = _name_opening(stripped, tool_names) if tool_names else False
+    if named:
+        return True
+    if named is None or any(opener.startswith(stripped) for opener in _WORD_OPENERS):
+        return None
+    return False
 
 
-def call_opening(text: str, *, words: bool = True) -> bool | None:
+def _name_opening(text: str, tool_names: tuple[str, ...]) -> bool | None:
+    """Whether ``text`` opens with a declared tool's name written as a call without a marker
+    (the name, then ``(``, ``{`` or ``:<digit>``), as far as it tells: None while it is a
+    prefix of a name, or a whole name followed by nothing that decides yet. A word that is no
+    prefix of a name is decided at its first character that differs ("getting", "Sure")."""
+    if not text or not (text[0].isalpha() or text[0] == "_"):
+        return False
+    undecided = False
+    for name in tool_names:
+        if text.startswith(name):
+            if _AFTER_NAME.match(text, len(name)):
+                return True
+            undecided = undecided or _AFTER_NAME_UNDECIDED.fullmatch(text, len(name)) is not None
+        elif not undecided and name.startswith(text):
+            undecided = True
+    return None if undecided else False
+
+
+def call_opening(text: str, *, words: bool = True, tool_names: Iterable[str] = ()) -> bool | None:
     """Whether content beginning with ``text`` opens a call written as text, as far as it tells.
 
     True or False once the prefix decides it (every longer text beginning with it gets the same
     answer, so a stream need not read its text again), None while it could go either way.
     ``words``: whether a word marker (``call:``, ``functions.``) counts here: at the start of
-    the answer or of a line, not inside a sentence.
+    the answer or of a line, not inside a sentence. ``tool_names``: the declared tools, whose
+    names open a call without a marker where a word marker may (``get_weather(city="LA")``).
     """
     stripped = text.lstrip()
     if not stripped:
@@ -540,6 +579,10 @@ def call_opening(text: str, *, words: bool = True) -> bool | None:
     openers = _TAG_OPENERS if words else _MARKED_OPENERS
     if any(stripped.startswith(opener) for opener in openers):
         return True
+    if words and tool_names:
+        named = _name_opening(stripped, tuple(tool_names))
+        if named is not False:
+            return named
     first, rest = stripped[0], stripped[1:].lstrip()
     if first == "[" and rest and (rest[0].isalpha() or rest[0] == "_"):
         pythonic = _PYTHONIC_OPENING.match(stripped)
