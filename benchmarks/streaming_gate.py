@@ -4,7 +4,9 @@ A stream with declared tools passes through ``SSEParser`` and the gate; a stream
 relayed as it comes. For each answer below, streamed in 4-character deltas, this measures the time
 from the arrival of the first content event to the moment the gate releases it, minus the time the
 parser alone takes (the relay's own work), and how many content characters the gate held first.
-Prose that cannot open a call should be released with its first delta (0 characters held).
+Prose that cannot open a call should be released with its first delta (0 characters held). The
+gate gets τ²-bench retail's tool names, as the proxy passes a request's declared tools: prose that
+starts like one ("cancelled ...") is held only until a character says it is not a call.
 
     python -m benchmarks.streaming_gate [--repeat 2000]
 """
@@ -29,10 +31,32 @@ PROSE = [
     "{Note: prices include tax.} The total is $48.20.",
     "```python\nprint('hello')\n```",
     "1. Log in.\n2. Open Orders.\n3. Click Return.",
+    "cancelled orders are refunded within 5 days.",
+    "Done.\nget back to me if the size is wrong.",
 ]
+# τ²-bench retail's agent tools: a word at a line start that begins one of these names is held
+# until the next characters tell whether a call without a marker follows (``name(``, ``name{``).
+TOOL_NAMES = (
+    "calculate",
+    "cancel_pending_order",
+    "exchange_delivered_order_items",
+    "find_user_id_by_email",
+    "find_user_id_by_name_zip",
+    "get_order_details",
+    "get_product_details",
+    "get_user_details",
+    "list_all_product_types",
+    "modify_pending_order_address",
+    "modify_pending_order_items",
+    "modify_pending_order_payment",
+    "modify_user_address",
+    "return_delivered_order_items",
+    "transfer_to_human_agents",
+)
 CALLS = [
     '{"name": "get_order_details", "arguments": {"order_id": "#W1"}}',
     '<tool_call>\n{"name": "get_order_details", "arguments": {"order_id": "#W1"}}\n</tool_call>',
+    'get_order_details(order_id="#W1")',
 ]
 
 
@@ -50,7 +74,7 @@ def _events(text: str) -> list[bytes]:
 def _first_release(events: list[bytes], gated: bool) -> tuple[float, int]:
     """(seconds from the first content event's arrival to its release, characters held)."""
     parser = SSEParser()
-    gate = ToolCallGate()
+    gate = ToolCallGate(tool_names=TOOL_NAMES)
     started = None
     held = 0
     for raw in events:

@@ -363,6 +363,8 @@ class MessagesCall(PipelineCall):
         hold_all = request is not None and request.output is not None
         gated = hold_all or (request is not None and request.tools is not None)
         hold_text = request is not None and text_calls_allowed(request.body)
+        # A declared tool's name at a line start may open a call written without a marker.
+        tool_names = request.tools.names if request is not None and request.tools else ()
         parser = SSEParser()
         blocks: dict[int, _Block] = {}
         gates: dict[int, ToolCallGate] = {}  # text blocks at the front, watched for a call
@@ -431,7 +433,7 @@ class MessagesCall(PipelineCall):
                         pending.setdefault(index, []).append(event.raw)
                         stuck = True
                     elif block.kind == "text" and hold_text:
-                        gates[index] = ToolCallGate()
+                        gates[index] = ToolCallGate(tool_names=tool_names)
                         gates[index].feed(SSEEvent(event.raw, None))  # held with the text
                     else:
                         await release(event.raw)  # thinking, server tools, text that is text

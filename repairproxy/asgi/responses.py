@@ -454,6 +454,8 @@ class ResponsesCall(PipelineCall):
         prose: set[int] = set()  # output indices whose events flow (plain prose)
         streamed: dict[int, Any] = {}  # prose items sent whole, by output index
         texts: dict[int, _ItemText] = {}  # the text of the items at the front, by output index
+        tools = self.request.tools if self.request is not None else None
+        tool_names = tools.names if tools is not None else ()
 
         async def release(payload: dict[str, Any], raw: bytes) -> None:
             if not responder.started:
@@ -488,7 +490,7 @@ class ResponsesCall(PipelineCall):
                     and isinstance(index, int)
                     and all(h[1] == index for h in held)  # no earlier item still held
                 ):
-                    text = texts.setdefault(index, _ItemText(payload.get("item_id")))
+                    text = texts.setdefault(index, _ItemText(payload.get("item_id"), tool_names))
                     if text.feed(str(payload.get("delta", ""))):
                         prose.add(index)  # this item's events flow (until a call opens in it)
                         for earlier, _ in held:
@@ -562,10 +564,22 @@ class _ItemText:
     hold), then read as the chat stream gate reads prose, so from where a call opens in it the
     text waits for the verdict (again up to ``MAX_HELD_CONTENT_CHARS``)."""
 
-    __slots__ = ("calling", "item_id", "length", "opening", "said", "start", "unsaid", "watch")
+    __slots__ = (
+        "calling",
+        "item_id",
+        "length",
+        "opening",
+        "said",
+        "start",
+        "tool_names",
+        "unsaid",
+        "watch",
+    )
 
-    def __init__(self, item_id: Any) -> None:
+    def __init__(self, item_id: Any, tool_names: tuple[str, ...] = ()) -> None:
         self.item_id = item_id
+        # The declared tools: a name at a line start may open a call written without a marker.
+        self.tool_names = tool_names
         self.said = ""  # the text the client has
         self.unsaid = ""  # the text held since
         self.start = ""  # read while its start is undecided (short or blank: linear overall)
@@ -582,10 +596,10 @@ class _ItemText:
         if watch is None:
             if self.opening is None:
                 self.start += delta
-                self.opening = call_opening(self.start)
+                self.opening = call_opening(self.start, tool_names=self.tool_names)
             if self.opening is not False and self.length <= MAX_HELD_CONTENT_CHARS:
                 return False
-            self.watch = watch = ProseWatch()
+            self.watch = watch = ProseWatch(tool_names=self.tool_names)
             if self.opening is not False:
                 return self._flows()  # too long to hold: it goes, and is read from here on
             return self._settle(watch.feed(self.start))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anthropic
 import openai
 import orjson
 import pytest
@@ -19,7 +20,12 @@ from repairproxy.asgi.gate import SSEParser, ToolCallGate, call_opening
 from repairproxy.settings import Settings
 from repairproxy.types import RepairMode
 from tests.support.in_process import in_process_proxy
+from tests.support.messages_upstream import MessagesUpstream
+from tests.support.messages_upstream import text as messages_text
 from tests.support.mock_transport import MockTransport
+from tests.support.proxy_server import running_proxy
+from tests.support.responses_upstream import ResponsesUpstream
+from tests.support.responses_upstream import message as responses_message
 from tests.support.scripted_upstream import completion
 
 NAMES = ("get_weather", "get_current_weather", "add_two_strings")
@@ -215,3 +221,77 @@ async def test_a_streamed_markerless_call_reaches_the_client_as_the_buffered_one
     assert (buffered.content or None) == prose
     assert names == [tool[0]] and orjson.loads("".join(parts)) == arguments
     assert (text.strip() or None) == prose
+
+
+# Cut in halves by the scripted upstreams: the first half ends inside the name ("get_or").
+AFTER_PROSE = 'Let me look that up.\nget_order_details(order_id="#W1")'
+
+
+def test_a_messages_stream_holds_a_markerless_call_after_prose() -> None:
+    """The Messages gate (a native Messages upstream): the streamed message the SDK assembles
+    is the buffered one, with no piece of the call's name in its text."""
+    tools: list[Any] = [
+        {
+            "name": "get_order_details",
+            "input_schema": {
+                "type": "object",
+                "properties": {"order_id": {"type": "string"}},
+                "required": ["order_id"],
+            },
+        }
+    ]
+    with (
+        MessagesUpstream() as upstream,
+        running_proxy(Settings(upstream=upstream.base_url, repair=RepairMode.PROMOTE)) as proxy,
+    ):
+        answer = [messages_text(AFTER_PROSE)]
+        upstream.push(answer, answer)
+        client = anthropic.Anthropic(base_url=proxy.root_url, api_key="x", max_retries=0)
+        arguments: dict[str, Any] = {
+            "model": "m",
+            "max_tokens": 256,
+            "messages": [{"role": "user", "content": "Where is my order #W1?"}],
+            "tools": tools,
+        }
+        buffered: Any = client.messages.create(**arguments)
+        with client.messages.stream(**arguments) as events:
+            streamed: Any = events.get_final_message()
+    for message in (buffered, streamed):
+        calls = [(b.name, b.input) for b in message.content if b.type == "tool_use"]
+        assert calls == [("get_order_details", {"order_id": "#W1"})]
+        texts = [b.text.strip() for b in message.content if b.type == "text"]
+        assert texts == ["Let me look that up."]
+
+
+def test_a_responses_stream_holds_a_markerless_call_after_prose() -> None:
+    """The Responses gate (a native Responses upstream): no text delta carries the call."""
+    tools: list[Any] = [
+        {
+            "type": "function",
+            "name": "get_order_details",
+            "parameters": {
+                "type": "object",
+                "properties": {"order_id": {"type": "string"}},
+                "required": ["order_id"],
+            },
+        }
+    ]
+    with (
+        ResponsesUpstream() as upstream,
+        running_proxy(Settings(upstream=upstream.base_url, repair=RepairMode.PROMOTE)) as proxy,
+    ):
+        upstream.push([responses_message(AFTER_PROSE)])
+        with openai.OpenAI(base_url=proxy.base_url, api_key="x", max_retries=0) as client:
+            events: list[Any] = list(
+                client.responses.create(model="m", input="hi", tools=tools, stream=True)
+            )
+    sent = "".join(
+        getattr(event, "delta", "")
+        for event in events
+        if event.type == "response.output_text.delta"
+    )
+    assert "get_or" not in sent and sent.strip() == "Let me look that up."
+    final = events[-1].response
+    assert [item.name for item in final.output if item.type == "function_call"] == [
+        "get_order_details"
+    ]
