@@ -21,6 +21,7 @@ from evals.stats import EQUIVALENCE_MARGIN, Interval, average_ranks
 
 __all__ = [
     "CELLS_PER_PAGE",
+    "CELL_LABEL_CHARS",
     "LABEL_CHARS",
     "PAGE_DPI",
     "PAGE_ROWS",
@@ -28,6 +29,7 @@ __all__ = [
     "cell_sweeps_page",
     "channel_rates_page",
     "differences_page",
+    "distinct_parts",
     "failed_calls_page",
     "name_ranks",
     "pages",
@@ -225,6 +227,26 @@ def differences_page(pairs: Sequence[PairSummary], path: Path, title: str) -> Pa
 
 
 CELLS_PER_PAGE = 6  # grid cells per page of the repair-effect figure
+CELL_LABEL_CHARS = 30  # a repair-effect bar group's label
+
+
+def distinct_parts(labels: Sequence[str], limit: int) -> tuple[list[str], str | None]:
+    """When a label is longer than ``limit``: each label's ``-`` parts that differ between the
+    labels, and the shared pattern (``retail-gemma4-*-*-gpt41-k10``) that the figure states once;
+    else the labels as they are and None. Cutting the middle out of the paper grid's cell names
+    left ``retail-gemma4-…-bf16-gpt41-k10`` for both the dense and the MoE model."""
+    split = [label.split("-") for label in labels]
+    if all(len(label) <= limit for label in labels) or len(labels) < 2:
+        return list(labels), None
+    if len({len(parts) for parts in split}) != 1:
+        return list(labels), None
+    varying = [i for i in range(len(split[0])) if len({parts[i] for parts in split}) > 1]
+    if not varying:
+        return list(labels), None
+    shared = "-".join("*" if i in varying else part for i, part in enumerate(split[0]))
+    return ["-".join(parts[i] for i in varying) for parts in split], shared
+
+
 FAILED_CALLS_MAX = 10  # the failed-calls histogram's last column pools this many and more
 
 
@@ -254,10 +276,13 @@ def repair_effect_page(
         axes.bar(xs, heights, width=width, yerr=[lows, highs], capsize=2, label=mode)
         for x, height in zip(xs, heights, strict=True):  # at the foot, clear of the error bars
             axes.text(x, 0.02, f"{100 * height:.0f}", ha="center", fontsize=6, color="white")
+    labels, shared = distinct_parts([cell for cell, _ in cells], CELL_LABEL_CHARS)
     axes.set_xticks(range(len(cells)))
     axes.set_xticklabels(
-        [short(cell, 30) for cell, _ in cells], rotation=20, ha="right", fontsize=7
+        [short(label, CELL_LABEL_CHARS) for label in labels], rotation=20, ha="right", fontsize=7
     )
+    if shared is not None:
+        axes.set_xlabel(f"cell: {shared}", fontsize=7)
     axes.set_xlim(-0.6, len(cells) - 0.4)
     axes.set_ylim(0, 1.05)
     axes.set_ylabel("success at the run's budget", fontsize=8)

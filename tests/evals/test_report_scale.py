@@ -84,3 +84,14 @@ def test_figures_drawn_by_worker_processes_are_the_same_bytes(tmp_path: Path) ->
         assert (mine is None) == (theirs is None)
         if mine is not None and theirs is not None:
             assert mine.read_bytes() == theirs.read_bytes()
+
+
+def test_repair_effect_labels_tell_the_paper_grids_cells_apart() -> None:
+    cells = [f"retail-gemma4-{m}-{p}-gpt41-k10" for m in ("dense", "moe") for p in ("bf16", "fp8")]
+    cut = [plots.short(cell, plots.CELL_LABEL_CHARS) for cell in cells]
+    assert len(set(cut)) < len(cells)  # cutting the middle out loses dense vs moe
+    labels, shared = plots.distinct_parts(cells, plots.CELL_LABEL_CHARS)
+    assert labels == ["dense-bf16", "dense-fp8", "moe-bf16", "moe-fp8"]
+    assert shared == "retail-gemma4-*-*-gpt41-k10"
+    short_names = ["retail-q4-scripted-k10", "retail-q3-scripted-k10"]
+    assert plots.distinct_parts(short_names, plots.CELL_LABEL_CHARS) == (short_names, None)
