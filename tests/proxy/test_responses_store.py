@@ -68,7 +68,8 @@ def start(upstream: ResponsesUpstream) -> Iterator[Any]:
 
 
 def _client(proxy: RunningProxy, key: str = "x") -> openai.OpenAI:
-    return openai.OpenAI(base_url=proxy.base_url, api_key=key, max_retries=0)
+    client: openai.OpenAI = proxy.client(key)
+    return client
 
 
 def _call_of(response: Any) -> Any:

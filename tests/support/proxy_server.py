@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -47,6 +47,19 @@ class RunningProxy:
     port: int
     settings: Settings
     _log: _LockedBytes
+    _clients: list[Any] = field(default_factory=list)
+
+    def client(self, api_key: str = "x", **options: Any) -> Any:
+        """An official ``openai.OpenAI`` client of this proxy, closed when the proxy stops (one
+        left open leaks its pooled socket to the garbage collector: a ResourceWarning, an error
+        in whichever later test the collection lands in)."""
+        import openai
+
+        client = openai.OpenAI(
+            base_url=self.base_url, api_key=api_key, **{"max_retries": 0, **options}
+        )
+        self._clients.append(client)
+        return client
 
     @property
     def base_url(self) -> str:
@@ -83,9 +96,12 @@ def running_proxy(settings: Settings) -> Iterator[RunningProxy]:
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("the proxy did not start")
         time.sleep(0.01)
+    proxy = RunningProxy(port, settings, log)
     try:
-        yield RunningProxy(port, settings, log)
+        yield proxy
     finally:
+        for client in proxy._clients:
+            client.close()
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
