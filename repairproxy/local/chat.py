@@ -3,7 +3,10 @@
 Pure functions, no runtime: what the embedded server does between HTTP and the engine. Tool handling
 follows vLLM with ``--tool-call-parser hermes``: with ``tool_choice`` auto the answer is parsed for
 ``<tool_call>`` blocks; ``"none"`` leaves the text alone; a named choice or ``"required"`` adds a
-grammar over the declared names and always yields tool calls.
+grammar over the declared names and always yields tool calls. A ``response_format`` (JSON object
+or schema) is a grammar over the whole answer when no tool can be called (no tools, or
+``tool_choice`` ``"none"``); with callable tools it is left to the proxy's checks, since a
+grammar over the content would rule the calls out.
 """
 
 from __future__ import annotations
@@ -15,7 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from repairproxy.local.engine import Generation, SamplingParams, TokenLogprob
-from repairproxy.local.grammar import SchemaToGbnf, forced_call_grammar, forced_tool_names
+from repairproxy.local.grammar import (
+    SchemaToGbnf,
+    forced_call_grammar,
+    forced_tool_names,
+    response_format_grammar,
+)
 from repairproxy.local.hermes import ParsedOutput, parse_hermes
 from repairproxy.local.prompt import render_prompt
 
@@ -135,6 +143,8 @@ def plan_chat(body: Mapping[str, Any], schema_to_gbnf: SchemaToGbnf | None = Non
         if names
         else None
     )
+    if grammar is None and (not tools or choice == "none"):
+        grammar = response_format_grammar(body.get("response_format"), schema_to_gbnf)
     stream_options = body.get("stream_options") or {}
     return ChatPlan(
         prompt=render_prompt(messages, tools or None),

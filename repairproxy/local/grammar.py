@@ -1,10 +1,13 @@
-"""GBNF grammars for forced tool choice: the constrained decoding the proxy escalates to.
+"""GBNF grammars for forced tool choice (the constrained decoding the proxy escalates to) and for
+``response_format`` (structured outputs, which vLLM serves by guided decoding too).
 
 With ``tool_choice`` naming a tool, or ``"required"``, the answer must be ``<tool_call>`` blocks
 whose ``name`` is a declared tool (the named one, or any declared one) and whose ``arguments``
 follow that tool's parameter schema where llama.cpp's JSON-Schema converter can express it, else
 any JSON object.
-Sampling without a tool choice never uses a grammar, so invented names stay possible there.
+Sampling without a tool choice never uses a grammar for calls, so invented names stay possible
+there. A ``response_format`` of ``json_object`` constrains the answer to a JSON object, one of
+``json_schema`` to its schema where the converter can express it (else to a JSON object).
 """
 
 from __future__ import annotations
@@ -13,7 +16,14 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["GENERIC_JSON_GBNF", "SchemaToGbnf", "forced_call_grammar", "forced_tool_names"]
+__all__ = [
+    "GENERIC_JSON_GBNF",
+    "JSON_OBJECT_GBNF",
+    "SchemaToGbnf",
+    "forced_call_grammar",
+    "forced_tool_names",
+    "response_format_grammar",
+]
 
 SchemaToGbnf = Callable[[str], str]
 
@@ -83,3 +93,32 @@ def forced_call_grammar(
             return _wrap(converted.replace("root ::=", "call ::=", 1), several=several)
     name_rule = "name ::= " + " | ".join(json.dumps(json.dumps(n)) for n in names)
     return _wrap(GENERIC_JSON_GBNF.strip() + "\n" + name_rule, several=several)
+
+
+# Any JSON object as the whole answer: ``json_object``, and a schema the converter cannot express.
+JSON_OBJECT_GBNF = "root ::= ws object ws\n" + "\n".join(
+    line for line in GENERIC_JSON_GBNF.strip().splitlines() if not line.startswith("call ::=")
+)
+
+
+def response_format_grammar(
+    response_format: Any, schema_to_gbnf: SchemaToGbnf | None = None
+) -> str | None:
+    """GBNF for the answer a ``response_format`` asks for; None for ``text`` or no format."""
+    if not isinstance(response_format, Mapping):
+        return None
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return JSON_OBJECT_GBNF
+    if kind != "json_schema":
+        return None
+    spec = response_format.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, Mapping) else None
+    if isinstance(schema, Mapping) and schema_to_gbnf is not None:
+        try:
+            converted = schema_to_gbnf(json.dumps(schema))
+        except Exception:  # the converter rejects some schemas: any JSON object then
+            converted = ""
+        if "root ::=" in converted:
+            return converted
+    return JSON_OBJECT_GBNF

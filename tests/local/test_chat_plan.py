@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from repairproxy.local.chat import InvalidChatRequest, plan_chat
-from repairproxy.local.grammar import forced_call_grammar
+from repairproxy.local.grammar import JSON_OBJECT_GBNF, forced_call_grammar
 from tests.support.tools import FIND_USER_BY_EMAIL, GET_ORDER
 
 TOOLS = [FIND_USER_BY_EMAIL, GET_ORDER]
@@ -105,3 +105,34 @@ def test_legacy_functions_become_tools() -> None:
     }
     plan = plan_chat(body)
     assert plan.forced and "get_order_details" in (plan.params.grammar or "")
+
+
+ORDER_SCHEMA = {
+    "type": "object",
+    "properties": {"order_id": {"type": "string"}},
+    "required": ["order_id"],
+}
+
+
+def test_a_response_format_is_a_grammar_over_the_answer_when_no_tool_can_be_called() -> None:
+    schema_format = {"type": "json_schema", "json_schema": {"name": "o", "schema": ORDER_SCHEMA}}
+    seen: list[str] = []
+
+    def converter(schema: str) -> str:
+        seen.append(schema)
+        return 'root ::= "{}"'
+
+    plan = plan_chat({"messages": USER, "response_format": schema_format}, converter)
+    assert plan.params.grammar == 'root ::= "{}"' and len(seen) == 1
+    assert '"order_id"' in seen[0]
+    plain = plan_chat({"messages": USER, "response_format": {"type": "json_object"}})
+    assert plain.params.grammar == JSON_OBJECT_GBNF
+    unconvertible = plan_chat({"messages": USER, "response_format": schema_format}, None)
+    assert unconvertible.params.grammar == JSON_OBJECT_GBNF
+    text = plan_chat({"messages": USER, "response_format": {"type": "text"}})
+    assert text.params.grammar is None
+    # Callable tools: a grammar over the content would forbid the calls; the proxy checks it.
+    with_tools = plan_chat({"messages": USER, "tools": TOOLS, "response_format": schema_format})
+    assert with_tools.params.grammar is None and with_tools.parse_tools
+    no_calls = {"messages": USER, "tools": TOOLS, "tool_choice": "none"}
+    assert plan_chat({**no_calls, "response_format": schema_format}, converter).params.grammar

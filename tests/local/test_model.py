@@ -138,3 +138,24 @@ def test_max_tokens_and_stop_are_honoured(client: openai.OpenAI) -> None:
     text = stopped.choices[0].message.content or ""
     assert stopped.choices[0].finish_reason == "stop"
     assert "5" not in text and "4" in text
+
+
+def test_a_json_schema_response_format_is_followed(client: openai.OpenAI) -> None:
+    """Guided by a grammar, as vLLM guides decoding: the answer is JSON valid for the schema."""
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+        "required": ["city", "population"],
+        "additionalProperties": False,
+    }
+    reply = client.chat.completions.create(
+        model="local",
+        messages=[{"role": "user", "content": "Name a large city and its population."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+        temperature=0,
+        seed=1,
+        max_tokens=60,
+    )
+    answer = json.loads(reply.choices[0].message.content or "")
+    assert set(answer) == {"city", "population"}
+    assert isinstance(answer["city"], str) and isinstance(answer["population"], int)
