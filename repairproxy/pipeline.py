@@ -350,9 +350,12 @@ class ChatPipeline:
         if tools is None or message is None or _tool_choice_none(request.body):
             return Decision(completion, probed, None, (), 0)
         verdict = tools.check_message(message, rules=CallRules.of_request(request.body))
+        if verdict.ok:  # the common answer: nothing caught, nothing to charge or repair
+            record.tool_calls = len(verdict.calls)  # an ok verdict holds no empty_output
+            return Decision(completion, probed, verdict, (), 0)
         record.tool_calls = _calls_seen(verdict)
         record.caught_calls = list(caught_calls(verdict))
-        if verdict.ok or request.mode not in _CHANGES_ANSWERS:
+        if request.mode not in _CHANGES_ANSWERS:
             await self._charge(request, verdict, _invalid_calls(verdict), record)
             return Decision(completion, probed, verdict, _channels(verdict), 0)
         started = time.perf_counter()

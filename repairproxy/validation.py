@@ -280,6 +280,17 @@ class CompiledTools:
     ) -> CallVerdict:
         """Classify one call: unknown_tool, invalid_json, schema_violation or valid (the
         checks of ``_CALL_CHECKS``, in order; the first that finds a fault decides)."""
+        # Most calls are valid: a declared name and a JSON object the schema holds, decided
+        # here in one go; any doubt goes through the checks, which say what is wrong.
+        validator = self._validators.get(name) if type(name) is str else None
+        if validator is not None and type(arguments) is str:
+            try:
+                parsed = orjson.loads(arguments)
+                valid = type(parsed) is dict and validator.is_valid(parsed)
+            except (ValueError, TypeError, RecursionError):  # JSONDecodeError is a ValueError
+                valid = False
+            if valid:
+                return CallVerdict(index, call_id, name, Channel.VALID, "")
         call = _Call(index, call_id, name, arguments)
         for check in _CALL_CHECKS:
             verdict = check(self, call)

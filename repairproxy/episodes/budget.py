@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import secrets
 import time
 from collections import OrderedDict
@@ -334,21 +335,34 @@ class MemoryEpisodeStore:
         return self._bytes
 
     async def update(self, episode_id: str, mutate: Callable[[EpisodeState], T]) -> T:
+        # On every request: the accounting of _account is written out here (one call less).
         now = self._clock()
         self._expire(now)
-        tenant = _tenant_of_key(episode_id)
-        lru = self._tenants.setdefault(tenant, OrderedDict())
+        tenant, slash, _ = episode_id.partition("/")
+        if not slash:
+            tenant = ""
+        lru = self._tenants.get(tenant)
+        if lru is None:
+            lru = self._tenants[tenant] = OrderedDict()
         entry = lru.pop(episode_id, None)
         if entry is not None:
-            state = entry[1]
-            self._account(tenant, -entry[2], -1)
+            state, old_size, count = entry[1], entry[2], 0
         else:
-            state = self._revived(episode_id) or EpisodeState()
+            revived = self._revived(episode_id) if self._tombstones else None
+            state, old_size, count = revived or EpisodeState(), 0, 1
         result = mutate(state)
         size = _estimated_bytes(episode_id, state)
         lru[episode_id] = (now, state, size)
-        self._account(tenant, size, 1)
-        self._shrink(tenant, episode_id)
+        self._bytes += size - old_size
+        self._count += count
+        tenant_bytes = self._tenant_bytes
+        tenant_bytes[tenant] = tenant_bytes.get(tenant, 0) + size - old_size
+        if (
+            self._count > self.max_episodes
+            or self.tenant_quota is not None
+            or (self.max_bytes is not None and self._bytes > self.max_bytes)
+        ):
+            self._shrink(tenant, episode_id)
         return result
 
     async def get(self, episode_id: str) -> EpisodeState | None:
@@ -468,7 +482,32 @@ def _call_key(call_id: Any) -> str:
 
 
 def _new_episode_id() -> str:
-    return "c-" + secrets.token_hex(8)
+    return "c-" + secrets.token_hex(_ID_BYTES)
+
+
+_ID_BYTES = 8  # a chained episode's id: "c-" + 16 hex digits
+_IDS_PER_DRAW = 256  # ids drawn from the OS's random source in one read
+_MAX_CHAIN_SCOPES = 4096  # (tenant, model) pairs whose chain scope is remembered...
+_MAX_SCOPED_MODEL_CHARS = 256  # ...for model names up to this long
+
+
+class _EpisodeIds:
+    """``_new_episode_id``'s ids, from one ``os.urandom`` read per 256 of them (the same source
+    as ``secrets``; a system call per id was most of an id's cost). Filled on first use, so a
+    process forked before it draws its own."""
+
+    __slots__ = ("_offset", "_pool")
+
+    def __init__(self) -> None:
+        self._pool = b""
+        self._offset = 0
+
+    def __call__(self) -> str:
+        start = self._offset
+        if start >= len(self._pool):
+            self._pool, start = os.urandom(_ID_BYTES * _IDS_PER_DRAW), 0
+        self._offset = start + _ID_BYTES
+        return "c-" + self._pool[start : start + _ID_BYTES].hex()
 
 
 @dataclass(slots=True)
@@ -492,7 +531,7 @@ class ErrorBudget:
         *,
         chains: ChainIndex | None = None,
         episode_header: str = "x-episode-id",
-        new_episode_id: Callable[[], str] = _new_episode_id,
+        new_episode_id: Callable[[], str] | None = None,
         tenants: TenantKeys | None = None,
     ) -> None:
         if default_budget < 0:
@@ -509,22 +548,26 @@ class ErrorBudget:
         self.chains = chains
         self.canonical = CanonicalCache()  # a resent history's call turns, digested once
         self.episode_header = episode_header.lower()
-        self._new_episode_id = new_episode_id
+        self._new_episode_id = new_episode_id or _EpisodeIds()
+        self._scopes: dict[tuple[str, str | None], bytes] = {}  # chain_scope's, remembered
         self._warned_missing_header = False
         self.tenants = tenants  # None: one namespace (no client keys)
 
     def tenant_of(self, headers: Mapping[str, str]) -> str:
         return self.tenants.tenant_of(headers) if self.tenants is not None else ""
 
-    @staticmethod
-    def chain_scope(tenant: str, model: Any) -> bytes:
+    def chain_scope(self, tenant: str, model: Any) -> bytes:
         """The prefix of every conversation link: a chain joins one tenant's one model only."""
-        if not tenant and not isinstance(model, str):
-            return b""
-        name = model if isinstance(model, str) else ""
-        return hashlib.blake2b(
-            f"{tenant}\0{name}".encode("utf-8", "surrogatepass"), digest_size=8
-        ).digest()
+        key = (tenant, model if isinstance(model, str) else None)
+        scope = self._scopes.get(key)
+        if scope is None:
+            scope = _chain_scope(tenant, model)
+            if isinstance(model, str) and len(model) > _MAX_SCOPED_MODEL_CHARS:
+                return scope  # a client's model string: never kept when long
+            if len(self._scopes) >= _MAX_CHAIN_SCOPES:
+                self._scopes.clear()
+            self._scopes[key] = scope
+        return scope
 
     # -- identity ---------------------------------------------------------------------------------
 
@@ -730,6 +773,15 @@ class ErrorBudget:
             new_env_errors,
             new_silent,
         )
+
+
+def _chain_scope(tenant: str, model: Any) -> bytes:
+    if not tenant and not isinstance(model, str):
+        return b""
+    name = model if isinstance(model, str) else ""
+    return hashlib.blake2b(
+        f"{tenant}\0{name}".encode("utf-8", "surrogatepass"), digest_size=8
+    ).digest()
 
 
 def _names(episode: EpisodeRef | str) -> tuple[str, str]:
