@@ -177,7 +177,9 @@ def with_repair_instruction(body: Mapping[str, Any], template: RepairTemplate) -
         return result  # malformed: let the upstream answer it as it would without the proxy
     instruction = template.instruction
     messages = list(body["messages"])
-    first = messages[0] if messages and isinstance(messages[0], Mapping) else None
+    first = messages[0] if messages else None
+    if type(first) is not dict and not isinstance(first, Mapping):  # a dict skips the ABC check
+        first = None
     if first is not None and first.get("role") in ("system", "developer"):
         content = first.get("content")
         system = dict(first)

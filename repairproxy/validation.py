@@ -118,6 +118,11 @@ class MessageVerdict:
         return tuple(call.channel for call in self.calls if call.channel is not Channel.VALID)
 
 
+def _mapping(value: Any) -> bool:
+    """``isinstance(value, Mapping)``, a dict answered without the ABC's (Python-level) check."""
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def _short(text: str) -> str:
     return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
 
@@ -173,12 +178,17 @@ class CallRules:
     def of_request(cls, body: Mapping[str, Any]) -> CallRules:
         choice = body.get("tool_choice")
         forced: str | None = None
-        if isinstance(choice, Mapping):
+        if choice is not None and _mapping(choice):
             function = choice.get("function")
-            name = function.get("name") if isinstance(function, Mapping) else choice.get("name")
+            name = function.get("name") if _mapping(function) else choice.get("name")
             forced = name if isinstance(name, str) else None
         legacy = body.get("function_call")
-        if forced is None and isinstance(legacy, Mapping) and isinstance(legacy.get("name"), str):
+        if (
+            forced is None
+            and legacy is not None
+            and _mapping(legacy)
+            and isinstance(legacy.get("name"), str)
+        ):
             forced = legacy["name"]
         return cls(
             forced,
@@ -396,11 +406,11 @@ class CompiledTools:
         return tuple(verdicts)
 
     def _check_tool_call(self, index: int, call: Any) -> CallVerdict:
-        if not isinstance(call, Mapping):
+        if not _mapping(call):
             return self.check_call(None, None, index=index)
         function = call.get("function")
         call_id = call.get("id") if isinstance(call.get("id"), str) else None
-        if not isinstance(function, Mapping):
+        if not _mapping(function):
             return self.check_call(None, None, index=index, call_id=call_id)
         return self.check_call(
             function.get("name"), function.get("arguments"), index=index, call_id=call_id

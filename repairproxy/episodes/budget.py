@@ -621,7 +621,7 @@ class ErrorBudget:
         ``body`` is the client's request as received (not the forwarded one); pass the
         ``EpisodeRef`` to reuse its digest. Episodes named by the header need no link.
         """
-        if not isinstance(answer_message, Mapping):
+        if type(answer_message) is not dict and not isinstance(answer_message, Mapping):
             return
         if isinstance(episode, EpisodeRef):
             if episode.explicit:

@@ -317,7 +317,9 @@ def _has_all_call_ids(message: Mapping[str, Any]) -> bool:
     if message.get("function_call") is not None:
         return False
     return all(
-        isinstance(call, Mapping) and isinstance(call.get("id"), str) and call.get("id")
+        (type(call) is dict or isinstance(call, Mapping))
+        and isinstance(call.get("id"), str)
+        and call.get("id")
         for call in (tool_calls if isinstance(tool_calls, list) else ())
     )
 
