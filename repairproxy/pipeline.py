@@ -171,13 +171,9 @@ class ChatPipeline:
             value = body.get(name)
             if value is not None and not isinstance(value, list):
                 raise BadRequestError(f"'{name}' must be an array", param=name)
-        for index, message in enumerate(body.get("messages") or ()):
-            if not isinstance(message, dict):
-                raise BadRequestError(f"'messages[{index}]' must be an object", param="messages")
-            if not isinstance(message.get("role"), str):
-                raise BadRequestError(
-                    f"'messages[{index}].role' must be a string", param=f"messages[{index}].role"
-                )
+        for message in body.get("messages") or ():
+            if type(message) is not dict or type(message.get("role")) is not str:
+                _check_messages(body["messages"])  # the exact test, which names the culprit
         model = body.get("model")
         record.model = model if isinstance(model, str) else None
         record.stream = body.get("stream") is True
@@ -494,6 +490,17 @@ class ChatPipeline:
                 param=BUDGET_HEADER,
             )
         return budget
+
+
+def _check_messages(messages: Sequence[Any]) -> None:
+    """A 400 for the first message that is not an object with a string role."""
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequestError(f"'messages[{index}]' must be an object", param="messages")
+        if not isinstance(message.get("role"), str):
+            raise BadRequestError(
+                f"'messages[{index}].role' must be a string", param=f"messages[{index}].role"
+            )
 
 
 def _single_choice(request: ChatRequest) -> bool:

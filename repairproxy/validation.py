@@ -337,7 +337,7 @@ class CompiledTools:
         tool_calls = message.get("tool_calls")
         structured: tuple[CallVerdict, ...] = ()
         if isinstance(tool_calls, list) and tool_calls:
-            structured = tuple(self._check_tool_call(i, c) for i, c in enumerate(tool_calls))
+            structured = tuple([self._check_tool_call(i, c) for i, c in enumerate(tool_calls)])
         elif tool_calls and not isinstance(tool_calls, list):
             structured = (self.check_call(None, None),)
         elif isinstance(message.get("function_call"), Mapping):

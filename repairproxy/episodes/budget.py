@@ -588,11 +588,6 @@ class ErrorBudget:
             scope=self.chain_scope(tenant, body.get("model")),
             cache=self.canonical,
         )
-        chained: dict[str, Any] = {
-            "conversation": keys,
-            "warn_missing_header": warn,
-            "tenant": tenant,
-        }
         link = None
         if keys.resume is not None:
             link = await self.chains.lookup(keys.resume)
@@ -602,16 +597,27 @@ class ErrorBudget:
         if link is None and keys.elided_resume is not None:  # a failed call's turn left out
             link = await self.chains.lookup(keys.elided_resume)
         if link is None:
-            return EpisodeRef(self._new_episode_id(), explicit=False, new=True, **chained)
-        if not link.ambiguous:
-            return EpisodeRef(link.episode_id, explicit=False, new=False, **chained)
-        # Identical histories from different episodes: continue a copy of the latest, so each
-        # conversation keeps the count they share without adding to the other's.
-        fork = self._new_episode_id()
-        source = await self.store.get(scoped(tenant, link.episode_id))
-        if source is not None:
-            await self.store.update(scoped(tenant, fork), lambda state: state.copy_from(source))
-        return EpisodeRef(fork, explicit=False, new=source is None, **chained)
+            episode_id, new = self._new_episode_id(), True
+        elif not link.ambiguous:
+            episode_id, new = link.episode_id, False
+        else:
+            # Identical histories from different episodes: continue a copy of the latest, so
+            # each conversation keeps the count they share without adding to the other's.
+            episode_id = self._new_episode_id()
+            source = await self.store.get(scoped(tenant, link.episode_id))
+            if source is not None:
+                await self.store.update(
+                    scoped(tenant, episode_id), lambda state: state.copy_from(source)
+                )
+            new = source is None
+        return EpisodeRef(
+            episode_id,
+            explicit=False,
+            new=new,
+            conversation=keys,
+            warn_missing_header=warn,
+            tenant=tenant,
+        )
 
     async def remember_answer(
         self, episode: EpisodeRef | str, body: Mapping[str, Any], answer_message: Any

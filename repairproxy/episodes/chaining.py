@@ -128,10 +128,12 @@ _ELIDED = b"\x00elided-answer"
 
 def _elided_format(messages: Sequence[Mapping[str, Any]]) -> tuple[str, str, str] | None:
     """The elided-turn format a history is written in (read from its first user message)."""
-    first = next((m for m in messages if m.get("role") == "user"), None)
-    if first is None:
+    for message in messages:
+        if message.get("role") == "user":
+            text = _text(message.get("content"))
+            break
+    else:
         return None
-    text = _text(first.get("content"))
     for opening, error, closing, _ in ELIDED_TURN_FORMATS:
         if text.startswith(opening):
             return opening, error, closing
