@@ -119,6 +119,8 @@ def _median(values: Sequence[float], reason: str) -> float | NotAvailable:
 
 
 def _number(value: Any) -> float:
+    if value is None:  # most answers carry no repair figures: no exception raised for them
+        return 0.0
     try:
         return float(value)
     except (TypeError, ValueError):

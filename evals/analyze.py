@@ -11,8 +11,10 @@ families (patterns over ``REFERENCE vs COMPARED``). The grid runner calls ``anal
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -84,6 +86,17 @@ def _default_pairs(arms: Sequence[Arm]) -> list[tuple[str, str]]:
     return pairs
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def parse_family(text: str) -> tuple[str, list[str]]:
     """``NAME=PATTERN[,PATTERN...]`` of ``--family``."""
     name, sep, patterns = text.partition("=")
@@ -104,7 +117,26 @@ def analyze(
     """Read the arms, compare the pairs (default: see ``_default_pairs``), Holm-adjust within
     ``families`` (default: the built-in ones), and write summary.json, report.md, report.html
     and the PNG figures into ``out_dir``."""
-    arms = _load(paths)
+    # A paper grid's arms are millions of small objects that live until the report is
+    # written, and every full collection walked them all (~5 s of 28 s CPU at 120 files):
+    # they are loaded with the cyclic collector paused, then frozen (never scanned, still
+    # freed by reference counts) while the numbers and figures are made.
+    with _collector_paused():
+        arms = _load(paths)
+        gc.freeze()
+    try:
+        return _analyze(arms, pairs, out_dir, title, families)
+    finally:
+        gc.unfreeze()
+
+
+def _analyze(
+    arms: Sequence[Arm],
+    pairs: Sequence[tuple[str, str]] | None,
+    out_dir: Path,
+    title: str,
+    families: Mapping[str, Sequence[str]] | None,
+) -> Summary:
     if not arms:
         raise AnalysisError("no results files given")
     chosen = [(_resolve(r, arms), _resolve(c, arms)) for r, c in pairs] if pairs else []

@@ -104,6 +104,8 @@ def _channels(value: Any) -> tuple[str, ...]:
 
 
 def _count(value: Any) -> int:
+    if value is None:  # the usual case (no promotion recorded): no exception raised for it
+        return 0
     try:
         return int(float(value))
     except (TypeError, ValueError):

@@ -51,12 +51,14 @@ def slug(text: str) -> str:
 def _write_png(figure: Figure, path: Path, dpi: int) -> Path:
     """The figure as a 256-colour palette PNG: a quarter of the RGBA file's bytes, the same
     picture to the eye (the report embeds every figure, so its size is theirs)."""
+    # The canvas's raw pixels, not a PNG of them: that was compressed only to be decoded here.
     buffer = io.BytesIO()
-    figure.savefig(buffer, dpi=dpi, format="png")
-    buffer.seek(0)
-    with Image.open(buffer) as image:
+    figure.savefig(buffer, dpi=dpi, format="rgba")
+    # Agg's canvas size, as matplotlib sizes it: the figure's inches times the dpi, truncated.
+    width, height = (int(side * dpi) for side in figure.get_size_inches())
+    with Image.frombuffer("RGBA", (width, height), buffer.getvalue(), "raw", "RGBA", 0, 1) as image:
         palette = image.convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE)
-        palette.save(path, format="PNG", optimize=True)
+    palette.save(path, format="PNG", optimize=True)
     return path
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import re
 import subprocess
@@ -120,6 +121,20 @@ def test_default_pairs_compare_each_cell_off_with_its_other_modes(tmp_path: Path
     assert [(p.reference, p.compared) for p in summary.pairs] == [
         ("retail/off", "retail/reflexive")
     ]
+
+
+def test_analyze_leaves_the_cyclic_collector_as_it_found_it(tmp_path: Path) -> None:
+    # The analysis freezes its loaded arms for the collector; a caller (the grid runner calls
+    # it in process) gets the collector back enabled or not as it was, nothing left frozen.
+    off, reflexive = build(tmp_path)
+    for enabled in (True, False):
+        gc.enable() if enabled else gc.disable()
+        try:
+            analyze([off, reflexive], None, tmp_path / "out")
+            assert gc.isenabled() is enabled
+            assert gc.get_freeze_count() == 0
+        finally:
+            gc.enable()
 
 
 def test_holm_runs_across_all_pairs_of_a_report(tmp_path: Path) -> None:
