@@ -673,7 +673,12 @@ class ErrorBudget:
                 continue
             if role != "tool" and role != "function":
                 continue
-            call_key = _call_key(message.get("tool_call_id")) if role == "tool" else ""
+            if role == "tool":
+                call_key = message.get("tool_call_id")
+                if type(call_key) is not str or not 0 < len(call_key) <= MAX_CALL_ID_CHARS:
+                    call_key = _call_key(call_key)  # absent, odd or long: the kept form
+            else:
+                call_key = ""
             occurrence = counts.get(call_key, 0)
             counts[call_key] = occurrence + 1
             position = f"{call_key}#{occurrence}"
