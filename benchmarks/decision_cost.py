@@ -4,13 +4,16 @@ episode, instruction, validation, budget, chaining) and the record's views (head
 line, metrics), the part of ``benchmarks.overhead``'s figure that the HTTP layers do not cost.
 
     python -m benchmarks.decision_cost [--requests 20000] [--repeats 5] [--stream]
-        [--profile] [--variant LABEL@DIR ...]
+        [--history TURNS] [--profile] [--variant LABEL@DIR ...]
 
 Every feature is on (validation, metrics, chaining: no episode header, repair=reflexive); the
 request and the answer are ``benchmarks.overhead``'s. With ``--variant``, each checkout runs in
 its own subprocess, interleaved repeat by repeat; the figure is process CPU time (not wall
 time) per request, the median of the repeats. ``--profile`` prints cProfile's call counts per
-request (repeatable under load, unlike times) and the top functions.
+request (repeatable under load, unlike times) and the top functions. ``--history TURNS`` sends a
+resent history of that many call turns (an assistant call and its tool result each) before the
+last user message, as an agent does late in an episode: the per-message work of the budget and
+of chaining grows with it.
 """
 
 from __future__ import annotations
@@ -96,7 +99,40 @@ class _Canned:
         return None
 
 
-async def _drive(requests: int, stream: bool, profile: cProfile.Profile | None) -> float:
+def _history(turns: int) -> list[dict[str, Any]]:
+    """``turns`` call turns, each an assistant call and its (successful) tool result."""
+    messages: list[dict[str, Any]] = []
+    for turn in range(turns):
+        call_id = f"call_{turn}"
+        arguments = orjson.dumps({"order_id": f"#W{turn:07d}"}).decode()
+        function = {"name": "get_order_details", "arguments": arguments}
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+            }
+        )
+        result = {"order_id": f"#W{turn:07d}", "status": "delivered", "items": ["lamp"] * 3}
+        messages.append(
+            {"role": "tool", "tool_call_id": call_id, "content": orjson.dumps(result).decode()}
+        )
+    return messages
+
+
+def _body(stream: bool, turns: int) -> bytes:
+    body: dict[str, Any] = dict(REQUEST_BODY)
+    if turns:
+        system, user = body["messages"]
+        body["messages"] = [system, user, *_history(turns), {"role": "user", "content": "And?"}]
+    if stream:
+        body["stream"] = True
+    return orjson.dumps(body)
+
+
+async def _drive(
+    requests: int, stream: bool, profile: cProfile.Profile | None, turns: int = 0
+) -> float:
     """Process CPU seconds for ``requests`` chat completions through the app (after a warm-up)."""
     from repairproxy.app import create_app
     from repairproxy.settings import Settings
@@ -108,7 +144,7 @@ async def _drive(requests: int, stream: bool, profile: cProfile.Profile | None) 
     lifespan = asyncio.ensure_future(app({"type": "lifespan"}, inbox.get, outbox.put))
     await inbox.put({"type": "lifespan.startup"})
     assert (await outbox.get())["type"] == "lifespan.startup.complete"
-    body = orjson.dumps({**REQUEST_BODY, "stream": True} if stream else REQUEST_BODY)
+    body = _body(stream, turns)
     scope: dict[str, Any] = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -170,7 +206,7 @@ def _one(args: argparse.Namespace) -> None:
     import uvloop
 
     profile = cProfile.Profile() if args.profile else None
-    used = uvloop.run(_drive(args.requests, args.stream, profile))
+    used = uvloop.run(_drive(args.requests, args.stream, profile, args.history))
     print(f"{used / args.requests * 1e6:.2f}")
     if profile is not None:
         stats = pstats.Stats(profile, stream=sys.stderr)
@@ -184,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--history", type=int, default=0, help="call turns resent per request")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--sort", default="tottime", choices=["tottime", "cumulative", "ncalls"])
@@ -197,9 +234,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     variants = [v.partition("@")[::2] for v in args.variant] or [("this", "")]
     samples: dict[str, list[float]] = {label: [] for label, _ in variants}
-    kind = "streamed" if args.stream else "JSON"
+    kind = ("streamed" if args.stream else "JSON") + (
+        f", {args.history} turns" * bool(args.history)
+    )
     print(
-        f"{args.requests} {kind} requests per sample, x{args.repeats} interleaved; "
+        f"{args.requests} requests ({kind}) per sample, x{args.repeats} interleaved; "
         f"load average {os.getloadavg()[0]:.1f}"
     )
     for index in range(args.repeats):
@@ -209,7 +248,8 @@ def main(argv: list[str] | None = None) -> None:
             if source:
                 env["PYTHONPATH"] = source
             command = [sys.executable, "-m", "benchmarks.decision_cost", "--one"]
-            command += ["--requests", str(args.requests)] + (["--stream"] if args.stream else [])
+            command += ["--requests", str(args.requests), "--history", str(args.history)]
+            command += ["--stream"] if args.stream else []
             out = subprocess.run(
                 command, env=env, cwd=source or None, capture_output=True, text=True, check=True
             )
