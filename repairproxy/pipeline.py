@@ -223,12 +223,13 @@ class ChatPipeline:
         request.forward_raw = request.raw
         if request.tools is None:
             return
-        forward: dict[str, Any] = dict(request.body)
+        # Neither step mutates what it is given: each returns a copy when it changes something.
+        forward = cast(dict[str, Any], request.body)
         if request.mode in _INSTRUCTS:
             forward = with_repair_instruction(forward, self.policies[request.mode].template)
         if self.settings.margin_probe and not request.stream:
             forward, request.probe_added = with_probe(forward)
-        if forward == request.body:
+        if forward is request.body or forward == request.body:
             return
         try:
             request.forward_raw = orjson.dumps(forward)
