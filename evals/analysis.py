@@ -517,10 +517,16 @@ def build_summary(
     arms: Sequence[Arm],
     pairs: Sequence[tuple[str, str]],
     families: Mapping[str, Sequence[str]] | None = None,
+    *,
+    summaries: Mapping[str, ArmSummary] | None = None,
 ) -> Summary:
-    """Summarise every arm and every pair; Holm adjusts McNemar's p within each family."""
+    """Summarise every arm (unless ``summaries`` has them by label: ``summarize_arm``'s, made
+    where the arms were read) and every pair; Holm adjusts McNemar's p within each family."""
     by_label = {arm.label: arm for arm in arms}
-    summaries = {arm.label: summarize_arm(arm) for arm in arms}
+    if summaries is None:
+        summaries = {arm.label: summarize_arm(arm) for arm in arms}
+    else:
+        summaries = {arm.label: summaries[arm.label] for arm in arms}
     compared = summarize_pairs(
         [(by_label[r], by_label[c], summaries[r], summaries[c]) for r, c in pairs]
     )

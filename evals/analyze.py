@@ -18,10 +18,19 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from evals.analysis import Arm, Summary, build_summary, default_pairs, load_arm
+from evals import parallel
+from evals.analysis import (
+    Arm,
+    ArmSummary,
+    Summary,
+    build_summary,
+    default_pairs,
+    load_arm,
+    summarize_arm,
+)
 from evals.report import write_report
 
-__all__ = ["AnalysisError", "analyze", "main", "parse_family"]
+__all__ = ["PARALLEL_FILES", "AnalysisError", "analyze", "main", "parse_family"]
 
 
 class AnalysisError(Exception):
@@ -36,31 +45,47 @@ def _split(spec: str | Path) -> tuple[str | None, Path]:
     return None, Path(text)
 
 
-def _load(specs: Sequence[str | Path]) -> list[Arm]:
-    arms: list[Arm] = []
+PARALLEL_FILES = 8  # from this many results files on, worker processes read them
+
+
+def _read(path: Path, label: str | None) -> tuple[Arm, ArmSummary]:
+    """One results file read and summarised: both are per file, so one worker's call."""
+    arm = load_arm(path, label)
+    return arm, summarize_arm(arm)
+
+
+def _load(specs: Sequence[str | Path]) -> tuple[list[Arm], dict[str, ArmSummary]]:
+    """The arms, labelled apart, and their summaries: in forked workers when the machine has
+    idle CPUs (``evals.parallel``; a paper-grid file takes ~90 ms to read and summarise, its
+    result ~10 ms to send back), else here."""
+    calls: list[parallel.Call] = []
     for spec in specs:
         label, path = _split(spec)
         if path.is_dir():
             path = path / "results.json"
         if not path.is_file():
             raise AnalysisError(f"no results file at {path}")
-        arms.append(load_arm(path, label))
+        calls.append((_read, (path, label)))
+    workers = parallel.idle_workers() if len(calls) >= PARALLEL_FILES else 1
+    read: list[tuple[Arm, ArmSummary]] = parallel.run_calls(calls, workers)
     counts: dict[str, int] = {}
-    for arm in arms:
+    for arm, _ in read:
         counts[arm.label] = counts.get(arm.label, 0) + 1
     unique: list[Arm] = []
-    taken: set[str] = set()
-    for arm in arms:  # two files with one default label: tell them apart by agent model, then #n
+    summaries: dict[str, ArmSummary] = {}
+    for arm, summary in read:  # one default label twice: told apart by agent model, then #n
         label = arm.label
         if counts[label] > 1 and arm.agent_model:
             label = f"{label} ({arm.agent_model})"
         base, n = label, 1
-        while label in taken:
+        while label in summaries:
             n += 1
             label = f"{base}#{n}"
-        taken.add(label)
-        unique.append(replace(arm, label=label) if label != arm.label else arm)
-    return unique
+        if label != arm.label:  # an arm's summary carries its label and nothing else of it
+            arm, summary = replace(arm, label=label), replace(summary, label=label)
+        unique.append(arm)
+        summaries[label] = summary
+    return unique, summaries
 
 
 def _resolve(name: str, arms: Sequence[Arm]) -> str:
@@ -122,16 +147,17 @@ def analyze(
     # they are loaded with the cyclic collector paused, then frozen (never scanned, still
     # freed by reference counts) while the numbers and figures are made.
     with _collector_paused():
-        arms = _load(paths)
+        arms, summaries = _load(paths)
         gc.freeze()
     try:
-        return _analyze(arms, pairs, out_dir, title, families)
+        return _analyze(arms, summaries, pairs, out_dir, title, families)
     finally:
         gc.unfreeze()
 
 
 def _analyze(
     arms: Sequence[Arm],
+    summaries: Mapping[str, ArmSummary],
     pairs: Sequence[tuple[str, str]] | None,
     out_dir: Path,
     title: str,
@@ -140,7 +166,9 @@ def _analyze(
     if not arms:
         raise AnalysisError("no results files given")
     chosen = [(_resolve(r, arms), _resolve(c, arms)) for r, c in pairs] if pairs else []
-    summary = build_summary(arms, chosen or _default_pairs(arms), families or None)
+    summary = build_summary(
+        arms, chosen or _default_pairs(arms), families or None, summaries=summaries
+    )
     if not chosen and not default_pairs(arms) and len(arms) == 2:
         reference, compared = arms[0].label, arms[1].label
         said = (

@@ -3,26 +3,19 @@ with the number of arms or pairs, and the provenance as an appendix that names w
 shares once and, per arm, only what differs.
 
 Past ``PARALLEL_FIGURES`` figures, on a machine with idle CPUs, they are drawn in forked worker
-processes: matplotlib's drawing is Python bound (~0.7 s a page, 26 pages at the paper grid's
-size), and each figure is a pure function of its arguments, so the images are the same bytes
-either way. On a busy machine the workers only share the CPU time one process would get (the
-scheduler splits it per session), so the figures are drawn here.
+processes (``evals.parallel``): matplotlib's drawing is Python bound (~0.4 s a page, 26 pages at
+the paper grid's size), and each figure is a pure function of its arguments, so the images are
+the same bytes either way.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import sys
-import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from evals import plots
+from evals import parallel, plots
 from evals.analysis import PairSummary, Summary
 from evals.report_format import Figure, Section, flatten
 
@@ -36,52 +29,18 @@ __all__ = [
 
 NAME_RANK_PAIRS = 8  # past this many pairs the Spearman column carries the name ranks
 PARALLEL_FIGURES = 12  # from this many figures on, worker processes draw them
-_MAX_WORKERS = 4
 
 # (title, the plots function, its arguments): one figure to draw.
 Job = tuple[str, Callable[..., Path | None], tuple[Any, ...]]
 
 
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on every platform
-        return os.cpu_count() or 1
-
-
-def _can_fork() -> bool:
-    """Forking copies no other thread, so a lock another thread holds would stay held in the
-    child: fork only a single-threaded Linux process (the CLI and the grid's analysis step).
-    Forked workers start at once with matplotlib already imported; spawned ones would import
-    it again (~1 s each) and re-run a caller's script that lacks a ``__main__`` guard."""
-    return sys.platform.startswith("linux") and threading.active_count() == 1
-
-
-def _idle_cpus() -> int:
-    """CPUs the last minute left idle, this process's own one not counted as busy."""
-    try:
-        busy = os.getloadavg()[0]
-    except OSError:  # no load average on this platform
-        return 0
-    return max(0, int(_cpus() - max(busy - 1.0, 0.0)))
-
-
 def draw_figures(jobs: Sequence[Job], workers: int | None = None) -> list[Path | None]:
     """Each job's figure, in order: in ``workers`` forked processes (default: the idle CPUs,
-    at most 4, once there are ``PARALLEL_FIGURES`` jobs) when that is 2 or more and this is a
-    single-threaded Linux process; else here. A pool that cannot start or breaks falls back
-    to drawing here."""
+    at most ``parallel.MAX_WORKERS``, once there are ``PARALLEL_FIGURES`` jobs), else here
+    (see ``parallel.run_calls``)."""
     if workers is None:
-        workers = min(_idle_cpus(), _MAX_WORKERS) if len(jobs) >= PARALLEL_FIGURES else 1
-    if workers < 2 or not _can_fork():
-        return [draw(*arguments) for _, draw, arguments in jobs]
-    try:
-        context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            futures = [pool.submit(draw, *arguments) for _, draw, arguments in jobs]
-            return [future.result() for future in futures]
-    except (OSError, BrokenProcessPool):
-        return [draw(*arguments) for _, draw, arguments in jobs]
+        workers = parallel.idle_workers() if len(jobs) >= PARALLEL_FIGURES else 1
+    return parallel.run_calls([(draw, arguments) for _, draw, arguments in jobs], workers)
 
 
 def _pair_slug(pair: PairSummary) -> str:

@@ -9,10 +9,12 @@ import math
 import re
 from pathlib import Path
 
+import pytest
+
 from benchmarks.report_scale import png_size, write_grid
-from evals import plots, report_pages
+from evals import parallel, plots, report_pages
 from evals.analysis import build_summary, default_pairs, load_arm
-from evals.analyze import analyze
+from evals.analyze import PARALLEL_FILES, analyze
 
 PAPER_CELLS = 24
 PAPER_HTML_BYTES = 2_000_000
@@ -95,3 +97,25 @@ def test_repair_effect_labels_tell_the_paper_grids_cells_apart() -> None:
     assert shared == "retail-gemma4-*-*-gpt41-k10"
     short_names = ["retail-q4-scripted-k10", "retail-q3-scripted-k10"]
     assert plots.distinct_parts(short_names, plots.CELL_LABEL_CHARS) == (short_names, None)
+
+
+def test_files_read_by_worker_processes_give_the_same_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 20 files: past PARALLEL_FILES, so with idle CPUs the arms are read and summarised in
+    # forked workers; one default label twice (two roots) checks the relabelling after them.
+    paths = write_grid(
+        tmp_path / "runs", models=("m1",), precisions=("bf16", "int4"), tasks=3, trials=2
+    )
+    twin = tmp_path / "twin" / paths[0].relative_to(tmp_path / "runs")
+    twin.parent.mkdir(parents=True)
+    twin.write_bytes(paths[0].read_bytes())
+    assert len(paths) + 1 >= PARALLEL_FILES
+    outputs = {}
+    for workers in (0, 2):
+        monkeypatch.setattr(parallel, "idle_workers", lambda w=workers: w)
+        out = tmp_path / f"report-{workers}"
+        summary = analyze([*paths, twin], None, out, "workers")
+        outputs[workers] = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+        assert len(summary.arms) == len(paths) + 1
+    assert outputs[0] == outputs[2]
