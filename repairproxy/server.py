@@ -16,14 +16,15 @@ is held forever (with the fd limit at 128, 150 such sockets starve ``/healthz``)
 - **connections**: beyond ``--max-client-connections`` open connections, a new one is answered
   ``503`` at once and closed, before it can hold a file descriptor for long.
 
-Two more things, for CPU rather than limits. uvicorn writes a response's status line and headers
-and then its body as two socket writes; ``_CoalescedWrites`` holds the first write until the next
-one (the body, in the same loop iteration for a JSON answer) or the end of the iteration (a stream
-whose first chunk is not ready yet), so an answer costs one ``send`` system call, not two. And
-uvicorn checks every response header's name and value with a regular expression each (two
-searches per header, ~20 headers an answer here); ``_Cycle`` checks all names in one search and
-all values in another (the forbidden bytes are single bytes, so joining adds no match and hides
-none), and is otherwise uvicorn's ``send``.
+For CPU rather than limits, the request and its answer run through ``_Cycle``, uvicorn's
+``RequestResponseCycle`` written lean (same bytes, errors and states for the same messages):
+the scope built in one step, no ``asyncio.Event`` per request, the request body handed over
+without copies, a response's header names checked in one regular-expression search and its values
+in another (uvicorn: two per header), and the status line and headers held until the body's first
+write, so an answer costs one ``send`` system call, not two. The app may skip the ASGI message
+dicts: ``scope["extensions"]`` holds the cycle as an ``asgi.responder.ResponseWriter``
+(``RESPONSE_EXTENSION``; a whole answer is one call, one write) and the disconnect callback
+(``DISCONNECT_EXTENSION``).
 
 Idle keep-alive connections close after ``--keep-alive-timeout`` (uvicorn's timer, armed once
 per connection rather than once per request). Each refusal
@@ -36,21 +37,24 @@ to the same header cap (h11 answers such a request 400, not 431).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
+from urllib.parse import unquote
 
+import httptools
 import orjson
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
     HEADER_VALUE_RE,
     STATUS_LINE,
     HttpToolsProtocol,
-    RequestResponseCycle,
 )
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
-from repairproxy.asgi.responder import DISCONNECT_EXTENSION
+from repairproxy.asgi.responder import DISCONNECT_EXTENSION, RESPONSE_EXTENSION
 from repairproxy.settings import Settings
+from repairproxy.types import HeaderList
 
 __all__ = ["LimitedProtocol", "RefusalCounter", "server_options"]
 
@@ -140,9 +144,18 @@ class LimitedProtocol(HttpToolsProtocol):
         if self.timeout_keep_alive_task is not None:
             self.timeout_keep_alive_task.cancel()
             self.timeout_keep_alive_task = None
-        super().connection_lost(exc)
-        cycle = self.cycle
-        if isinstance(cycle, _Cycle) and cycle.disconnected:
+        self.connections.discard(self)
+        cycle = cast("_Cycle | None", self.cycle)
+        if cycle is not None:
+            if not cycle.response_complete:
+                cycle.disconnected = True
+            cycle.wake()
+        if self.flow is not None:
+            self.flow.resume_writing()
+        if exc is None:
+            self.transport.close()
+        self.parser = None  # type: ignore[assignment]
+        if cycle is not None and cycle.disconnected:
             cycle.disconnect_seen()
 
     def _arm_header_timer(self) -> None:
@@ -195,17 +208,70 @@ class LimitedProtocol(HttpToolsProtocol):
         self._in_headers = False
         if self._header_timer is not None:
             self._disarm_header_timer()
-        super().on_headers_complete()
-        cycle = self.cycle
-        if cycle is not None and cycle.transport is self.transport:
-            # The request's task was created but has not run: nothing was written yet, and
-            # ``run_asgi`` has not yet looked up ``send`` (so the class below is the one used).
-            cycle.transport = _CoalescedWrites(self.transport, self.loop)  # type: ignore[assignment]
-            if type(cycle) is RequestResponseCycle:
-                cycle.__class__ = _Cycle
-                ours = cast(_Cycle, cycle)
-                extensions: dict[str, Any] = ours.scope.setdefault("extensions", {})
-                extensions[DISCONNECT_EXTENSION] = {"watch": ours.watch_disconnect}
+        parser = self.parser
+        http_version = parser.get_http_version()
+        url = self.url
+        if url[:1] == b"/" and b"?" not in url and b"#" not in url:
+            raw_path, query = url, b""  # what parse_url answers for a bare path, without it
+        else:
+            parsed = httptools.parse_url(url)
+            raw_path, query = parsed.path, parsed.query or b""
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = unquote(path)
+        root = self.root_path
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": http_version,
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "root_path": root,
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+            "method": parser.get_method().decode("ascii"),
+            "path": root + path if root else path,
+            "raw_path": root.encode("ascii") + raw_path if root else raw_path,
+            "query_string": query,
+        }
+        self.scope = scope  # type: ignore[assignment]
+        if parser.should_upgrade() and self._should_upgrade():
+            return  # uvicorn's websocket hand-over follows (data_received)
+        app = self.app
+        if self.limit_concurrency is not None and (
+            len(self.connections) >= self.limit_concurrency
+            or len(self.tasks) >= self.limit_concurrency
+        ):
+            app = service_unavailable
+            self.logger.warning("Exceeded concurrency limit.")
+        existing = self.cycle
+        cycle = _Cycle(
+            self,
+            scope,
+            keep_alive=http_version != "1.0" and parser.should_keep_alive(),
+            expect_100_continue=self.expect_100_continue,
+        )
+        scope["extensions"] = {
+            DISCONNECT_EXTENSION: {"watch": cycle.watch_disconnect},
+            RESPONSE_EXTENSION: cycle,
+        }
+        self.cycle = cycle  # type: ignore[assignment]
+        if existing is None or existing.response_complete:
+            self._start_asgi_task(cycle, app)  # type: ignore[arg-type]
+        else:  # a pipelined request waits for the answer before it
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, app))  # type: ignore[arg-type]
+
+    def on_body(self, body: bytes) -> None:
+        cycle = cast(_Cycle, self.cycle)
+        if cycle.response_complete or (self.parser.should_upgrade() and self._should_upgrade()):
+            return
+        cycle.received.append(body)
+        cycle.received_bytes += len(body)
+        if cycle.received_bytes > HIGH_WATER_LIMIT:
+            self.flow.pause_reading()
+        cycle.wake()
 
     # The keep-alive timer, armed lazily: uvicorn cancels it on every read and arms a new one
     # after every answer (a timer made and cancelled per request). Here one timer stays armed
@@ -243,22 +309,227 @@ class LimitedProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_handler()
 
     def on_message_complete(self) -> None:
-        super().on_message_complete()
+        cycle = cast(_Cycle, self.cycle)
+        if not cycle.response_complete and not (
+            self.parser.should_upgrade() and self._should_upgrade()
+        ):
+            cycle.more_body = False
+            cycle.wake()
         self._in_headers = True  # the next bytes on this connection start the next request
         self._header_bytes = 0
 
 
-class _Cycle(RequestResponseCycle):
-    """uvicorn 0.54's ``RequestResponseCycle`` whose ``send`` checks a response's header names
-    in one regular-expression search and its values in another, instead of two per header. The
-    rest is uvicorn's code, unchanged (tests compare both byte for byte on the same messages).
+# The response headers that decide the framing (uvicorn's send reads these three).
+_FRAMING = frozenset({b"content-length", b"transfer-encoding", b"connection"})
 
-    It also offers the disconnect extension (``asgi.responder.DISCONNECT_EXTENSION``): the
-    protocol calls back when the connection is lost before the answer is complete, so the app
-    needs no task waiting in ``receive()`` to learn it (uvicorn's ``receive`` returns
-    ``http.disconnect`` in exactly that case)."""
 
-    _on_disconnect: Callable[[], None] | None = None
+def _content_length(value: bytes) -> int:
+    return int(value.decode())
+
+
+class _Cycle:
+    """One request and its answer on a connection: uvicorn 0.54's ``RequestResponseCycle``
+    rewritten lean, the same bytes, errors and connection states for the same ASGI messages
+    (``tests/proxy/test_server_cycle.py`` compares both).
+
+    What differs is cost. The request body is handed over without copies; ``receive`` waits on
+    a future only when nothing has arrived (no ``asyncio.Event`` per request); a response's
+    header names are checked in one regular-expression search and its values in another
+    (uvicorn: two searches per header); and the status line and headers are held until the
+    first body bytes, so an answer leaves in one ``send`` system call: a stream whose first
+    chunk is not ready yet gets its head at the end of the loop iteration.
+
+    Besides ``send``/``receive`` it offers two extensions in ``scope["extensions"]``:
+    ``asgi.responder.DISCONNECT_EXTENSION`` (a callback when the client leaves before the
+    answer is complete, so the app needs no task waiting in ``receive()``) and
+    ``asgi.responder.RESPONSE_EXTENSION`` (the cycle itself, an ``asgi.responder.ResponseWriter``:
+    the answer written without an ASGI message dict per write, and a whole answer in one
+    call)."""
+
+    __slots__ = (
+        "_finished",
+        "_held",
+        "_loop",
+        "_on_disconnect",
+        "_protocol",
+        "_waiter",
+        "chunked_encoding",
+        "disconnected",
+        "expected_content_length",
+        "flow",
+        "keep_alive",
+        "more_body",
+        "ready",
+        "received",
+        "received_bytes",
+        "response_complete",
+        "response_started",
+        "scope",
+        "transport",
+        "waiting_for_100_continue",
+    )
+
+    def __init__(
+        self,
+        protocol: HttpToolsProtocol,
+        scope: dict[str, Any],
+        *,
+        keep_alive: bool,
+        expect_100_continue: bool,
+    ) -> None:
+        self._protocol = protocol
+        self.scope = scope
+        self.transport = protocol.transport
+        self.flow = protocol.flow
+        self._loop = protocol.loop
+        self.keep_alive = keep_alive
+        self.waiting_for_100_continue = expect_100_continue
+        self.disconnected = False
+        self.response_started = False
+        self.response_complete = False
+        self.chunked_encoding: bool | None = None
+        self.expected_content_length = 0
+        self.received: list[bytes] = []  # request body chunks not yet handed to the app
+        self.received_bytes = 0
+        self.more_body = True
+        self.ready = False  # something for receive() to return (uvicorn's message_event)
+        self._waiter: asyncio.Future[None] | None = None
+        self._held: bytes | None = None  # the response head, until the body's first write
+        self._on_disconnect: Callable[[], None] | None = None
+        self._finished = False
+
+    # -- the app ----------------------------------------------------------------------------------
+
+    async def run_asgi(self, app: Any) -> None:
+        logger = self._protocol.logger
+        try:
+            result = await app(self.scope, self.receive, self.send)
+        except BaseException as exc:
+            logger.error("Exception in ASGI application\n", exc_info=exc)
+            if not self.response_started:
+                await self.send_500_response()
+            else:
+                self._close()
+        else:
+            if result is not None:
+                logger.error("ASGI callable should return None, but returned '%s'.", result)
+                self._close()
+            elif not self.response_started and not self.disconnected:
+                logger.error("ASGI callable returned without starting response.")
+                await self.send_500_response()
+            elif not self.response_complete and not self.disconnected:
+                logger.error("ASGI callable returned without completing response.")
+                self._close()
+        finally:
+            self._finished = True
+
+    async def send_500_response(self) -> None:
+        await self.send(
+            {
+                "type": "http.response.start",
+                "status": 500,
+                "headers": [
+                    (b"content-type", b"text/plain; charset=utf-8"),
+                    (b"content-length", b"21"),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await self.send(
+            {"type": "http.response.body", "body": b"Internal Server Error", "more_body": False}
+        )
+
+    # -- ASGI -------------------------------------------------------------------------------------
+
+    async def receive(self) -> dict[str, Any]:
+        if self.waiting_for_100_continue and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.waiting_for_100_continue = False
+        if not self.disconnected and not self.response_complete:
+            self.flow.resume_reading()
+            if not self.ready:
+                waiter = self._waiter = self._loop.create_future()
+                try:
+                    await waiter
+                finally:
+                    self._waiter = None
+            self.ready = False
+        if self.disconnected or self.response_complete:
+            return {"type": "http.disconnect"}
+        received = self.received
+        body = received[0] if len(received) == 1 else b"".join(received)
+        self.received = []
+        self.received_bytes = 0
+        return {"type": "http.request", "body": body, "more_body": self.more_body}
+
+    async def send(self, message: Any) -> None:
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
+        if self.disconnected:
+            return
+        kind = message["type"]
+        if not self.response_started:
+            if kind != "http.response.start":
+                raise RuntimeError(
+                    f"Expected ASGI message 'http.response.start', but got '{kind}'."
+                )
+            self._hold(self._head(message["status"], message.get("headers", [])))
+        elif not self.response_complete:
+            if kind != "http.response.body":
+                raise RuntimeError(f"Expected ASGI message 'http.response.body', but got '{kind}'.")
+            self._body(message.get("body", b""), message.get("more_body", False))
+        else:
+            raise RuntimeError(
+                f"Unexpected ASGI message '{kind}' sent, after response already completed."
+            )
+
+    # -- RESPONSE_EXTENSION: the same writes without message dicts --------------------------------
+
+    def blocked(self) -> Awaitable[None] | None:
+        """What to await before writing (the client reads slower than we write), or None."""
+        if self.flow.write_paused and not self.disconnected:
+            return self.flow.drain()
+        return None
+
+    def start(self, status: int, headers: HeaderList) -> None:
+        if self.disconnected:
+            return
+        if self.response_started:
+            raise RuntimeError(
+                "Expected ASGI message 'http.response.body', but got 'http.response.start'."
+            )
+        self._hold(self._head(status, headers))
+
+    def body(self, chunk: bytes, more: bool) -> None:
+        if self.disconnected:
+            return
+        if not self.response_started:
+            raise RuntimeError(
+                "Expected ASGI message 'http.response.start', but got 'http.response.body'."
+            )
+        if self.response_complete:
+            raise RuntimeError(
+                "Unexpected ASGI message 'http.response.body' sent, after response already "
+                "completed."
+            )
+        self._body(chunk, more)
+
+    def whole(self, status: int, headers: HeaderList, content: bytes) -> None:
+        """``start`` then ``body(content, more=False)``: one write, nothing held."""
+        if self.disconnected:
+            return
+        if self.response_started:
+            raise RuntimeError(
+                "Expected ASGI message 'http.response.body', but got 'http.response.start'."
+            )
+        self._held = self._head(status, headers)
+        try:
+            self._body(content, False)
+        except RuntimeError:  # the head goes out as send's would (a body it refused: not)
+            self._release()
+            raise
+
+    # -- DISCONNECT_EXTENSION ---------------------------------------------------------------------
 
     def watch_disconnect(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback`` once if the client goes away before the response is complete;
@@ -280,43 +551,47 @@ class _Cycle(RequestResponseCycle):
         if callback is not None:
             callback()
 
-    async def send(self, message: Any) -> None:
-        if self.flow.write_paused and not self.disconnected:
-            await self.flow.drain()
-        if self.disconnected:
-            return
-        if self.response_started:
-            await self._send_body(message)
-            return
-        if message["type"] != "http.response.start":
-            raise RuntimeError(
-                f"Expected ASGI message 'http.response.start', but got '{message['type']}'."
-            )
+    # -- the protocol's side ----------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Something for ``receive`` came (body, its end, the answer's end, a disconnect)."""
+        self.ready = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    def _head(self, status_code: int, headers: Any) -> bytes:
+        """The status line and headers (checked as uvicorn checks them); the framing decided."""
         self.response_started = True
         self.waiting_for_100_continue = False
-        status_code = message["status"]
-        headers = message.get("headers", [])
-        if self.default_headers or type(headers) is not list:  # read more than once below
-            headers = self.default_headers + list(headers)
-        if self.access_log:
-            self.access_logger.info(
+        protocol = self._protocol
+        default_headers = protocol.server_state.default_headers
+        if default_headers or type(headers) is not list:  # read more than once below
+            headers = default_headers + list(headers)
+        if protocol.access_log:
+            scope = self.scope
+            protocol.access_logger.info(
                 '%s - "%s %s HTTP/%s" %d',
-                get_client_addr(self.scope),
-                self.scope["method"],
-                get_path_with_query_string(self.scope),
-                self.scope["http_version"],
+                get_client_addr(scope),  # type: ignore[arg-type]
+                scope["method"],
+                get_path_with_query_string(scope),  # type: ignore[arg-type]
+                scope["http_version"],
                 status_code,
             )
-        if HEADER_RE.search(b"".join([name for name, _ in headers])):
+        names = b"".join([name for name, _ in headers])
+        if HEADER_RE.search(names):
             raise RuntimeError("Invalid HTTP header name.")
         if HEADER_VALUE_RE.search(b"".join([value for _, value in headers])):
             raise RuntimeError("Invalid HTTP header value.")
+        if not names.islower():  # uvicorn writes every name in lower case
+            headers = [(name.lower(), value) for name, value in headers]
         content = [STATUS_LINE[status_code]]
         has_connection_close = False
-        for name, value in headers:
-            name = name.lower()
+        for name, value in [header for header in headers if header[0] in _FRAMING]:
             if name == b"content-length" and self.chunked_encoding is None:
-                self.expected_content_length = int(value.decode())
+                self.expected_content_length = _content_length(value)
                 self.chunked_encoding = False
             elif name == b"transfer-encoding" and value.lower() == b"chunked":
                 self.expected_content_length = 0
@@ -326,7 +601,9 @@ class _Cycle(RequestResponseCycle):
                 if b"close" in connection:
                     self.keep_alive = False
                     has_connection_close = True
-            content.extend((name, b": ", value, b"\r\n"))
+        if headers:
+            content.append(b"\r\n".join([b": ".join(header) for header in headers]))
+            content.append(b"\r\n")
         if not self.keep_alive and not has_connection_close:
             content.append(b"connection: close\r\n")
         if (
@@ -337,83 +614,56 @@ class _Cycle(RequestResponseCycle):
             self.chunked_encoding = True  # neither content-length nor transfer-encoding given
             content.append(b"transfer-encoding: chunked\r\n")
         content.append(b"\r\n")
-        self.transport.write(b"".join(content))
+        return b"".join(content)
 
-    async def _send_body(self, message: Any) -> None:
-        if self.response_complete:
-            raise RuntimeError(
-                f"Unexpected ASGI message '{message['type']}' sent, after response already "
-                "completed."
-            )
-        if message["type"] != "http.response.body":
-            raise RuntimeError(
-                f"Expected ASGI message 'http.response.body', but got '{message['type']}'."
-            )
-        body = message.get("body", b"")
-        more_body = message.get("more_body", False)
+    def _hold(self, head: bytes) -> None:
+        self._held = head
+        self._loop.call_soon(self._release)
+
+    def _release(self) -> None:
+        held, self._held = self._held, None
+        if held and not self.transport.is_closing():
+            self.transport.write(held)
+
+    def _body(self, body: bytes, more_body: bool) -> None:
         if self.scope["method"] == "HEAD":
             self.expected_content_length = 0
+            data = b""
         elif self.chunked_encoding:
-            content = [b"%x\r\n" % len(body), body, b"\r\n"] if body else []
-            if not more_body:
-                content.append(b"0\r\n\r\n")
-            self.transport.write(b"".join(content))
+            if body:
+                data = b"%x\r\n%b\r\n0\r\n\r\n" if not more_body else b"%x\r\n%b\r\n"
+                data = data % (len(body), body)
+            else:
+                data = b"" if more_body else b"0\r\n\r\n"
         else:
             num_bytes = len(body)
             if num_bytes > self.expected_content_length:
                 raise RuntimeError("Response content longer than Content-Length")
             self.expected_content_length -= num_bytes
-            self.transport.write(body)
+            data = body
+        held = self._held
+        if held is not None:
+            self._held = None
+            data = held + data
+        if data:
+            self.transport.write(data)
         if not more_body:
             if self.expected_content_length != 0:
                 raise RuntimeError("Response content shorter than Content-Length")
             self.response_complete = True
-            self.message_event.set()
+            self.wake()
             if not self.keep_alive:
                 self.transport.close()
-            self.on_response()
+            if not self._finished:
+                self._protocol.on_response_complete()
+
+    def _close(self) -> None:
+        self._release()
+        self.transport.close()
 
 
 def _nothing() -> None:
     pass
-
-
-class _CoalescedWrites:
-    """One response's view of the connection: its first write (status line and headers) waits
-    for the second (the body) or the end of the loop iteration, whichever comes first."""
-
-    __slots__ = ("_held", "_loop", "_transport")
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop  # given: asyncio.get_running_loop() costs a getpid() call on 3.11
-        self._held: bytes | None = b""  # b"": nothing written yet; None: pass writes through
-
-    def write(self, data: bytes) -> None:
-        held = self._held
-        if held is None:
-            self._transport.write(data)
-        elif held:
-            self._held = None
-            self._transport.write(held + data)
-        else:
-            self._held = bytes(data)
-            self._loop.call_soon(self._release)
-
-    def _release(self) -> None:
-        held, self._held = self._held, None
-        if held and not self._transport.is_closing():
-            self._transport.write(held)
-
-    def close(self) -> None:
-        self._release()
-        self._transport.close()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
 
 
 def server_options(settings: Settings) -> dict[str, Any]:

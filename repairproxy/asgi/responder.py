@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 from repairproxy.errors import PayloadTooLargeError
 from repairproxy.types import HeaderList, Receive, Scope, Send
 
 __all__ = [
     "DISCONNECT_EXTENSION",
+    "RESPONSE_EXTENSION",
     "ClientDisconnectedError",
     "Responder",
+    "ResponseWriter",
     "cancel_on_disconnect",
     "header_map",
     "read_body",
+    "response_writer",
 ]
 
 
@@ -23,13 +27,40 @@ class ClientDisconnectedError(Exception):
     """The client went away; nothing is left to answer."""
 
 
+# The response extension a server may offer in ``scope["extensions"]`` (``repairproxy.server``
+# does): a ``ResponseWriter``, which writes the answer as ``send`` would without an ASGI message
+# dict (and a coroutine) per write, and a whole answer in one call.
+RESPONSE_EXTENSION = "repairproxy:response"
+
+
+class ResponseWriter(Protocol):
+    """The server's side of ``RESPONSE_EXTENSION``: ``send``'s writes, as plain calls (each
+    raises what ``send`` would raise for the same message, and does nothing once the client
+    is gone); ``blocked()`` is what to await before a write, or None."""
+
+    def blocked(self) -> Awaitable[None] | None: ...
+
+    def start(self, status: int, headers: HeaderList) -> None: ...
+
+    def body(self, chunk: bytes, more: bool) -> None: ...
+
+    def whole(self, status: int, headers: HeaderList, content: bytes) -> None: ...
+
+
+def response_writer(scope: Scope) -> ResponseWriter | None:
+    extensions: dict[str, Any] | None = scope.get("extensions")
+    return extensions.get(RESPONSE_EXTENSION) if extensions else None
+
+
 class Responder:
-    """Wraps ``send``, remembering whether the response started (later errors go in-band)."""
+    """Wraps ``send``, remembering whether the response started (later errors go in-band).
+    With the server's ``ResponseWriter`` it writes through that instead."""
 
-    __slots__ = ("_send", "first_byte_at", "started", "status")
+    __slots__ = ("_send", "_writer", "first_byte_at", "started", "status")
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, writer: ResponseWriter | None = None) -> None:
         self._send = send
+        self._writer = writer
         self.started = False
         self.status = 0
         self.first_byte_at: float | None = None
@@ -37,15 +68,38 @@ class Responder:
     async def start(self, status: int, headers: HeaderList) -> None:
         self.started = True
         self.status = status
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        writer = self._writer
+        if writer is None:
+            await self._send({"type": "http.response.start", "status": status, "headers": headers})
+            return
+        blocked = writer.blocked()
+        if blocked is not None:
+            await blocked
+        writer.start(status, headers)
 
     async def body(self, chunk: bytes, *, more: bool = True) -> None:
-        await self._send({"type": "http.response.body", "body": chunk, "more_body": more})
+        writer = self._writer
+        if writer is None:
+            await self._send({"type": "http.response.body", "body": chunk, "more_body": more})
+            return
+        blocked = writer.blocked()
+        if blocked is not None:
+            await blocked
+        writer.body(chunk, more)
 
     async def whole(self, status: int, headers: HeaderList, content: bytes) -> None:
         headers.append((b"content-length", str(len(content)).encode()))
-        await self.start(status, headers)
-        await self.body(content, more=False)
+        writer = self._writer
+        if writer is None:
+            await self.start(status, headers)
+            await self.body(content, more=False)
+            return
+        self.started = True
+        self.status = status
+        blocked = writer.blocked()
+        if blocked is not None:
+            await blocked
+        writer.whole(status, headers, content)
 
 
 def header_map(scope: Scope) -> dict[str, str]:

@@ -33,6 +33,7 @@ from repairproxy.asgi.responder import (
     cancel_on_disconnect,
     header_map,
     read_body,
+    response_writer,
 )
 from repairproxy.asgi.responses import RESPONSES_PATH, ResponsesCall, stored_response
 from repairproxy.asgi.responses import error_event as responses_error_event
@@ -139,7 +140,7 @@ class Proxy:
         path: str = scope["path"]
         method: str = scope["method"]
         ex = Exchange(time.perf_counter(), method, path)
-        responder = Responder(send)
+        responder = Responder(send, response_writer(scope))
         try:
             if path == CHAT_PATH and method == "POST":
                 await self._chat(scope, receive, responder, ex)

@@ -1,6 +1,8 @@
 """The server's response cycle (``repairproxy.server._Cycle``) against uvicorn's own, message for
 message: the same ASGI messages must write the same bytes, raise the same errors and leave the
-connection in the same state; and the real server must use it for every request."""
+connection in the same state; the same writes made through the response extension (no message
+dicts) must too; the scope's path and query must be what uvicorn's parse gives; and the real
+server must use the cycle for every request."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -44,43 +47,85 @@ class _Transport:
         return None
 
 
+class _Protocol:
+    """What ``_Cycle`` reads from its connection's protocol."""
+
+    def __init__(self, transport: _Transport, default_headers: list[tuple[bytes, bytes]]) -> None:
+        self.transport = transport
+        self.flow = FlowControl(transport)  # type: ignore[arg-type]
+        self.loop = asyncio.get_running_loop()
+        self.logger = logging.getLogger("test")
+        self.access_logger = logging.getLogger("test.access")
+        self.access_log = False
+        self.server_state = SimpleNamespace(default_headers=default_headers)
+        self.responses = 0
+
+    def on_response_complete(self) -> None:
+        self.responses += 1
+
+
 def _run(
-    cls: type[RequestResponseCycle],
+    cls: type,
     messages: list[dict[str, Any]],
     *,
+    writer: str = "",
     method: str = "GET",
     keep_alive: bool = True,
     default_headers: list[tuple[bytes, bytes]] | None = None,
-) -> tuple[list[bytes], bool, bool, bool, str | None, int]:
-    async def go() -> tuple[list[bytes], bool, bool, bool, str | None, int]:
+) -> tuple[bytes, bool, bool, bool, str | None, int]:
+    async def go() -> tuple[bytes, bool, bool, bool, str | None, int]:
         transport = _Transport()
         responses: list[int] = []
-        cycle = cls(
-            scope={"type": "http", "method": method, "http_version": "1.1"},  # type: ignore[typeddict-item]
-            transport=transport,  # type: ignore[arg-type]
-            flow=FlowControl(transport),  # type: ignore[arg-type]
-            logger=logging.getLogger("test"),
-            access_logger=logging.getLogger("test.access"),
-            access_log=False,
-            default_headers=default_headers or [],
-            message_event=asyncio.Event(),
-            expect_100_continue=False,
-            keep_alive=keep_alive,
-            on_response=lambda: responses.append(1),
-        )
+        scope = {"type": "http", "method": method, "http_version": "1.1"}
+        cycle: Any
+        if cls is _Cycle:
+            protocol = _Protocol(transport, default_headers or [])
+            cycle = _Cycle(
+                protocol,  # type: ignore[arg-type]
+                scope,
+                keep_alive=keep_alive,
+                expect_100_continue=False,
+            )
+        else:
+            cycle = cls(
+                scope=scope,
+                transport=transport,
+                flow=FlowControl(transport),  # type: ignore[arg-type]
+                logger=logging.getLogger("test"),
+                access_logger=logging.getLogger("test.access"),
+                access_log=False,
+                default_headers=default_headers or [],
+                message_event=asyncio.Event(),
+                expect_100_continue=False,
+                keep_alive=keep_alive,
+                on_response=lambda: responses.append(1),
+            )
         error = None
         try:
-            for message in messages:
-                await cycle.send(message)  # type: ignore[arg-type]
+            if writer == "calls":  # RESPONSE_EXTENSION: the same writes as plain calls
+                for message in messages:
+                    if message["type"] == "http.response.start":
+                        cycle.start(message["status"], message["headers"])
+                    else:
+                        cycle.body(message["body"], message["more_body"])
+            elif writer == "whole":
+                start, body = messages
+                cycle.whole(start["status"], start["headers"], body["body"])
+            else:
+                for message in messages:
+                    await cycle.send(message)
         except (RuntimeError, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}"
+        await asyncio.sleep(0)  # a head held for the body goes out at the iteration's end
+        count = protocol.responses if cls is _Cycle else len(responses)
+        # Ours writes the head with the body in one write: compare the bytes, not the writes.
         return (
-            transport.writes,
+            b"".join(transport.writes),
             transport.closed,
             cycle.keep_alive,
             cycle.response_complete,
             error,
-            len(responses),
+            count,
         )
 
     return asyncio.run(go())
@@ -157,13 +202,28 @@ def test_the_cycle_writes_and_raises_what_uvicorns_does(case: str) -> None:
         assert error.split(" ")[0:3] == theirs[4].split(" ")[0:3]
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_response_extension_writes_and_raises_what_send_does(case: str) -> None:
+    messages, options = CASES[case]
+    expected = _run(_Cycle, messages, **options)
+    assert _run(_Cycle, messages, writer="calls", **options) == expected
+    whole = (
+        len(messages) == 2
+        and messages[0]["type"] == "http.response.start"
+        and messages[1]["type"] == "http.response.body"
+        and not messages[1]["more_body"]
+    )
+    if whole:  # a start and a last body: one whole() call
+        assert _run(_Cycle, messages, writer="whole", **options) == expected
+
+
 def test_the_cases_cover_each_outcome() -> None:
     """The table above is not vacuous: some cases raise, some close, some chunk."""
     results = {case: _run(RequestResponseCycle, m, **o) for case, (m, o) in CASES.items()}
     assert results["bad value"][4] == "RuntimeError: Invalid HTTP header value."
     assert results["bad name"][4] == "RuntimeError: Invalid HTTP header name."
     assert results["connection close"][1] is True
-    assert b"transfer-encoding: chunked" in b"".join(results["stream"][0])
+    assert b"transfer-encoding: chunked" in results["stream"][0]
 
 
 def _asgi_app(headers: list[tuple[bytes, bytes]]) -> Any:
@@ -177,7 +237,7 @@ def _asgi_app(headers: list[tuple[bytes, bytes]]) -> Any:
 
 
 @contextmanager
-def _serving(app: Any, seen: list[type]) -> Iterator[int]:
+def _serving(app: Any, seen: list[type], http: Any = None) -> Iterator[int]:
     class Recording(LimitedProtocol):
         def on_headers_complete(self) -> None:
             super().on_headers_complete()
@@ -185,7 +245,9 @@ def _serving(app: Any, seen: list[type]) -> Iterator[int]:
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, http=Recording, loop="asyncio", lifespan="off", log_level="error")
+    config = uvicorn.Config(
+        app, http=http or Recording, loop="asyncio", lifespan="off", log_level="error"
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -229,3 +291,36 @@ def test_an_invalid_header_from_the_app_never_reaches_the_client() -> None:
         answer = _exchange(port, b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
     assert answer == b""  # as uvicorn does: the response had started, the connection closes
     assert seen == [_Cycle]
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        b"/v1/chat/completions",
+        b"/v1/models?limit=2&after=x",
+        b"/a%20b/%2e%2e?q=%41",
+        b"/frag#part",
+        b"//double/slash",
+        b"http://example.com/absolute?x=1",
+        b"/",
+    ],
+)
+def test_the_scope_holds_what_uvicorn_parses_from_the_request_target(target: bytes) -> None:
+    """The path, raw path and query as uvicorn's protocol sets them (ours skips httptools'
+    URL parser for a bare path)."""
+    scopes: list[dict[str, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        scopes.append({key: scope[key] for key in ("path", "raw_path", "query_string")})
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    request = b"GET %s HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n" % target
+    with _serving(app, []) as port:
+        assert _exchange(port, request).startswith(b"HTTP/1.1 200 OK")
+    with _serving(app, [], http="httptools") as port:
+        assert _exchange(port, request).startswith(b"HTTP/1.1 200 OK")
+    ours, uvicorns = scopes
+    assert ours == uvicorns
