@@ -232,15 +232,21 @@ def canonical_message(message: Mapping[str, Any], *, with_call_ids: bool = True)
     return form.encode("utf-8", "surrogatepass")
 
 
-def _cache_key(message: Any) -> bytes | None:
-    """The exact serialisation of an assistant message with tool calls, when every field
-    ``canonical_message`` reads has a JSON type (str, or null where it may be): then equal keys
-    mean equal canonical forms. None for any other message (computed afresh, never cached).
+# A key's estimated bytes: the tuple, and each string it holds (CPython's str header + text).
+_KEY_TUPLE_BYTES = 64
+_KEY_STRING_BYTES = 56
+
+
+def _cache_key(message: Any, with_call_ids: bool) -> tuple[Any, ...] | None:
+    """What ``canonical_message`` reads of an assistant message with tool calls (its content,
+    and each call's id, name and arguments), when every one of them is a str (or null where
+    it may be): then equal keys mean equal canonical forms. None for any other message
+    (computed afresh, never cached).
 
     Never dict equality: ``1 == 1.0 == True`` while their forms differ (arguments sent as
-    numbers digest as ``1``, ``1.0``, ``true``); the serialised bytes tell them apart, and a
-    value whose type JSON cannot hold (a subclass, an enum, a float for a string) is refused
-    before serialising.
+    numbers digest as ``1``, ``1.0``, ``true``); a value that is not exactly a str or None (a
+    number, a subclass, an enum) is refused, and equal strings are equal texts. Other fields
+    (a call's ``type`` and ``index``, ``refusal``...) do not reach the form, nor the key.
     """
     if type(message) is not dict or message.get("role") != "assistant":
         return None
@@ -252,31 +258,41 @@ def _cache_key(message: Any) -> bytes | None:
     content = message.get("content")
     if content is not None and type(content) is not str:
         return None
+    key: list[Any] = [with_call_ids, content]
     for call in calls:
         if type(call) is not dict:
             return None
         function = call.get("function")
         if type(function) is not dict:
             return None
-        for value in (call.get("id"), function.get("name"), function.get("arguments")):
-            if value is not None and type(value) is not str:
-                return None
-    try:
-        return orjson.dumps(message, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
-    except TypeError:
-        return None
+        call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
+        if (
+            (call_id is not None and type(call_id) is not str)
+            or (name is not None and type(name) is not str)
+            or (arguments is not None and type(arguments) is not str)
+        ):
+            return None
+        key += (call_id, name, arguments)
+    return tuple(key)
+
+
+def _key_bytes(key: tuple[Any, ...]) -> int:
+    return _KEY_TUPLE_BYTES + sum(
+        _KEY_STRING_BYTES + len(value) for value in key if type(value) is str
+    )
 
 
 class CanonicalCache:
     """``canonical_message`` remembered per conversation turn, so a resent history costs a
-    serialisation and a lookup per assistant call message instead of its canonical form
-    (re-parsing and re-serialising each call's arguments: ~7 us a message here, ~1 us this way).
+    key and a lookup per assistant call message instead of its canonical form (re-parsing and
+    re-serialising each call's arguments: ~7 us a message here, ~1 us this way).
 
     Only assistant messages with tool calls are kept (the only ones whose form costs much more
-    than their serialisation), keyed by their exact serialised bytes (``_cache_key``), the forms
-    with and without call ids apart. Bounded by ``max_bytes`` of keys and forms together; the
-    oldest entries go first (a turn still in use is remembered again on its next miss). One per
-    process, on the event loop: no lock.
+    than reading their strings), keyed by the strings their form is made of (``_cache_key``;
+    a tuple: serialising the message for a key cost more than the tuple), the forms with and
+    without call ids apart. Bounded by ``max_bytes`` of keys (estimated) and forms together;
+    the oldest entries go first (a turn still in use is remembered again on its next miss). One
+    per process, on the event loop: no lock.
     """
 
     def __init__(self, max_bytes: int = 8 << 20) -> None:
@@ -284,9 +300,8 @@ class CanonicalCache:
             raise ValueError("max_bytes must be >= 0")
         self.max_bytes = max_bytes
         self.size = 0  # bytes held: keys and forms
-        # serialised message -> its form with call ids; b"\0" + serialised -> without them (a
-        # serialised dict starts with "{", so the two never meet). Oldest first.
-        self._forms: dict[bytes, bytes] = {}
+        # (with call ids?, content, id, name, arguments, ...) -> the form. Oldest first.
+        self._forms: dict[tuple[Any, ...], bytes] = {}
 
     def __len__(self) -> int:
         return len(self._forms)
@@ -295,19 +310,17 @@ class CanonicalCache:
         """``canonical_message(message, with_call_ids=...)``, from memory when it was seen."""
         if not message.get("tool_calls"):  # most messages: not kept, no key to make
             return canonical_message(message, with_call_ids=with_call_ids)
-        key = _cache_key(message)
+        key = _cache_key(message, with_call_ids)
         if key is None:
             return canonical_message(message, with_call_ids=with_call_ids)
-        if not with_call_ids:
-            key = b"\0" + key
         form = self._forms.get(key)
         if form is None:
             form = canonical_message(message, with_call_ids=with_call_ids)
             self._remember(key, form)
         return form
 
-    def _remember(self, key: bytes, form: bytes) -> None:
-        cost = len(key) + len(form)
+    def _remember(self, key: tuple[Any, ...], form: bytes) -> None:
+        cost = _key_bytes(key) + len(form)
         if cost > self.max_bytes:
             return
         forms = self._forms
@@ -315,7 +328,7 @@ class CanonicalCache:
         self.size += cost
         while self.size > self.max_bytes:
             old_key = next(iter(forms))
-            self.size -= len(old_key) + len(forms.pop(old_key))
+            self.size -= _key_bytes(old_key) + len(forms.pop(old_key))
 
 
 Canonical = Callable[..., bytes]
