@@ -481,10 +481,6 @@ def _call_key(call_id: Any) -> str:
     return _bounded(call_id, MAX_CALL_ID_CHARS, "h:")
 
 
-def _new_episode_id() -> str:
-    return "c-" + secrets.token_hex(_ID_BYTES)
-
-
 _ID_BYTES = 8  # a chained episode's id: "c-" + 16 hex digits
 _IDS_PER_DRAW = 256  # ids drawn from the OS's random source in one read
 _MAX_CHAIN_SCOPES = 4096  # (tenant, model) pairs whose chain scope is remembered...
