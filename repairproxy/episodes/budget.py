@@ -488,9 +488,9 @@ _MAX_SCOPED_MODEL_CHARS = 256  # ...for model names up to this long
 
 
 class _EpisodeIds:
-    """``_new_episode_id``'s ids, from one ``os.urandom`` read per 256 of them (the same source
-    as ``secrets``; a system call per id was most of an id's cost). Filled on first use, so a
-    process forked before it draws its own."""
+    """Chained episode ids ("c-" + 16 hex digits), from one ``os.urandom`` read per 256 of them
+    (the source ``secrets.token_hex`` reads; a system call per id was most of an id's cost).
+    Filled on first use, so a process forked before it draws its own."""
 
     __slots__ = ("_offset", "_pool")
 
