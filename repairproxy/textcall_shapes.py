@@ -157,8 +157,11 @@ def json_value_end(text: str, start: int) -> int | None:
     return None
 
 
-_STRUCTURE = re.compile(r'[\[\]{}"]')
-_STRING_REST = re.compile(r'(?:[^"\\]|\\.)*"', re.DOTALL)
+# Outside brackets only an opening one matters (prose may hold a stray ``"`` or ``}``); inside,
+# one match skips every string and plain character up to the next bracket, and stops at a quote
+# whose string never closes (or the end). Possessive: nothing is tried twice.
+_OPENING = re.compile(r"[\[{]")
+_TO_NEXT_BRACKET = re.compile(r'(?:[^"\[\]{}]++|"(?:[^"\\]|\\.)*+")*+([\[\]{}]?)', re.DOTALL)
 
 
 def _bracket_ends(text: str, begin: int, stop: int) -> dict[int, int]:
@@ -170,24 +173,39 @@ def _bracket_ends(text: str, begin: int, stop: int) -> dict[int, int]:
     stack: list[int] = []
     position = begin
     while True:
-        token = _STRUCTURE.search(text, position, stop)
-        if token is None:
-            return ends
-        kind = token.group()
+        if not stack:
+            opening = _OPENING.search(text, position, stop)
+            if opening is None:
+                return ends
+            position = opening.end()
+            stack.append(opening.start())
+        token = _TO_NEXT_BRACKET.match(text, position, stop)
+        bracket = token.group(1) if token is not None else ""  # (it always matches)
+        if not bracket or token is None:
+            return ends  # the end, or an unterminated string: nothing after it can close
         position = token.end()
-        if kind == '"':
-            if stack:
-                rest = _STRING_REST.match(text, position, stop)
-                if rest is None:
-                    return ends  # an unterminated string: nothing after it can close
-                position = rest.end()
-        elif kind in "[{":
-            stack.append(token.start())
-        elif stack:
+        if bracket in "[{":
+            stack.append(position - 1)
+        else:
             ends[stack.pop()] = position
 
 
 def _bare_json_calls(text: str, begin: int, stop: int) -> Iterable[TextCall]:
+    # Most often the call ends the answer: when all from the first bracket to the end is one
+    # call value, the pass below would read that value first and nothing after it.
+    first = _OPENING.search(text, begin, stop)
+    if first is None:
+        return
+    start = first.start()
+    end = start + len(text[start:stop].rstrip())
+    if text[end - 1] in "}]":
+        value = _loads(text[start:end])
+        calls = calls_in_value(value) if value is not _NOT_JSON else None
+        if calls is not None:
+            source = text[start:end]
+            for name, arguments in calls:
+                yield TextCall(name, arguments, start, end, Shape.JSON, source)
+            return
     ends = _bracket_ends(text, begin, stop)
     consumed = begin
     scans = 0

@@ -159,6 +159,10 @@ _EXAMPLE_PHRASES = (
 # A sentence opening with one of these, capitalised, tells the reader what to do.
 _INSTRUCTING = frozenset(["use", "call", "run", "invoke", "execute", "try"])
 _WORD = re.compile(r"[a-z_]+(?:'[a-z]+)?")  # "last_name" is one word, not "last"
+# Each phrase list as one search; and where no word can end in "n't" or start with a prefix.
+_EXAMPLE_PHRASE = re.compile("|".join(map(re.escape, _EXAMPLE_PHRASES)))
+_CUE_PHRASE = re.compile("|".join(map(re.escape, _CUE_PHRASES)))
+_AFFIX_HINT = re.compile("n't|" + "|".join(_CUE_PREFIXES))
 
 
 class _Cue(enum.Enum):
@@ -178,14 +182,18 @@ def _cue(sentence: str) -> _Cue | None:
         and sentence.lstrip("#*-> \t").startswith(words[0].capitalize())
     ):
         return _Cue.EXAMPLE  # "Use the `check_apn_settings()` function to ...": tells the reader
-    for word in words:
-        if word in _EXAMPLE_WORDS:
-            return _Cue.EXAMPLE
-        if word in _CUE_WORDS or word.endswith("n't") or word.startswith(_CUE_PREFIXES):
-            found = _Cue.NOT_NOW
-    if any(phrase in lowered for phrase in _EXAMPLE_PHRASES):
+    if not _EXAMPLE_WORDS.isdisjoint(words):
         return _Cue.EXAMPLE
-    if found is None and any(phrase in lowered for phrase in _CUE_PHRASES):
+    if not _CUE_WORDS.isdisjoint(words):
+        found = _Cue.NOT_NOW
+    elif _AFFIX_HINT.search(lowered) is not None:  # then read word by word, to be sure
+        for word in words:
+            if word.endswith("n't") or word.startswith(_CUE_PREFIXES):
+                found = _Cue.NOT_NOW
+                break
+    if _EXAMPLE_PHRASE.search(lowered) is not None:
+        return _Cue.EXAMPLE
+    if found is None and _CUE_PHRASE.search(lowered) is not None:
         found = _Cue.NOT_NOW
     return found
 
@@ -255,25 +263,29 @@ class _Fences:
     """The text's fenced blocks, read once: code (a language that is not JSON), listings (a JSON
     fence that is not one call value), every fence, and whether the last one is left open."""
 
-    code: list[tuple[int, int]]
-    json: list[tuple[int, int]]
-    every: list[tuple[int, int]]
+    code: Sequence[tuple[int, int]]
+    json: Sequence[tuple[int, int]]
+    every: Sequence[tuple[int, int]]
     open_at_end: bool
 
     @classmethod
     def of(cls, text: str) -> _Fences:
+        if "```" not in text:
+            return _NO_FENCES
         code: list[tuple[int, int]] = []
         json_fences: list[tuple[int, int]] = []
         every: list[tuple[int, int]] = []
         open_at_end = False
-        if "```" in text:
-            for match in _ANY_FENCE.finditer(text):
-                every.append(match.span())
-                is_json = match.group(1).lower() in JSON_FENCE_LANGUAGES
-                (json_fences if is_json else code).append(match.span())
-                block = match.group()
-                open_at_end = len(block) <= 3 or not block.endswith("```")
+        for match in _ANY_FENCE.finditer(text):
+            every.append(match.span())
+            is_json = match.group(1).lower() in JSON_FENCE_LANGUAGES
+            (json_fences if is_json else code).append(match.span())
+            block = match.group()
+            open_at_end = len(block) <= 3 or not block.endswith("```")
         return cls(code, json_fences, every, open_at_end)
+
+
+_NO_FENCES = _Fences((), (), (), open_at_end=False)
 
 
 def _ends_inside_a_value(text: str, after: int) -> bool:
@@ -357,14 +369,14 @@ def read_text_calls(
     prose: list[tuple[TextCall, NotACall]] = []
     reasoning = reasoning_spans(text)
     fences = _Fences.of(text)
-    cut_off = fences.open_at_end or _ends_inside_a_value(text, max(call.end for call in found))
+    cut_off = fences.open_at_end or _ends_inside_a_value(text, max([call.end for call in found]))
     candidates: list[TextCall] = []
     for call in found:
-        if _inside(call, reasoning):
+        if reasoning and _inside(call, reasoning):
             prose.append((call, NotACall.REASONING))
-        elif _inside(call, fences.code):
+        elif fences.code and _inside(call, fences.code):
             prose.append((call, NotACall.CODE))
-        elif call.shape is not Shape.FENCED and _inside(call, fences.json):
+        elif fences.json and call.shape is not Shape.FENCED and _inside(call, fences.json):
             # A JSON fence that is not itself one call value lists several (alternatives, a
             # commented sample): a listing, not an act.
             prose.append((call, NotACall.EXAMPLE))
@@ -372,15 +384,17 @@ def read_text_calls(
             prose.append((call, NotACall.CUT_OFF))
         else:
             candidates.append(call)
-    copied = _quoted(candidates, quoted_texts(conversation)) if candidates else set()
-    prose.extend((call, NotACall.QUOTED) for i, call in enumerate(candidates) if i in copied)
-    candidates = [call for i, call in enumerate(candidates) if i not in copied]
+    copied = _quoted(candidates, quoted_texts(conversation)) if candidates else None
+    if copied:
+        prose.extend((call, NotACall.QUOTED) for i, call in enumerate(candidates) if i in copied)
+        candidates = [call for i, call in enumerate(candidates) if i not in copied]
     if candidates:
         candidates = _standing(text, candidates, [*reasoning, *fences.every], prose)
     if len(candidates) >= TOOLKIT_RUN and tools and _lists_the_tools(text, candidates, tools):
         prose.extend((call, NotACall.TOOLKIT) for call in candidates)
         candidates = []
-    prose.sort(key=lambda item: item[0].start)
+    if prose:
+        prose.sort(key=lambda item: item[0].start)
     return TextCallReading(tuple(candidates), tuple(prose))
 
 
@@ -419,7 +433,11 @@ def _standing(
     # between ("Here is an example:", then several fences: the lead-in governs them all).
     pieces: list[str] = []
     position = 0
-    for start, end in sorted([*blocks, *((call.start, call.end) for call in calls)]):
+    spans = [(call.start, call.end) for call in calls]
+    if blocks:
+        spans += blocks
+    spans.sort()
+    for start, end in spans:
         start = max(start, position)
         if end > start:
             pieces += [text[position:start], " " * (end - start)]
@@ -468,9 +486,10 @@ def _instructs_the_reader(prose: str) -> int:
     """Where the prose first tells the reader how to use the tools (len(prose) when it never
     does). A "you can use" counts when a tool follows it closely (a code span, "function",
     "tool"): "you can use it later" is about something else."""
-    lowered = prose.lower()
     first = len(prose)
-    for phrase in _TO_THE_READER:
+    lowered = prose.lower()
+    # Every phrase starts with "you ", every imperative holds "the `": most prose has neither.
+    for phrase in _TO_THE_READER if "you " in lowered else ():
         at = lowered.find(phrase)
         while 0 <= at < first:
             near = lowered[at + len(phrase) : at + len(phrase) + _TOOL_NEAR]
@@ -478,7 +497,7 @@ def _instructs_the_reader(prose: str) -> int:
                 first = at
                 break
             at = lowered.find(phrase, at + len(phrase))
-    for phrase in _IMPERATIVE_TOOL:
+    for phrase in _IMPERATIVE_TOOL if "the `" in prose else ():
         at = prose.find(phrase)
         if 0 <= at < first:
             first = at
@@ -511,7 +530,9 @@ def _standing_reason(rest: str, start: int, end: int, *, opened: bool) -> NotACa
     if cue is not None:
         return NotACall.EXAMPLE if cue is _Cue.EXAMPLE else NotACall.LEAD_IN
     next_prose = _PROSE_START.search(rest, end)
-    prose_start = next_prose.start() if next_prose else len(rest)
+    if next_prose is None:
+        return None  # nothing follows
+    prose_start = next_prose.start()
     window = rest[prose_start : prose_start + _SENTENCE_CHARS]
     following = [s for s in _SENTENCE_END.split(window) if s.strip()]
     if following and _not_now(following[0], after=True) and not _closing_remark(following[0]):

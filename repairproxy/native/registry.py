@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -143,10 +144,10 @@ class Gate:
 
     def admits(self, text: str, present: frozenset[str], schemas: Schemas | None) -> bool:
         """Whether the recogniser may match, given the gates' substrings ``present`` in text."""
-        return any(
-            needs <= present and (check is None or check(text, schemas))
-            for needs, check in self.alternatives
-        )
+        for needs, check in self.alternatives:
+            if needs <= present and (check is None or check(text, schemas)):
+                return True
+        return False
 
 
 def _needs(*markers: str, check: Check | None = None) -> tuple[frozenset[str], Check | None]:
@@ -257,11 +258,11 @@ def _present(scanner: Scanner) -> frozenset[str]:
     for first, markers in _GATE_MARKERS.items():
         if first not in text:
             continue
-        if markers == (first,):
+        if len(markers) == 1 and markers[0] == first:
             present.append(first)
             continue
         searches += len(markers)
-        present.extend(marker for marker in markers if marker in text)
+        present += [marker for marker in markers if marker in text]
     scanner.count(searches * len(text))
     return frozenset(present)
 
@@ -347,6 +348,20 @@ def _schemas_of(tools: Any) -> Schemas | None:
     return schemas
 
 
+@functools.lru_cache(maxsize=256)
+def _candidates(
+    present: frozenset[str], skip: frozenset[str]
+) -> tuple[tuple[str, Recogniser, Gate], ...]:
+    """The families whose gate may pass where the gates' substrings ``present`` occur, less
+    ``skip``, in precedence order (few sets of substrings recur: computed once per set)."""
+    maybe = {family for marker in present for family in _KEYED.get(marker, ())}
+    return tuple(
+        (family, recognise, GATES[family])
+        for family, recognise in RECOGNISERS.items()
+        if family in maybe and family not in skip
+    )
+
+
 def find_native_calls(
     text: str,
     tools: Schemas | Sequence[Mapping[str, Any]] | None = None,
@@ -364,15 +379,12 @@ def find_native_calls(
     markers occur in the text run (one sweep finds them).
     """
     scan = scanner if scanner is not None else Scanner(text)
-    schemas = _schemas_of(tools)
+    schemas = tools if type(tools) is dict else _schemas_of(tools)
     taken: list[NativeMatch] = []
     text = scan.text
     present = _present(scan)
-    maybe = {family for marker in present for family in _KEYED.get(marker, ())}
-    for family, recognise in RECOGNISERS.items():
-        if family not in maybe or family in skip:
-            continue
-        if not GATES[family].admits(text, present, schemas):
+    for family, recognise, gate in _candidates(present, frozenset(skip)):
+        if not gate.admits(text, present, schemas):
             continue
         starts_at = _STARTS_AT.get(family)
         if taken and starts_at is not None and _all_taken(scan, starts_at, taken):
