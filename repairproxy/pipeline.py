@@ -49,6 +49,7 @@ from repairproxy.repair import (
 )
 from repairproxy.settings import Settings
 from repairproxy.structured import FormatCache, OutputFormat
+from repairproxy.textcalls import stopped_by_length
 from repairproxy.types import BudgetPolicy, OnExhausted, Outcome, RepairMode
 from repairproxy.validation import (
     CallRules,
@@ -346,7 +347,9 @@ class ChatPipeline:
         message = first_message(completion)
         if tools is None or message is None or _tool_choice_none(request.body):
             return Decision(completion, probed, None, (), 0)
-        verdict = tools.check_message(message, rules=CallRules.of_request(request.body))
+        verdict = tools.check_message(
+            message, rules=CallRules.of_request(request.body), cut_off=stopped_by_length(completion)
+        )
         if verdict.ok:  # the common answer: nothing caught, nothing to charge or repair
             record.tool_calls = len(verdict.calls)  # an ok verdict holds no empty_output
             return Decision(completion, probed, verdict, (), 0)

@@ -46,7 +46,7 @@ from repairproxy.reask import (
     unrelated_tool,
     with_repair_instruction,
 )
-from repairproxy.textcalls import TextCall, fresh_call_id, promote_calls
+from repairproxy.textcalls import TextCall, fresh_call_id, promote_calls, stopped_by_length
 from repairproxy.types import OnExhausted, RepairMode
 from repairproxy.validation import (
     CallRules,
@@ -464,7 +464,9 @@ async def _repair_choice(
     # The original request's rules hold for every re-ask: its repair turns quote the model's own
     # call back, which must not make the re-issued call "quoted from the conversation".
     rules = CallRules.of_request(body)
-    first_verdict = tools.check_message(message, text_calls=text_ok, rules=rules)
+    first_verdict = tools.check_message(
+        message, text_calls=text_ok, rules=rules, cut_off=stopped_by_length(choice)
+    )
     state = _ChoiceRepair(dict(choice), top, first_verdict, first_verdict)
     state.caught_channels.extend(first_verdict.error_channels)
     if first_verdict.ok or not policy.promotes or not text_ok:
@@ -535,7 +537,9 @@ def _take_reply(
     asking.history.extend(turn)
     asking.kept.extend(newly_kept)
     state.reask_usages.append(reply.get("usage"))
-    verdict = tools.check_message(reply_message, rules=asking.rules)
+    verdict = tools.check_message(
+        reply_message, rules=asking.rules, cut_off=stopped_by_length(reply_choices[0])
+    )
     if _made_up(state.verdict, verdict, reply_message, body, asking.message):
         # Asked for a tool no listed one replaces, the model called a listed tool anyway
         # with values found nowhere in the conversation: not what the user asked for. The
@@ -577,7 +581,9 @@ def _settled(
     if "index" in choice or last_choice is not choice:  # a re-ask's answer is always choice 0
         state.choice["index"] = choice.get("index", 0)
     # What the client actually receives.
-    state.verdict = tools.check_message(state.choice["message"], rules=asking.rules)
+    state.verdict = tools.check_message(
+        state.choice["message"], rules=asking.rules, cut_off=stopped_by_length(state.choice)
+    )
     return state
 
 

@@ -31,9 +31,10 @@ recogniser into one of three outcomes:
   (an injection). An answer that *presents* calls is not making them: after a lead-in such as
   "Here is an example of how you can call these functions:" (read over any fences between)
   every later call shape is part of the presentation; several values listed in one fence are a
-  listing; an answer that ends inside an unclosed fence or an unclosed value after its calls was
-  cut off (the token limit) mid-listing and promotes nothing; an answer calling ``TOOLKIT_RUN``
-  or more declared tools one after another in declared order recites the toolkit. Delivered as
+  listing; an answer cut off by the token limit (``finish_reason: "length"``, or one that ends
+  inside an unclosed fence or an unclosed value after its calls) promotes nothing; an answer
+  calling ``TOOLKIT_RUN`` or more declared tools one after another in declared order recites
+  the toolkit. Delivered as
   text: no re-ask, not a failure.
 * **ambiguous**: a candidate that conflicts with the request (``tool_choice`` names another
   function; ``parallel_tool_calls: false`` and more than one call; ``tool_choice: "required"``
@@ -87,6 +88,7 @@ __all__ = [
     "quoted_texts",
     "read_text_calls",
     "reasoning_spans",
+    "stopped_by_length",
 ]
 
 # --- which call shapes are calls -----------------------------------------------------------------
@@ -232,7 +234,8 @@ class NotACall(enum.StrEnum):
     LEAD_IN = "lead_in_not_now"  # the sentence before it declines, conditions, narrates
     EXAMPLE = "presented_as_example"  # after "for example", "e.g.", "how you can call", ...; or
     # one of several values listed in one fence that is not one call
-    CUT_OFF = "answer_cut_off"  # the answer ends inside an unclosed fence or value: cut off
+    CUT_OFF = "answer_cut_off"  # cut off by the token limit, or ends inside an unclosed fence
+    # or value
     TOOLKIT = "lists_the_declared_tools"  # one call to each of a run of the declared tools
 
 
@@ -242,6 +245,15 @@ class TextCallReading:
 
     calls: tuple[TextCall, ...]
     prose: tuple[tuple[TextCall, NotACall], ...] = ()
+
+
+def stopped_by_length(completion: Any) -> bool:
+    """Whether an answer (a completion, or one choice of it; choice 0 of a completion) was cut
+    off by the token limit (``finish_reason: "length"``): its call shapes are text."""
+    if isinstance(completion, Mapping) and isinstance(completion.get("choices"), list):
+        choices = completion["choices"]
+        completion = choices[0] if choices else None
+    return isinstance(completion, Mapping) and completion.get("finish_reason") == "length"
 
 
 def reasoning_spans(text: str) -> list[tuple[int, int]]:
@@ -356,12 +368,14 @@ def read_text_calls(
     *,
     conversation: Any = None,
     tools: Mapping[str, Mapping[str, Any]] | None = None,
+    cut_off: bool = False,
 ) -> TextCallReading:
     """Every call shape of ``text``, sorted into candidate calls and prose (see the module doc).
 
     ``conversation``: the request's messages; JSON copied from their tool results and user
-    messages is not a call (read only when the answer holds a candidate). Whatever recogniser
-    found a shape, the same rules apply to it.
+    messages is not a call (read only when the answer holds a candidate). ``cut_off``: the
+    answer was cut off by the token limit (``finish_reason: "length"``): it promotes nothing,
+    whatever it ends with. Whatever recogniser found a shape, the same rules apply to it.
     """
     found = find_text_calls(text, tools)
     if not found:
@@ -369,7 +383,11 @@ def read_text_calls(
     prose: list[tuple[TextCall, NotACall]] = []
     reasoning = reasoning_spans(text)
     fences = _Fences.of(text)
-    cut_off = fences.open_at_end or _ends_inside_a_value(text, max([call.end for call in found]))
+    cut_off = (
+        cut_off
+        or fences.open_at_end
+        or _ends_inside_a_value(text, max([call.end for call in found]))
+    )
     candidates: list[TextCall] = []
     for call in found:
         if reasoning and _inside(call, reasoning):

@@ -314,6 +314,7 @@ class CompiledTools:
         *,
         text_calls: bool = True,
         rules: CallRules | None = None,
+        cut_off: bool = False,
     ) -> MessageVerdict:
         """Classify every call of an assistant message, or the message itself when it has none.
 
@@ -325,14 +326,16 @@ class CompiledTools:
         text calls that conflict with the request, and make an answer without any call under
         ``tool_choice: "required"`` one ``tool_call_in_content`` verdict. A text call repeating
         a structured call of the same message is only commentary and is not counted.
+        ``cut_off``: the answer was cut off by the token limit (``finish_reason: "length"``):
+        its call shapes are text (``textcalls.NotACall.CUT_OFF``).
         """
-        verdict = self._check_message(message, text_calls, rules or _NO_RULES)
+        verdict = self._check_message(message, text_calls, rules or _NO_RULES, cut_off)
         if rules is None or not text_calls:
             return verdict
         return _with_rules(verdict, rules)
 
     def _check_message(
-        self, message: Mapping[str, Any], text_calls: bool, rules: CallRules
+        self, message: Mapping[str, Any], text_calls: bool, rules: CallRules, cut_off: bool
     ) -> MessageVerdict:
         tool_calls = message.get("tool_calls")
         structured: tuple[CallVerdict, ...] = ()
@@ -352,7 +355,7 @@ class CompiledTools:
             seen = _structured_keys(message)
             in_text = tuple(
                 verdict
-                for verdict in self._check_text(text, rules)
+                for verdict in self._check_text(text, rules, cut_off)
                 if verdict.text_call is not None and _text_call_key(verdict.text_call) not in seen
             )
             return MessageVerdict(structured + in_text)
@@ -372,13 +375,14 @@ class CompiledTools:
             )
         if not text_calls:
             return MessageVerdict(())
-        return MessageVerdict(self._check_text(text, rules))
+        return MessageVerdict(self._check_text(text, rules, cut_off))
 
-    def _check_text(self, text: str, rules: CallRules) -> tuple[CallVerdict, ...]:
+    def _check_text(self, text: str, rules: CallRules, cut_off: bool) -> tuple[CallVerdict, ...]:
         verdicts = []
-        for index, call in enumerate(
-            read_text_calls(text, conversation=rules.conversation, tools=self._schemas).calls
-        ):
+        reading = read_text_calls(
+            text, conversation=rules.conversation, tools=self._schemas, cut_off=cut_off
+        )
+        for index, call in enumerate(reading.calls):
             arguments = call.arguments
             schema = self._schemas.get(call.name) if call.name is not None else None
             if call.string_values and isinstance(arguments, dict) and schema is not None:
