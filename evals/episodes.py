@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -138,7 +138,14 @@ def success_at(episode: Episode, budget: int) -> bool:
     return episode.success and episode.failed_calls < budget
 
 
-def _flatten(messages: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _flatten(messages: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
+    """The messages with τ²-bench's MultiToolMessages as their parts; the list itself when it
+    holds none (our engine writes none: one ``role: tool`` message per call)."""
+    for message in messages:
+        if "tool_messages" in message:
+            break
+    else:
+        return messages
     flat: list[Mapping[str, Any]] = []
     for message in messages:
         if message.get("role") == "tool" and isinstance(message.get("tool_messages"), list):
@@ -146,6 +153,10 @@ def _flatten(messages: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         else:
             flat.append(message)
     return flat
+
+
+def _is_mapping(value: Any) -> TypeGuard[Mapping[str, Any]]:
+    return type(value) is dict or isinstance(value, Mapping)  # parsed JSON: dict, fast
 
 
 def _nl_unjudged(reward_info: Mapping[str, Any] | None, task: Mapping[str, Any] | None) -> bool:
@@ -176,8 +187,9 @@ def _episode(
 ) -> Episode:
     if messages is None:
         messages = _flatten(simulation.get("messages") or [])
-    pending: list[dict[str, Any]] = []
-    records: list[dict[str, Any]] = []
+    # A call's record: [id, requestor, name, message index, error, content] until its result.
+    pending: list[list[Any]] = []
+    records: list[list[Any]] = []
     answer_proxy: list[tuple[int, Mapping[str, Any] | None]] = []
     failed = 0
     for index, message in enumerate(messages):
@@ -185,16 +197,16 @@ def _episode(
         if role == "assistant" or role == "user":
             if role == "assistant":
                 proxy = message.get("repairproxy")
-                answer_proxy.append((index, proxy if isinstance(proxy, Mapping) else None))
+                answer_proxy.append((index, proxy if _is_mapping(proxy) else None))
             for call in message.get("tool_calls") or ():
-                record = {
-                    "id": call.get("id") or "",
-                    "requestor": call.get("requestor") or role,
-                    "name": str(call.get("name", "")),
-                    "message_index": index,
-                    "error": None,
-                    "content": None,
-                }
+                record = [
+                    call.get("id") or "",
+                    call.get("requestor") or role,
+                    str(call.get("name", "")),
+                    index,
+                    None,
+                    None,
+                ]
                 records.append(record)
                 pending.append(record)
         elif role == "tool":
@@ -204,30 +216,30 @@ def _episode(
             call_id = message.get("id") or ""
             match = None
             if call_id:
-                match = next((r for r in pending if r["id"] == call_id), None)
+                match = next((r for r in pending if r[0] == call_id), None)
             if match is None:
-                match = next((r for r in pending if r["requestor"] == requestor), None)
+                match = next((r for r in pending if r[1] == requestor), None)
             if match is None:  # a result without its call: keep it, it still failed or not
-                match = {"requestor": requestor, "name": "", "message_index": index}
+                match = ["", requestor, "", index, None, None]
                 records.append(match)
             else:
                 pending.remove(match)
-            match["error"] = error
-            match["content"] = message.get("content")
+            match[4] = error
+            match[5] = message.get("content")
     calls = tuple(
         ToolCallRecord(
-            requestor=r["requestor"],
-            name=r["name"],
-            message_index=r["message_index"],
-            error=r["error"],
-            content=r["content"],
-            channel=classify_error(r["content"], user_tools)[0] if r["error"] else None,
+            requestor=requestor,
+            name=name,
+            message_index=message_index,
+            error=error,
+            content=content,
+            channel=classify_error(content, user_tools)[0] if error else None,
         )
-        for r in records
+        for _, requestor, name, message_index, error, content in records
     )
     reward_info = simulation.get("reward_info")
     task_id = str(simulation.get("task_id"))
-    reward = reward_info.get("reward") if isinstance(reward_info, Mapping) else None
+    reward = reward_info.get("reward") if _is_mapping(reward_info) else None
     trial = simulation.get("trial")
     return Episode(
         task_id=task_id,
