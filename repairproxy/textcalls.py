@@ -219,6 +219,7 @@ def _not_now(sentence: str, *, after: bool = False) -> bool:
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n")
+_SENTENCE_BREAK = re.compile(r"[.!?]\s")  # where _SENTENCE_END splits, other than at a newline
 _PROSE_START = re.compile(r"\S")
 _SENTENCE_CHARS = 400
 
@@ -543,7 +544,10 @@ def _standing_reason(rest: str, start: int, end: int, *, opened: bool) -> NotACa
     # longer than _SENTENCE_CHARS is cut).
     prose_end = len(rest[:start].rstrip())
     before = rest[max(0, prose_end - _SENTENCE_CHARS) : prose_end]
-    leading = [s for s in _SENTENCE_END.split(before) if s.strip()]
+    if "\n" in before or _SENTENCE_BREAK.search(before) is not None:
+        leading = [s for s in _SENTENCE_END.split(before) if s.strip()]
+    else:  # one sentence (what the split would return, for less)
+        leading = [before] if before.strip() else []
     cue = _cue(leading[-1]) if leading else None
     if cue is not None:
         return NotACall.EXAMPLE if cue is _Cue.EXAMPLE else NotACall.LEAD_IN
@@ -552,8 +556,10 @@ def _standing_reason(rest: str, start: int, end: int, *, opened: bool) -> NotACa
         return None  # nothing follows
     prose_start = next_prose.start()
     window = rest[prose_start : prose_start + _SENTENCE_CHARS]
-    following = [s for s in _SENTENCE_END.split(window) if s.strip()]
-    if following and _not_now(following[0], after=True) and not _closing_remark(following[0]):
+    # The first sentence of it (the window opens on a non-blank character, so no split there).
+    split = _SENTENCE_END.search(window)
+    following = window if split is None else window[: split.start()]
+    if _not_now(following, after=True) and not _closing_remark(following):
         return NotACall.FOLLOWED
     return None
 

@@ -249,20 +249,27 @@ def _all_taken(scanner: Scanner, marker: str, taken: Sequence[NativeMatch]) -> b
         position = found + len(marker)
 
 
+# A first character's only marker is searched for directly (as cheap as its first character);
+# a first character with several is searched for first, then each of them where it occurs.
+_ALONE = tuple(markers[0] for markers in _GATE_MARKERS.values() if len(markers) == 1)
+_GROUPED = tuple((first, m) for first, m in _GATE_MARKERS.items() if len(m) > 1)
+
+
 def _present(scanner: Scanner) -> frozenset[str]:
-    """The gates' substrings that occur in the text: one search per first character, then one
-    per marker of the characters found."""
+    """The gates' substrings that occur in the text: one search per first character with several
+    markers, then one per marker of the characters found; one per lone marker."""
     text = scanner.text
-    present: list[str] = []
-    searches = len(_GATE_MARKERS)
-    for first, markers in _GATE_MARKERS.items():
-        if first not in text:
-            continue
-        if len(markers) == 1 and markers[0] == first:
-            present.append(first)
-            continue
-        searches += len(markers)
-        present += [marker for marker in markers if marker in text]
+    present = []
+    for marker in _ALONE:
+        if marker in text:
+            present.append(marker)
+    searches = len(_ALONE) + len(_GROUPED)
+    for first, markers in _GROUPED:
+        if first in text:
+            searches += len(markers)
+            for marker in markers:
+                if marker in text:
+                    present.append(marker)
     scanner.count(searches * len(text))
     return frozenset(present)
 
