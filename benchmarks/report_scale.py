@@ -143,15 +143,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=114)
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--out", type=Path, default=None, help="keep the files here")
+    parser.add_argument(
+        "--runs",
+        type=Path,
+        default=None,
+        help="the results files' folder: written there once, read from there on later runs "
+        "(the same grid for the same sizes and seed), so runs compare the analysis alone",
+    )
     args = parser.parse_args(argv)
     from evals.analyze import analyze
 
     with tempfile.TemporaryDirectory() as scratch:
         root = args.out or Path(scratch)
         started = time.perf_counter()
-        paths = write_grid(
-            root / "runs", models=MODELS[: args.models], tasks=args.tasks, trials=args.trials
-        )
+        runs = args.runs or root / "runs"
+        paths = sorted(runs.rglob("results.json")) if args.runs else []
+        reused = bool(paths)
+        if not reused:
+            paths = write_grid(
+                runs, models=MODELS[: args.models], tasks=args.tasks, trials=args.trials
+            )
         written = time.perf_counter() - started
         load = os.getloadavg()[0]
         cpu_before = _cpu_seconds()
@@ -160,7 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         took = time.perf_counter() - started
         cpu = _cpu_seconds() - cpu_before
         report = root / "report"
-        print(f"{len(paths)} results files written in {written:.1f} s")
+        if reused:
+            print(f"{len(paths)} results files found in {runs}")
+        else:
+            print(f"{len(paths)} results files written in {written:.1f} s")
         # On a shared machine the wall time is the neighbours' as much as ours: CPU time too.
         print(
             f"analysis + report of {len(paths)} files: {took:.1f} s wall, {cpu:.1f} s CPU "
