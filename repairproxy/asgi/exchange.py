@@ -58,9 +58,10 @@ def _counts(snapshot: BudgetSnapshot) -> tuple[str, str]:
     return str(snapshot.errors), str(snapshot.remaining)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Exchange:
-    """One request's record and clocks; every method is a view of them."""
+    """One request's record and clocks; every method is a view of them. (Not frozen: a frozen
+    dataclass sets each field through ``object.__setattr__``, made on every request.)"""
 
     started: float
     method: str

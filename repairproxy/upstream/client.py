@@ -138,6 +138,8 @@ class UpstreamURL:
         """``/v1/X`` → ``<base path>/X``, with the base query and then the request's."""
         if path == "/v1" or path.startswith("/v1/"):
             path = self.base_path + path[3:]
+        if not query and not self.query:
+            return path
         queries = [q for q in (self.query, query.decode("latin-1")) if q]
         return path + "?" + "&".join(queries) if queries else path
 
@@ -213,32 +215,50 @@ RELAY_SLICE_SECONDS = 0.0005
 _WAITED_SECONDS = 0.00005
 
 
-async def timed(chunks: AsyncIterator[bytes], timer: UpstreamTimer) -> AsyncIterator[bytes]:
+def timed(chunks: AsyncIterator[bytes], timer: UpstreamTimer) -> AsyncIterator[bytes]:
     """Re-yield ``chunks``, adding the time spent waiting for each one to ``timer``.
 
     It lets the event loop run once the relay has held it for ``RELAY_SLICE_SECONDS``: chunks
     already buffered arrive without a pause, so a long stream relayed in one go would otherwise
     hold every other request back until its end. (Not after every chunk: a short answer that
     arrived whole, six chunks here, would pay six extra turns of the loop; a chunk that had to
-    be waited for let the loop run already.)
+    be waited for let the loop run already.) A plain iterator, not an async generator (those
+    are registered with the loop's asyncgen hooks and finalised on every streamed request).
     """
-    iterator = chunks.__aiter__()
-    held_since = time.perf_counter()
-    while True:
+    return _Timed(chunks, timer)
+
+
+class _Timed:
+    __slots__ = ("_held_since", "_iterator", "_timer", "_yielded")
+
+    def __init__(self, chunks: AsyncIterator[bytes], timer: UpstreamTimer) -> None:
+        self._iterator = chunks.__aiter__()
+        self._timer = timer
+        self._held_since = time.perf_counter()
+        self._yielded = False
+
+    def __aiter__(self) -> _Timed:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._yielded and time.perf_counter() - self._held_since >= RELAY_SLICE_SECONDS:
+            await asyncio.sleep(0)
+            self._held_since = time.perf_counter()
         started = time.perf_counter()
         try:
-            chunk = await iterator.__anext__()
-        except StopAsyncIteration:
-            return
+            chunk = await self._iterator.__anext__()
         finally:
             now = time.perf_counter()
-            timer.seconds += now - started
+            self._timer.seconds += now - started
         if now - started >= _WAITED_SECONDS:
-            held_since = now
-        yield chunk
-        if time.perf_counter() - held_since >= RELAY_SLICE_SECONDS:
-            await asyncio.sleep(0)
-            held_since = time.perf_counter()
+            self._held_since = now
+        self._yielded = True
+        return chunk
+
+    async def aclose(self) -> None:
+        close = getattr(self._iterator, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def chat_completion_of(content: bytes, status: int) -> ChatCompletion:

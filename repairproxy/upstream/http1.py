@@ -144,6 +144,11 @@ class _Connection(asyncio.Protocol):
         self._until_close = False
         self._expect_body = True
         self.status_code = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0  # loop time the timer fires at
+        self._deadline = 0.0  # of the wait in progress
+        self._timeout = 0.0
+        self._waiting: asyncio.Future[None] | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -165,6 +170,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._timer is not None:  # a wait still in progress is failed below, not by the timer
+            self._timer.cancel()
+            self._timer = None
         if self._state != _READING:
             return
         if exc is None and self._head_done and self._until_close:
@@ -263,7 +271,8 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         if self.closed or self.transport.is_closing():
             raise ConnectionResetError("the connection closed while idle")
-        self._parser = httptools.HttpResponseParser(self)
+        if self._parser is None:  # one parser per connection: llhttp reads message after message
+            self._parser = httptools.HttpResponseParser(self)
         self._headers = []
         self.trailers = []
         self._chunks.clear()
@@ -277,7 +286,7 @@ class _Connection(asyncio.Protocol):
         self._state = _READING
         self._head = self._loop.create_future()
         self.transport.write(request)
-        await _wait(self._loop, self._head, timeout)
+        await self._wait(self._head, timeout)
 
     def rearm(self, transport: asyncio.Transport) -> None:
         """After a CONNECT tunnel: speak on ``transport`` (TLS) as a fresh connection."""
@@ -295,7 +304,7 @@ class _Connection(asyncio.Protocol):
             if self._error is not None:
                 raise self._error
             self._waiter = self._loop.create_future()
-            await _wait(self._loop, self._waiter, timeout)
+            await self._wait(self._waiter, timeout)
         chunk = self._chunks.popleft()
         self._buffered -= len(chunk)
         if self._paused and self._buffered < _PAUSE_AT // 2 and self.transport is not None:
@@ -314,23 +323,41 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.transport is not None:
             self.transport.close()
 
+    # The read timeout: one timer per connection, not one made and cancelled per wait. Each wait
+    # sets its deadline; the timer, when it fires, fails the wait in progress if that wait is
+    # past its deadline, else re-arms for what is left (or lapses when nothing waits).
 
-async def _wait(
-    loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], timeout: float
-) -> None:
-    # A timer handle is much cheaper than asyncio.wait_for's extra task on every await.
-    def expire() -> None:
-        if not future.done():
-            future.set_exception(PoolTimeoutError(f"no answer within {timeout:g} s"))
+    async def _wait(self, future: asyncio.Future[None], timeout: float) -> None:
+        deadline = self._loop.time() + timeout
+        self._deadline = deadline
+        self._timeout = timeout
+        self._waiting = future
+        if self._timer is None or deadline < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = deadline
+            self._timer = self._loop.call_at(deadline, self._expire)
+        try:
+            await future
+        finally:
+            self._waiting = None
 
-    handle = loop.call_later(timeout, expire)
-    try:
-        await future
-    finally:
-        handle.cancel()
+    def _expire(self) -> None:
+        self._timer = None
+        future = self._waiting
+        if future is None or future.done():
+            return
+        if self._loop.time() < self._deadline:
+            self._timer_at = self._deadline
+            self._timer = self._loop.call_at(self._deadline, self._expire)
+            return
+        future.set_exception(PoolTimeoutError(f"no answer within {self._timeout:g} s"))
 
 
 class Response:
@@ -356,17 +383,12 @@ class Response:
         """Trailer fields of a chunked body (complete once the body was read)."""
         return self._conn.trailers
 
-    async def iter_body(self) -> AsyncIterator[bytes]:
-        try:
-            while True:
-                chunk = await self._conn.next_chunk(self._pool.read_timeout)
-                if chunk is _DONE or not chunk:
-                    return
-                yield chunk
-        finally:
-            # Read to the end: the connection goes back to the pool. Stopped early (error,
-            # timeout, cancellation): it is closed, so the pool never leaks a slot.
-            self.release()
+    def iter_body(self) -> AsyncIterator[bytes]:
+        """The body's chunks. Read to the end: the connection goes back to the pool. Stopped
+        early (error, timeout, cancellation, ``aclose``): it is closed, so the pool never
+        leaks a slot. (A plain iterator, not an async generator: one of those is registered
+        with the loop's asyncgen hooks, a WeakSet, and finalised on every streamed request.)"""
+        return _Body(self)
 
     async def read(self) -> bytes:
         # iter_body's loop without the async generator (made, registered with the loop's
@@ -390,6 +412,33 @@ class Response:
 
     async def aclose(self) -> None:
         self.release()
+
+
+class _Body:
+    """``Response.iter_body``'s iterator."""
+
+    __slots__ = ("_response",)
+
+    def __init__(self, response: Response) -> None:
+        self._response = response
+
+    def __aiter__(self) -> _Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        response = self._response
+        try:
+            chunk = await response._conn.next_chunk(response._pool.read_timeout)
+        except BaseException:
+            response.release()
+            raise
+        if chunk is _DONE or not chunk:
+            response.release()
+            raise StopAsyncIteration
+        return chunk
+
+    async def aclose(self) -> None:
+        self._response.release()
 
 
 class ConnectionPool:

@@ -161,6 +161,31 @@ async def test_read_timeout_and_refused_connection_raise() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_shorter_timeout_after_a_long_wait_on_the_same_connection_holds() -> None:
+    """The read timeout is one timer per connection: a wait with a shorter timeout than the one
+    it was armed for (``/readyz``'s 5 s after a chat's 600 s) fires at its own deadline, and a
+    reused connection's next wait is timed from its own start."""
+
+    async def answer_then_silence(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int
+    ) -> None:
+        await _read_request(reader)
+        writer.write(_ok(b"first"))
+        await writer.drain()
+        while await _read_request(reader) is not None:
+            pass  # never answers again
+
+    async with _server(answer_then_silence) as (url, accepted):
+        pool = ConnectionPool(url, read_timeout=600)
+        assert await (await pool.request("GET", "/", [])).read() == b"first"
+        await asyncio.sleep(0.3)  # idle longer than the next wait's timeout
+        with pytest.raises(PoolTimeoutError):  # not asyncio.wait_for's own TimeoutError
+            await asyncio.wait_for(pool.request("GET", "/", [], timeout=0.2), 10)
+        await pool.aclose()
+    assert len(accepted) == 1  # the second request went on the reused connection
+
+
+@pytest.mark.anyio
 async def test_an_abandoned_body_drops_the_connection() -> None:
     async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await _read_request(reader)
