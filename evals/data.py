@@ -225,9 +225,9 @@ class _Progress:
     def __init__(self, total: int, enabled: bool) -> None:
         self._bar = None
         if enabled:
-            from tqdm import tqdm
+            from repairproxy.local.progress import progress_bar
 
-            self._bar = tqdm(
+            self._bar = progress_bar(
                 total=total,
                 unit="B",
                 unit_scale=True,

@@ -44,6 +44,7 @@ from evals.provenance import PROVENANCE_FILE, cell_provenance
 from evals.run import RESULTS_FILE, RunConfig, run
 from evals.tasks import as_task
 from evals.upstream_pool import UpstreamPool
+from repairproxy.local.progress import progress_bar
 
 __all__ = [
     "BUDGET_HEADER",
@@ -253,7 +254,7 @@ def _run_config(
 def _grid_bar(planned: Sequence[PlannedRun], enabled: bool) -> Iterator[tqdm[Any]]:
     total = sum(p.episodes for p in planned)
     done = sum(p.done for p in planned)
-    bar = tqdm(total=total, initial=done, desc="grid", unit="episode", disable=not enabled)
+    bar = progress_bar(total=total, initial=done, desc="grid", unit="episode", disable=not enabled)
     try:
         yield bar
     finally:

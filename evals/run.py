@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tqdm import tqdm
-
 from evals.agents import GoldAgent, LLMAgent, ModelConfig
 from evals.data import ChecksumError, DataNotFoundError, resolve_data_dir
 from evals.domains import DOMAIN_OPTIONS, DOMAINS, load_domain
@@ -50,6 +48,7 @@ from evals.scoring import Judge, OpenAIJudge
 from evals.scripted_user import ScriptedUser
 from evals.tasks import Task
 from evals.users import GoldUser, LLMUserSimulator, load_guidelines
+from repairproxy.local.progress import progress_bar
 
 __all__ = ["RESULTS_FILE", "RunConfig", "main", "parse_args", "run", "summarize"]
 
@@ -244,7 +243,7 @@ async def run(
     orchestrator = OrchestratorConfig(max_steps=config.max_steps, max_errors=config.max_errors)
     gate = asyncio.Semaphore(max(1, config.concurrency))
     write_lock = asyncio.Lock()
-    bar = tqdm(
+    bar = progress_bar(
         total=len(tasks) * config.num_trials,
         initial=len(tasks) * config.num_trials - len(pending),
         desc=f"{config.domain}",

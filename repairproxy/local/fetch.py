@@ -121,10 +121,13 @@ class _PartsBar:
         self._bytes = 0
         if enabled:
             try:
-                from tqdm import tqdm
+                from repairproxy.local.progress import progress_bar
+
+                self._bar = progress_bar(
+                    file=sys.stderr, total=total, unit="part", desc=description
+                )
             except ImportError:
                 return
-            self._bar = tqdm(total=total, unit="part", desc=description, file=sys.stderr)
 
     def advance(self, archive: Path) -> None:
         with self._lock:
