@@ -15,7 +15,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from benchmarks.sessions import _history
-from repairproxy.episodes.budget import ErrorBudget, MemoryEpisodeStore
+from repairproxy.episodes.budget import ErrorBudget
+from repairproxy.episodes.memory_store import MemoryEpisodeStore
 
 __all__ = ["main"]
 

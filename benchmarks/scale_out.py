@@ -28,7 +28,8 @@ import orjson
 import uvloop
 
 from benchmarks.overhead import REQUEST_BODY, _free_port, _http_request, _Target, _wait_port
-from repairproxy.episodes.budget import ErrorBudget, MemoryEpisodeStore
+from repairproxy.episodes.budget import ErrorBudget
+from repairproxy.episodes.memory_store import MemoryEpisodeStore
 from repairproxy.episodes.redis_store import RedisChainIndex, RedisEpisodeStore, redis_client
 from repairproxy.validation import CallVerdict, Channel, MessageVerdict
 

@@ -16,7 +16,8 @@ import time
 import tracemalloc
 from typing import Any
 
-from repairproxy.episodes.budget import ErrorBudget, MemoryEpisodeStore
+from repairproxy.episodes.budget import ErrorBudget
+from repairproxy.episodes.memory_store import MemoryEpisodeStore
 from repairproxy.validation import CallVerdict, Channel, MessageVerdict
 
 __all__ = ["main"]

@@ -12,7 +12,7 @@ __all__, __getattr__ = lazy_exports(
         "EpisodeState": "budget",
         "EpisodeStore": "budget",
         "ErrorBudget": "budget",
-        "MemoryEpisodeStore": "budget",
+        "MemoryEpisodeStore": "memory_store",
         "ChainIndex": "chaining",
         "ChainLink": "chaining",
         "MemoryChainIndex": "chaining",

@@ -12,8 +12,9 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from repairproxy.episodes.budget import EpisodeStore, MemoryEpisodeStore
+from repairproxy.episodes.budget import EpisodeStore
 from repairproxy.episodes.chaining import ChainIndex
+from repairproxy.episodes.memory_store import MemoryEpisodeStore
 from repairproxy.episodes.responses_store import MemoryResponsesStore, ResponsesStore
 from repairproxy.settings import Settings
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repairproxy.episodes.budget import BudgetSnapshot, EpisodeRef, ErrorBudget, MemoryEpisodeStore
+from repairproxy.episodes.budget import BudgetSnapshot, EpisodeRef, ErrorBudget
 from repairproxy.episodes.chaining import (
     CanonicalCache,
     ChainLink,
@@ -21,6 +21,7 @@ from repairproxy.episodes.chaining import (
     canonical_message,
     conversation_keys,
 )
+from repairproxy.episodes.memory_store import MemoryEpisodeStore
 from repairproxy.validation import CallVerdict, Channel, CompiledTools
 from tests.proxy.conftest import StartProxy
 from tests.support.scripted_upstream import Reply, ScriptedUpstream, completion, tool_call

@@ -14,8 +14,9 @@ import orjson
 import pytest
 
 from repairproxy.asgi.gate import MAX_HELD_CONTENT_CHARS, SSEParser, ToolCallGate
-from repairproxy.episodes.budget import MAX_SEEN_RESULTS, ErrorBudget, MemoryEpisodeStore
+from repairproxy.episodes.budget import MAX_SEEN_RESULTS, ErrorBudget
 from repairproxy.episodes.guard import GuardedEpisodeStore, StoreHealth
+from repairproxy.episodes.memory_store import MemoryEpisodeStore
 from repairproxy.episodes.redis_store import RedisEpisodeStore, decode_state, redis_client
 from repairproxy.errors import InvalidToolsError
 from repairproxy.repair import RepairPolicy, escalated_tool_choice

@@ -12,7 +12,8 @@ from typing import Any, cast
 import orjson
 import pytest
 
-from repairproxy.episodes.budget import ErrorBudget, MemoryEpisodeStore
+from repairproxy.episodes.budget import ErrorBudget
+from repairproxy.episodes.memory_store import MemoryEpisodeStore
 from repairproxy.errors import BadRequestError, BudgetExhaustedError, RepairExhaustedError
 from repairproxy.observe.record import RepairResultKind, RequestRecord
 from repairproxy.pipeline import ChatPipeline, ChatRequest, Decision

@@ -16,9 +16,9 @@ from repairproxy.episodes.budget import (
     MAX_TRACKED_CALL_IDS,
     EpisodeState,
     ErrorBudget,
-    MemoryEpisodeStore,
 )
 from repairproxy.episodes.guard import GuardedChainIndex, GuardedEpisodeStore, StoreHealth
+from repairproxy.episodes.memory_store import MemoryEpisodeStore
 from repairproxy.episodes.redis_store import (
     RedisChainIndex,
     RedisEpisodeStore,

@@ -15,9 +15,9 @@ from repairproxy.episodes.budget import (
     BudgetSnapshot,
     EpisodeState,
     ErrorBudget,
-    MemoryEpisodeStore,
     episode_id_for,
 )
+from repairproxy.episodes.memory_store import MemoryEpisodeStore
 from repairproxy.validation import CallVerdict, Channel, CompiledTools, MessageVerdict
 
 
