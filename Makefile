@@ -88,7 +88,7 @@ study: arms
 	$(PY) -m evals.repair_ablation evals/grids/cpu.toml --out runs/cpu
 
 bench: setup
-	$(PY) benchmarks/overhead.py
+	$(PY) -m benchmarks.overhead
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
