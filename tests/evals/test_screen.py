@@ -625,3 +625,17 @@ def test_telecom_points_are_agent_calls_only(tau2_data_dir: Path, retail: Domain
     assert all(p.messages[-1]["role"] in {"user", "tool"} for p in telecom.points)
     both = select_points([retail, telecom], 5, 0)
     assert [p.domain for p in both] == ["retail"] * 3 + ["telecom"] * 2  # quotas 3 + 2
+
+
+def test_the_shipped_screen_is_what_its_answers_rederive(tmp_path: Path) -> None:
+    """docs/screen's screen.json and report.md are what ``--report`` makes of its stored answers
+    with today's validation: a change to the rules that judge an answer shows up here, and the
+    shipped findings are re-derived (and their README re-read) in the same change."""
+    shipped = Path(__file__).resolve().parents[2] / "docs" / "screen"
+    out = tmp_path / "screen"
+    out.mkdir()
+    for name in ("points.json", "run.json", ANSWERS_FILE):
+        (out / name).write_bytes((shipped / name).read_bytes())
+    assert main(["--report", str(out)]) == 0
+    for name in ("screen.json", "report.md"):
+        assert (out / name).read_bytes() == (shipped / name).read_bytes(), name
