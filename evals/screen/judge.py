@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from repairproxy.textcalls import stopped_by_length
 from repairproxy.validation import Channel, CompiledTools, MessageVerdict, ToolsCache
 
 __all__ = [
@@ -180,7 +181,8 @@ class Judge:
         self, completion: Mapping[str, Any], gold_name: str, gold_arguments: Mapping[str, Any]
     ) -> Verdict:
         message = _message(completion)
-        verdict = self._tools.check_message(message)
+        # as the proxy's first verdict: an answer cut off by the token limit promotes nothing
+        verdict = self._tools.check_message(message, cut_off=stopped_by_length(completion))
         declared = self._tools.names
         channels = frozenset(_CHANNEL_NAMES[call.channel] for call in verdict.calls) or {"valid"}
         if channels != {"valid"}:

@@ -639,3 +639,18 @@ def test_the_shipped_screen_is_what_its_answers_rederive(tmp_path: Path) -> None
     assert main(["--report", str(out)]) == 0
     for name in ("screen.json", "report.md"):
         assert (out / name).read_bytes() == (shipped / name).read_bytes(), name
+
+
+def test_an_answer_cut_off_by_the_token_limit_is_judged_as_the_proxy_judges_it() -> None:
+    """A text call in an answer stopped by ``max_tokens`` promotes nothing in the proxy
+    (``answer_cut_off``): the screen counts it as text, not as a text call."""
+    text = 'Let me look.\n{"name": "get_order_details", "arguments": {"order_id": "#W1"}}'
+    judge = Judge(TOOLS)
+    for finish, channels in (("stop", {"tool_call_in_content"}), ("length", {"valid"})):
+        completion = {
+            "choices": [
+                {"message": {"role": "assistant", "content": text}, "finish_reason": finish}
+            ]
+        }
+        verdict = judge.judge(completion, "get_order_details", {"order_id": "#W1"})
+        assert verdict.channels == channels, finish
