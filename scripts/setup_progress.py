@@ -20,6 +20,9 @@ PERCENT = re.compile(r"\[\s*(\d+)%\]|\[(\d+)/(\d+)\]")
 KEEP = re.compile(r"(?i)\b(error|warning: (?!.*deprecat))|Successfully built|^Building wheel for")
 # A pip.conf naming a local index that is not there: pip says so once per package; not news.
 NOISE = re.compile(r"WARNING: Location '.*' is ignored")
+# A compiler's own diagnostic ("file.h:14148:10: warning: ..."): llama.cpp's build, hundreds of
+# lines from system headers on some gcc versions; counted, kept in the log, not printed.
+COMPILER_WARNING = re.compile(r"^\s*\S+:\d+:\d+: warning: ")
 
 
 def main(argv: list[str]) -> int:
@@ -28,6 +31,7 @@ def main(argv: list[str]) -> int:
     tail: deque[str] = deque(maxlen=40)
     collected = 0
     shown_percent = -10
+    compiler_warnings = 0
     started = time.monotonic()
     for raw in sys.stdin:
         line = raw.rstrip("\n")
@@ -36,6 +40,9 @@ def main(argv: list[str]) -> int:
             continue
         elapsed = f"{time.monotonic() - started:5.0f} s"
         if mode == "cmake":
+            if COMPILER_WARNING.search(line):
+                compiler_warnings += 1
+                continue
             match = PERCENT.search(line)
             if match:
                 done, total = match.group(2), match.group(3)
@@ -56,6 +63,9 @@ def main(argv: list[str]) -> int:
             print(f"   [{elapsed}] installed {len(line.split()) - 2} packages", flush=True)
         elif KEEP.search(line):
             print(f"   {line.strip()}", flush=True)
+    if compiler_warnings:
+        plural = "s" if compiler_warnings != 1 else ""
+        print(f"   ({compiler_warnings} compiler warning{plural}, not shown: the raw log has them)")
     if tail_file is not None:
         tail_file.write_text("\n".join(tail) + "\n", encoding="utf-8")
     return 0
