@@ -30,7 +30,7 @@ $(VENV)/.installed: pyproject.toml
 	@echo "== set-up 1/3: $(VENV) (a few seconds)"
 	@$(PYTHON) -m venv $(VENV)
 	@$(PIP) install -q --upgrade pip
-	@echo "== set-up 2/3: $(LLAMA_CPP) compiles llama.cpp (5-12 min on 2 cores; seconds when pip has the wheel cached)"
+	@echo "== set-up 2/3: $(LLAMA_CPP) compiles llama.cpp (4-12 min on 2 cores; seconds when pip has the wheel cached)"
 	@set -o pipefail; $(PIP) wheel --no-deps -v -w $(VENV)/wheels "$(LLAMA_CPP)" 2>&1 \
 	  | tee $(VENV)/setup-llama.log | $(FILTER) cmake \
 	  || { tail -40 $(VENV)/setup-llama.log; exit 1; }
