@@ -8,7 +8,7 @@ per request: utime + stime of each proxy process and its children (``--workers``
 /proc before and after a fixed count of requests, interleaved across variants; wall-clock
 latency is noisy on shared cores, CPU time much less so.
 
-    python -m benchmarks.overhead [--rounds 6] [--requests 500] [--repair reflexive]
+    python -m benchmarks.overhead [--rounds 6] [--requests 500] [--repair reflexive] [--stream]
     python -m benchmarks.overhead --episode-store redis://127.0.0.1:6379/0   # every proxy on Redis
 """
 
@@ -368,6 +368,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--repair", default="reflexive")
     parser.add_argument(
+        "--stream", action="store_true", help="ask for SSE streams (each timed to its end)"
+    )
+    parser.add_argument(
         "--cpu-requests",
         type=int,
         default=5000,
@@ -405,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
         _wait_port(upstream_port)
         for port in ports:
             _wait_port(port)
-        body = orjson.dumps(REQUEST_BODY)
+        body = orjson.dumps({**REQUEST_BODY, "stream": True} if args.stream else REQUEST_BODY)
         direct = _Target("direct", upstream_port, _http_request(upstream_port, body))
         proxies = [
             (_Target(v.label, port, _http_request(port, body)), process.pid)
@@ -416,7 +419,8 @@ def main(argv: list[str] | None = None) -> None:
             f"sum(range(1000)) takes {_speed_marker_us():.1f} us (other processes share the cpus)"
         )
         print(
-            f"request {len(body)} B, answer with 1 tool call, repair={args.repair}, "
+            f"request {len(body)} B, answer with 1 tool call"
+            f"{' streamed (SSE, timed to its end)' if args.stream else ''}, repair={args.repair}, "
             f"{args.rounds} interleaved rounds, variants: "
             + ", ".join(
                 f"{v.label}{'@' + v.source if v.source else ''} {' '.join(v.extra)}"

@@ -92,7 +92,9 @@ class ChatCall(PipelineCall):
         upstream_error = False
         async for chunk in chunks:
             for event in parser.feed(chunk):
-                upstream_error = upstream_error or _is_error_event(event.data)
+                data = event.data  # the byte test inline: most events hold no '"error"'
+                if not upstream_error and data is not None and b'"error"' in data:
+                    upstream_error = _is_error_event(data)
                 released = gate.feed(event)
                 if released:
                     if not responder.started:

@@ -220,9 +220,10 @@ def timed(chunks: AsyncIterator[bytes], timer: UpstreamTimer) -> AsyncIterator[b
 
     It lets the event loop run once the relay has held it for ``RELAY_SLICE_SECONDS``: chunks
     already buffered arrive without a pause, so a long stream relayed in one go would otherwise
-    hold every other request back until its end. (Not after every chunk: a short answer that
-    arrived whole, six chunks here, would pay six extra turns of the loop; a chunk that had to
-    be waited for let the loop run already.) A plain iterator, not an async generator (those
+    hold every other request back until its end. (Not after every chunk: a long answer whose
+    chunks are already buffered would pay a turn of the loop per chunk; a chunk that had to be
+    waited for let the loop run already. The pool hands chunks that arrived in one read over
+    as one piece.) A plain iterator, not an async generator (those
     are registered with the loop's asyncgen hooks and finalised on every streamed request).
     """
     return _Timed(chunks, timer)

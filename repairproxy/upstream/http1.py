@@ -305,7 +305,16 @@ class _Connection(asyncio.Protocol):
                 raise self._error
             self._waiter = self._loop.create_future()
             await self._wait(self._waiter, timeout)
-        chunk = self._chunks.popleft()
+        chunks = self._chunks
+        chunk = chunks.popleft()
+        if chunks and chunk and chunks[0]:
+            # Several chunks arrived in one read (an SSE answer sent whole): hand them over as
+            # one, as a socket read would have given them, so the relay runs once, not per
+            # chunk. Bounded: reading pauses once _PAUSE_AT bytes are buffered.
+            parts = [chunk]
+            while chunks and chunks[0]:
+                parts.append(chunks.popleft())
+            chunk = b"".join(parts)
         self._buffered -= len(chunk)
         if self._paused and self._buffered < _PAUSE_AT // 2 and self.transport is not None:
             self._paused = False

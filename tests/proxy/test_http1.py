@@ -145,6 +145,41 @@ async def test_chunked_bodies_stream_dechunked() -> None:
 
 
 @pytest.mark.anyio
+async def test_chunks_that_arrived_together_are_handed_over_as_one() -> None:
+    """Six chunks in one write (an SSE answer sent whole) come out as one piece, so a relay runs
+    once, not six times; chunks that arrive apart still come out apart (nothing is held back)."""
+    parts = [b"data: %d\n\n" % index for index in range(6)]
+
+    async def together(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await _read_request(reader)
+        framed = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.01)  # the head is read first: the body's chunks come in one read
+        writer.write(framed + b"0\r\n\r\n")
+        await writer.drain()
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for part in parts[:2]:
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async with _server(together) as (url, accepted):
+        pool = ConnectionPool(url)
+        response = await pool.request("GET", "/", [])
+        pieces = [piece async for piece in response.iter_body()]
+        assert pieces == [b"".join(parts)]
+        response = await pool.request("GET", "/", [])
+        pieces = [piece async for piece in response.iter_body()]
+        assert pieces == parts[:2]
+        assert accepted == [0]  # both answers on one kept-alive connection
+        await pool.aclose()
+
+
+@pytest.mark.anyio
 async def test_read_timeout_and_refused_connection_raise() -> None:
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await _read_request(reader)

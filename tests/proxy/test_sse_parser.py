@@ -1,0 +1,105 @@
+"""``SSEParser`` against a reference split of the whole stream, for any separators and any chunking.
+
+The parser has two paths (``bytes.find`` while no CR has been seen, the three-way pattern after),
+and a CR can first appear mid-stream with a partial event buffered: both must give the events a
+one-shot split of the whole stream gives, byte for byte, data fields included.
+"""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from repairproxy.asgi.gate import SSEParser
+
+_SEPARATOR = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+
+def _reference(stream: bytes) -> list[tuple[bytes, bytes | None]]:
+    """Events as (raw, data) from the whole stream at once (the WHATWG line rules for data)."""
+    events = []
+    start = 0
+    for match in _SEPARATOR.finditer(stream):
+        raw = stream[start : match.end()]
+        block = stream[start : match.start()]
+        data = [
+            line[5:][1:] if line[5:].startswith(b" ") else line[5:]
+            for line in block.splitlines()
+            if line.startswith(b"data:")
+        ]
+        events.append((raw, b"\n".join(data) if data else None))
+        start = match.end()
+    return events
+
+
+_LINES = st.sampled_from(
+    [b'data: {"a": 1}', b"data:x", b"data: [DONE]", b": comment", b"event: e", b"data: ", b"id: 7"]
+)
+_SEPARATORS = st.sampled_from([b"\n\n", b"\r\n\r\n", b"\r\r"])
+_LINE_ENDS = st.sampled_from([b"\n", b"\r\n", b"\r"])
+
+
+@st.composite
+def _streams(draw: st.DrawFn, separators: st.SearchStrategy[bytes]) -> bytes:
+    parts = []
+    for _ in range(draw(st.integers(1, 8))):
+        lines = draw(st.lists(_LINES, min_size=1, max_size=3))
+        parts.append(draw(_LINE_ENDS).join(lines) + draw(separators))
+    return b"".join(parts)
+
+
+def _chunked(stream: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({min(cut, len(stream)) for cut in cuts})
+    pieces, start = [], 0
+    for point in [*points, len(stream)]:
+        pieces.append(stream[start:point])
+        start = point
+    return [piece for piece in pieces if piece]
+
+
+def _parsed(pieces: list[bytes]) -> list[tuple[bytes, bytes | None]]:
+    parser = SSEParser()
+    events = [event for piece in pieces for event in parser.feed(piece)]
+    assert parser.flush() == []  # every drawn stream ends with a separator
+    return [(event.raw, event.data) for event in events]
+
+
+@settings(max_examples=300, deadline=None)
+@given(_streams(st.just(b"\n\n")), st.lists(st.integers(0, 400), max_size=12))
+def test_lf_streams_split_anywhere_match_the_reference(stream: bytes, cuts: list[int]) -> None:
+    # Lines end in CR or CRLF here too: the CR that appears decides the path mid-stream.
+    assert _parsed(_chunked(stream, cuts)) == _reference(stream)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_streams(_SEPARATORS), st.lists(st.integers(0, 400), max_size=12))
+def test_mixed_separators_split_anywhere_match_the_reference(
+    stream: bytes, cuts: list[int]
+) -> None:
+    assert _parsed(_chunked(stream, cuts)) == _reference(stream)
+
+
+def test_a_separator_split_across_chunks_is_found() -> None:
+    parser = SSEParser()
+    assert parser.feed(b"data: a\n") == []
+    (event,) = parser.feed(b"\ndata: b")
+    assert (event.raw, event.data) == (b"data: a\n\n", b"a")
+    (event,) = parser.feed(b"\n\n")
+    assert (event.raw, event.data) == (b"data: b\n\n", b"b")
+
+
+def test_a_cr_after_a_buffered_lf_part_switches_paths_without_losing_bytes() -> None:
+    parser = SSEParser()
+    assert parser.feed(b"data: a\n") == []
+    (event,) = parser.feed(b"\r\n\r\ndata: c\r\r")[:1]
+    assert event.raw == b"data: a\n\r\n\r\n"  # LF CR LF CR LF: the CRLF CRLF ends it
+    assert event.data == b"a"
+
+
+def test_the_unterminated_rest_comes_out_of_flush() -> None:
+    parser = SSEParser()
+    assert [e.raw for e in parser.feed(b"data: a\n\ndata: tail")] == [b"data: a\n\n"]
+    (rest,) = parser.flush()
+    assert (rest.raw, rest.data) == (b"data: tail", b"tail")
