@@ -511,6 +511,17 @@ class ErrorBudget:
         """Count the error results in a request's history that were not counted before."""
         episode_id, store_key = _names(episode)
         results = self._results(body)
+        if (
+            isinstance(episode, EpisodeRef)
+            and episode.new
+            and not episode.explicit
+            and not (results.errors or results.others or results.counts)
+        ):
+            # A chained conversation's first turn with no tool result in it: nothing to count,
+            # so nothing is stored (a one-off request takes no slot; the next turn finds the
+            # episode by its chain link, and its state is written then, as for a new one). A
+            # header-named episode is written: its next request tells "new" from the store.
+            return self._snapshot(episode_id, EpisodeState(), budget, 0)
 
         def apply(state: EpisodeState) -> BudgetSnapshot:
             before = state.errors

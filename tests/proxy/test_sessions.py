@@ -577,6 +577,37 @@ async def test_resolve_episode_with_the_header() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_chained_first_turn_with_nothing_to_count_takes_no_store_slot() -> None:
+    store = MemoryEpisodeStore()
+    budget = ErrorBudget(store, default_budget=4)
+    ref = await budget.resolve_episode({}, OPENING)
+    snapshot = await budget.observe_request(ref, OPENING)
+    assert (ref.new, ref.explicit, len(store)) == (True, False, 0)
+    assert (snapshot.episode_id, snapshot.errors, snapshot.remaining) == (ref.id, 0, 4)
+    # A first turn whose history already holds a failed result is counted, and so stored.
+    failed = {
+        "model": "qwen",
+        "messages": [
+            *OPENING["messages"],
+            {"role": "assistant", "tool_calls": [_call("c1", "get_order_details")]},
+            {"role": "tool", "tool_call_id": "c1", "content": "Error: order not found"},
+        ],
+    }
+    ref = await budget.resolve_episode({}, failed)
+    snapshot = await budget.observe_request(ref, failed)
+    assert ref.new and snapshot.errors == 1 and len(store) == 1
+    # A header-named episode is stored at once: its next request is not new.
+    named = await budget.resolve_episode({"x-episode-id": "ep-9"}, OPENING)
+    await budget.observe_request(named, OPENING)
+    assert len(store) == 2
+    assert not (await budget.resolve_episode({"x-episode-id": "ep-9"}, OPENING)).new
+
+
+def _call(call_id: str, name: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+
+@pytest.mark.anyio
 async def test_the_missing_header_is_flagged_once() -> None:
     budget = ErrorBudget(MemoryEpisodeStore())
     flags = [(await budget.resolve_episode({}, OPENING)).warn_missing_header for _ in range(3)]
@@ -633,10 +664,15 @@ def _tau2_result(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("by_ref", [False, True])
 @pytest.mark.parametrize("id_style", ["unique", "all-zero", "none"])
-async def test_twelve_turn_replay_through_resolve_observe_remember(id_style: str) -> None:
+async def test_twelve_turn_replay_through_resolve_observe_remember(
+    id_style: str, by_ref: bool
+) -> None:
     """Repair off, no episode header: one episode by chaining, counted exactly as τ²-bench
-    counts, whether the upstream gives unique ids, "0" for every call, or no ids at all."""
+    counts, whether the upstream gives unique ids, "0" for every call, or no ids at all; and
+    whether the episode is observed by id or by its ``EpisodeRef`` as the pipeline does (the
+    first turn, with nothing to count, is then not stored)."""
     tools = CompiledTools(list(SCHEMAS.items()), forbid_extra_arguments=True)
     env = TauStyleEnvironment()
     budget = ErrorBudget(MemoryEpisodeStore(), default_budget=10)
@@ -651,7 +687,7 @@ async def test_twelve_turn_replay_through_resolve_observe_remember(id_style: str
         body = {"model": "m", "messages": list(history)}
         ref = await budget.resolve_episode({}, body)
         episodes.add(ref.id)
-        await budget.observe_request(ref.id, body)
+        await budget.observe_request(ref if by_ref else ref.id, body)
         answer: dict[str, Any] = {
             "role": "assistant",
             "content": "Anything else?" if not calls else None,
@@ -670,7 +706,7 @@ async def test_twelve_turn_replay_through_resolve_observe_remember(id_style: str
                 answer["tool_calls"].append(call)
                 call_ids.append(call_id)
         first = tools.check_message(answer)
-        await budget.observe_answer(ref.id, first, None, invalid(first))
+        await budget.observe_answer(ref if by_ref else ref.id, first, None, invalid(first))
         await budget.remember_answer(ref, body, answer)
         history.append(answer)
         if not calls:
