@@ -87,16 +87,20 @@ class Exchange:
         out: HeaderList = []
         record = self.record
         if verdict:
-            out.append((b"x-repairproxy-tool-errors", ",".join(record.channels).encode()))
+            channels = record.channels
+            out.append(
+                (b"x-repairproxy-tool-errors", ",".join(channels).encode() if channels else b"")
+            )
             if record.repair_attempts:  # tool-errors then lists every attempt's channels
                 out.append((b"x-repairproxy-first-tool-errors", _first(record).encode()))
-            out.append((b"x-repairproxy-repairs", str(record.repair_attempts).encode()))
+            out.append((b"x-repairproxy-repairs", b"%d" % record.repair_attempts))
             if record.promoted:
-                out.append((b"x-repairproxy-promoted", str(record.promoted).encode()))
+                out.append((b"x-repairproxy-promoted", b"%d" % record.promoted))
             if record.promoted_formats:
                 formats = _formats(record.promoted_formats).encode()
                 out.append((b"x-repairproxy-promoted-format", formats))
-            invented = [c.tool for c in record.caught_calls if c.tool]
+            caught = record.caught_calls
+            invented = [c.tool for c in caught if c.tool] if caught else ()
             if invented:
                 shown = ",".join(_header_name(n) for n in invented[:_MAX_HEADER_NAMES])
                 out.append((b"x-repairproxy-unknown-tools", shown.encode()))
@@ -115,7 +119,7 @@ class Exchange:
                 out.append(
                     (b"x-repairproxy-repair-seconds", f"{record.repair_seconds:.3f}".encode())
                 )
-            out.append((b"x-repairproxy-upstream-calls", str(self.timer.calls).encode()))
+            out.append((b"x-repairproxy-upstream-calls", b"%d" % self.timer.calls))
             if record.tool_name_margins:  # --margin-probe, non-streamed: name=margin per call
                 out.append((b"x-repairproxy-tool-name-margins", _margins(record).encode()))
             output = record.output
@@ -138,12 +142,15 @@ class Exchange:
             out.append(
                 (b"x-repairproxy-episode-id", snapshot.episode_id.encode("latin-1", "replace"))
             )
-            errors, remaining = _counts(snapshot)
-            out.append((b"x-repairproxy-episode-errors", errors.encode()))
-            out.append((b"x-repairproxy-budget-remaining", remaining.encode()))
+            if snapshot.unknown:
+                out.append((b"x-repairproxy-episode-errors", b"unknown"))
+                out.append((b"x-repairproxy-budget-remaining", b"unknown"))
+            else:
+                out.append((b"x-repairproxy-episode-errors", b"%d" % snapshot.errors))
+                out.append((b"x-repairproxy-budget-remaining", b"%d" % snapshot.remaining))
             if snapshot.exhausted:
                 out.append((b"x-repairproxy-budget-exhausted", b"true"))
-        out.append((b"x-repairproxy-overhead-ms", f"{self.overhead_ms():.3f}".encode()))
+        out.append((b"x-repairproxy-overhead-ms", b"%.3f" % self.overhead_ms()))
         return out
 
     def trailer_comment(self) -> bytes:
