@@ -204,6 +204,13 @@ class LimitedProtocol(HttpToolsProtocol):
         if self.parser is not None and not self.transport.is_closing():
             super().data_received(bytes(view[room:]))
 
+    def on_message_begin(self) -> None:
+        # uvicorn's also builds a scope (and copies the app state) that on_headers_complete
+        # below replaces whole: only the per-request fields are reset here.
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+
     def on_headers_complete(self) -> None:
         self._in_headers = False
         if self._header_timer is not None:
