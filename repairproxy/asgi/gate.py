@@ -221,9 +221,9 @@ class _CallParts:
         self._arguments: list[str] = []
 
     def add(self, name: Any, arguments: Any) -> None:
-        if isinstance(name, str) and name:
+        if name and type(name) is str:
             self._name.append(name)
-        if isinstance(arguments, str) and arguments:
+        if arguments and type(arguments) is str:
             self._arguments.append(arguments)
 
     @property
@@ -275,24 +275,27 @@ class StreamAssembler:
         return None if self._content is None else _joined(self._content)
 
     def add(self, chunk: Mapping[str, Any]) -> str:
-        """Fold one chunk in; returns the content text it added (choice 0)."""
+        """Fold one chunk in; returns the content text it added (choice 0).
+
+        (``type(x) is dict`` rather than ``isinstance``: chunks are decoded JSON, and this runs
+        for every event of every stream.)"""
         added = ""
         if not self.meta:
             self.meta = {k: chunk[k] for k in _META_KEYS if k in chunk}
         usage = chunk.get("usage")
-        if isinstance(usage, dict):
+        if type(usage) is dict:
             self.usage = usage
         choices = chunk.get("choices")
-        if not isinstance(choices, list):
+        if type(choices) is not list:
             return added
         for choice in choices:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            if type(choice) is not dict or choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta")
-            if not isinstance(delta, dict):
+            if type(delta) is not dict:
                 continue  # an upstream's malformed chunk: nothing in it to assemble
             text = delta.get("content")
-            if isinstance(text, str):
+            if type(text) is str:
                 if self._content is None:
                     self._content = []
                 if text:
@@ -300,29 +303,32 @@ class StreamAssembler:
                     self.content_chars += len(text)
                     added += text
             parts = delta.get("tool_calls")
-            if isinstance(parts, list):
+            if type(parts) is list:
+                calls = self.calls
                 for part in parts:
-                    if isinstance(part, dict):
-                        self._add_call_delta(part)
+                    if type(part) is not dict:
+                        continue
+                    index = part.get("index", len(calls))
+                    call = calls.get(index)
+                    if call is None:
+                        call = calls[index] = _CallParts()
+                    call_id = part.get("id")
+                    if call_id:
+                        call.id = call_id
+                    kind = part.get("type")
+                    if kind:
+                        call.type = kind
+                    function = part.get("function")
+                    if type(function) is dict:
+                        call.add(function.get("name"), function.get("arguments"))
             legacy = delta.get("function_call")
-            if isinstance(legacy, dict):
+            if type(legacy) is dict:
                 self.function_call = self.function_call or _CallParts()
                 self.function_call.add(legacy.get("name"), legacy.get("arguments"))
             finish = choice.get("finish_reason")
             if finish:
                 self.finish_reason = finish
         return added
-
-    def _add_call_delta(self, part: Mapping[str, Any]) -> None:
-        index = part.get("index", len(self.calls))
-        call = self.calls.setdefault(index, _CallParts())
-        if part.get("id"):
-            call.id = part["id"]
-        if part.get("type"):
-            call.type = part["type"]
-        function = part.get("function")
-        if isinstance(function, dict):
-            call.add(function.get("name"), function.get("arguments"))
 
     def message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.content}
@@ -562,13 +568,13 @@ def _is_content_only(chunk: Mapping[str, Any]) -> bool:
     if chunk.get("usage"):
         return False
     choices = chunk.get("choices")
-    if not isinstance(choices, list) or not choices:
+    if type(choices) is not list or not choices:
         return False
     for choice in choices:
-        if not isinstance(choice, dict) or choice.get("finish_reason"):
+        if type(choice) is not dict or choice.get("finish_reason"):
             return False
         delta = choice.get("delta")
-        if not isinstance(delta, dict) or delta.get("tool_calls") or delta.get("function_call"):
+        if type(delta) is not dict or delta.get("tool_calls") or delta.get("function_call"):
             return False
     return True
 
