@@ -362,8 +362,7 @@ class _ModelMetrics:
 class Metrics:
     """The proxy's Prometheus metrics; ``request_finished`` is the pipeline's observer call."""
 
-    # Multi-process mode sets this: other workers read this one's values from its files, so a
-    # request's increments are made at once (no registry read would flush them in time).
+    # Increments made on the children at once, request by request (a subclass may set it).
     _direct = False
 
     def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:

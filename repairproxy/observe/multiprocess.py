@@ -2,11 +2,14 @@
 ``PROMETHEUS_MULTIPROC_DIR`` (set before any worker imports prometheus_client), and whichever
 worker answers a scrape sums them all (``MultiProcessMetrics``), for ``/metrics`` and
 ``/dashboard`` alike. The ``active_episodes`` gauge is the store's count, not a sum. A worker
-writes each request's increments to its files at once (another worker may answer the next scrape:
-nothing would flush this one's pending sums first)."""
+writes its requests' increments to its files at the end of the event-loop iteration that finished
+them (another worker may answer the next scrape, and nothing would flush this one's pending sums
+first; within one iteration the requests that finished together share one write per sample,
+where a write per request made each sample's file lock and mmap update once per request)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, cast
@@ -17,6 +20,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from repairproxy.observe.metrics import Metrics
+from repairproxy.observe.record import RequestRecord
 from repairproxy.settings import Settings
 
 __all__ = ["MULTIPROC_ENV", "AggregatedView", "MultiProcessMetrics", "multiprocess_mode"]
@@ -56,11 +60,26 @@ class AggregatedView:
 class MultiProcessMetrics(Metrics):
     """``Metrics`` whose exposition sums the samples of every worker process."""
 
-    _direct = True
-
     def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
         super().__init__(settings, registry)
         self._active: Callable[[], int] | None = None
+        self._flush_scheduled = False
+
+    def request_finished(self, record: RequestRecord) -> None:
+        super().request_finished(record)  # pending until the flush below (or FLUSH_EVERY)
+        if self._flush_scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # outside a loop: nothing runs later, write now
+            self.flush()
+            return
+        self._flush_scheduled = True
+        loop.call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        self._flush_scheduled = False
+        self.flush()
 
     def bind_active_episodes(self, count: Callable[[], int]) -> None:
         super().bind_active_episodes(count)
@@ -70,6 +89,7 @@ class MultiProcessMetrics(Metrics):
         return self.aggregated()
 
     def aggregated(self) -> AggregatedView:
+        self.flush()  # this worker's own pending increments are in its files before the read
         return AggregatedView(self._aggregated_registry(), self.ladder)
 
     def _aggregated_registry(self) -> CollectorRegistry:
@@ -81,5 +101,6 @@ class MultiProcessMetrics(Metrics):
         return self._active() if self._active is not None else 0
 
     def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        self.flush()  # this worker's own pending increments are in its files before the read
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self._aggregated_registry()), content_type
