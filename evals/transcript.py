@@ -80,11 +80,15 @@ def _as_openai(message: AssistantMessage) -> dict[str, Any]:
     return body
 
 
-def delivered_channels(message: AssistantMessage, tools: CompiledTools | None) -> list[str]:
-    """The error channels of the answer as the agent received it (empty: a valid answer)."""
+def delivered_channels(
+    message: AssistantMessage, tools: CompiledTools | None, *, cut_off: bool = False
+) -> list[str]:
+    """The error channels of the answer as the agent received it (empty: a valid answer);
+    ``cut_off``: the answer stopped at the token limit, whose call shapes are text to the
+    proxy too (``textcalls.NotACall.CUT_OFF``)."""
     if tools is None:
         return []
-    verdict = tools.check_message(_as_openai(message))
+    verdict = tools.check_message(_as_openai(message), cut_off=cut_off)
     return [str(channel) for channel in verdict.error_channels]
 
 
@@ -139,9 +143,13 @@ def turn_views(
             if message.repairproxy is None and not message.tool_calls and not views:
                 continue  # the orchestrator's fixed greeting: no model wrote it
             view = TurnView(len(views) + 1, message)
-            view.delivered = delivered_channels(message, tools)
             calls = int(view.report.get("upstream_calls") or 1) if view.report else 0
             view.raw_answers, answers = [dict(a) for a in answers[:calls]], answers[calls:]
+            # The agent got the turn's last upstream answer: judged as the proxy judged it.
+            last = view.raw_answers[-1] if view.raw_answers else {}
+            view.delivered = delivered_channels(
+                message, tools, cut_off=last.get("finish_reason") == "length"
+            )
             for call in message.tool_calls or []:
                 view.results.append((_call_text(call.name, call.arguments), None))
                 pending[call.id] = len(view.results) - 1

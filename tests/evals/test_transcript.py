@@ -107,6 +107,16 @@ def test_with_repair_off_the_text_call_reaches_the_agent() -> None:
     assert "with repair off, 1 invalid answer(s) reached the agent" in line
 
 
+def test_a_call_shape_in_an_answer_cut_off_by_the_token_limit_is_not_counted_delivered() -> None:
+    # As the proxy judges it: a cut-off answer promotes nothing and holds no text call.
+    run = _episode(0.0, repaired=False)
+    cut = [{**RAW[0], "finish_reason": "length"}, RAW[1]]
+    views = turn_views(run, _compiled(), cut)
+    assert views[0].delivered == [] and episode_counts(views).invalid_delivered == 0
+    whole = [{**RAW[0], "finish_reason": "stop"}, RAW[1]]
+    assert turn_views(run, _compiled(), whole)[0].delivered == ["tool_call_in_content"]
+
+
 def test_a_promoted_call_that_fails_is_told_as_failed_and_its_charge_follows_the_result() -> None:
     run = _episode(0.0, repaired=True)
     run.messages[3] = ToolMessage(id="call_1", content="Error: user not found", error=True)
