@@ -7,12 +7,19 @@ one-shot split of the whole stream gives, byte for byte, data fields included.
 
 from __future__ import annotations
 
+import random
 import re
+from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repairproxy.asgi.gate import SSEParser
+from repairproxy.asgi.gate import SSEParser, ToolCallGate
+
+# Real streams: the embedded Qwen2.5-Coder-1.5B (llama.cpp server) answering with stream_options
+# include_usage, captured from `python -m repairproxy.local serve --arm q4_k_m`, 2026-12-02.
+_REAL = sorted((Path(__file__).parents[1] / "data" / "sse").glob("*.sse"))
 
 _SEPARATOR = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
@@ -103,3 +110,25 @@ def test_the_unterminated_rest_comes_out_of_flush() -> None:
     assert [e.raw for e in parser.feed(b"data: a\n\ndata: tail")] == [b"data: a\n\n"]
     (rest,) = parser.flush()
     assert (rest.raw, rest.data) == (b"data: tail", b"tail")
+
+
+@pytest.mark.parametrize("path", _REAL, ids=[p.stem for p in _REAL])
+def test_real_streams_split_anywhere_give_the_same_events_and_answer(path: Path) -> None:
+    stream = path.read_bytes()
+    expected = _reference(stream)
+    assert expected and expected[-1][1] == b"[DONE]"
+
+    def answer(pieces: list[bytes]) -> dict[str, object]:
+        parser, gate = SSEParser(), ToolCallGate(tool_names=("get_order_details",))
+        for piece in pieces:
+            for event in parser.feed(piece):
+                gate.feed(event)
+        return gate.assembler.completion()
+
+    whole = answer([stream])
+    chooser = random.Random(path.stem)
+    for _ in range(50):
+        cuts = sorted(chooser.sample(range(1, len(stream)), chooser.randint(1, 40)))
+        pieces = _chunked(stream, cuts)
+        assert _parsed(pieces) == expected
+        assert answer(pieces) == whole
