@@ -178,7 +178,11 @@ class SSEParser:
             end = cut + 2
             self.scanned += end - position
             raw = bytes(data[start:end])
-            events.append(SSEEvent(raw, _data_of(raw[: cut - start])))
+            if data.startswith(b"data: ", start) and data.find(b"\n", start, cut) < 0:
+                payload: bytes | None = raw[6 : cut - start]  # one data line (no CR here)
+            else:
+                payload = _data_of(raw[: cut - start])
+            events.append(SSEEvent(raw, payload))
             start = position = end
         if buffer:
             if start:
