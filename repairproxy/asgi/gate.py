@@ -259,6 +259,7 @@ class StreamAssembler:
         "_content",
         "calls",
         "content_chars",
+        "content_only",
         "finish_reason",
         "function_call",
         "meta",
@@ -273,13 +274,16 @@ class StreamAssembler:
         self.function_call: _CallParts | None = None
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.content_only = False  # of the last chunk added
 
     @property
     def content(self) -> str | None:
         return None if self._content is None else _joined(self._content)
 
     def add(self, chunk: Mapping[str, Any]) -> str:
-        """Fold one chunk in; returns the content text it added (choice 0).
+        """Fold one chunk in; returns the content text it added (choice 0). ``content_only``
+        then says whether the chunk held nothing but content deltas (no usage, no finish, no
+        call delta, in any choice), read in the same pass.
 
         (``type(x) is dict`` rather than ``isinstance``: chunks are decoded JSON, and this runs
         for every event of every stream.)"""
@@ -290,14 +294,25 @@ class StreamAssembler:
         if type(usage) is dict:
             self.usage = usage
         choices = chunk.get("choices")
-        if type(choices) is not list:
+        if type(choices) is not list or not choices:
+            self.content_only = False
             return added
+        content_only = not usage
         for choice in choices:
-            if type(choice) is not dict or choice.get("index", 0) != 0:
+            if type(choice) is not dict:
+                content_only = False
                 continue
+            finish = choice.get("finish_reason")
             delta = choice.get("delta")
             if type(delta) is not dict:
+                content_only = False
                 continue  # an upstream's malformed chunk: nothing in it to assemble
+            parts = delta.get("tool_calls")
+            legacy = delta.get("function_call")
+            if finish or parts or legacy:
+                content_only = False
+            if choice.get("index", 0) != 0:
+                continue
             text = delta.get("content")
             if type(text) is str:
                 if self._content is None:
@@ -306,7 +321,6 @@ class StreamAssembler:
                     self._content.append(text)
                     self.content_chars += len(text)
                     added += text
-            parts = delta.get("tool_calls")
             if type(parts) is list:
                 calls = self.calls
                 for part in parts:
@@ -325,13 +339,12 @@ class StreamAssembler:
                     function = part.get("function")
                     if type(function) is dict:
                         call.add(function.get("name"), function.get("arguments"))
-            legacy = delta.get("function_call")
             if type(legacy) is dict:
                 self.function_call = self.function_call or _CallParts()
                 self.function_call.add(legacy.get("name"), legacy.get("arguments"))
-            finish = choice.get("finish_reason")
             if finish:
                 self.finish_reason = finish
+        self.content_only = content_only
         return added
 
     def message(self) -> dict[str, Any]:
@@ -468,7 +481,7 @@ class ToolCallGate:
             return []
         added = self.assembler.add(chunk)
         # Once a call's delta (or the finish) is held, everything after it is held too.
-        if self._hold_all or self._held_calls or not _is_content_only(chunk):
+        if self._hold_all or self._held_calls or not self.assembler.content_only:
             self._held_calls = not self._hold_all
             self._held.append(event.raw)
             return []
@@ -566,21 +579,6 @@ def unsent_text(content: Any, sent_text: str) -> str | None:
         # (" you.") is not there yet, so it goes with the rest.
         rest = tail[: len(tail) - len(tail.lstrip())] + rest
     return rest
-
-
-def _is_content_only(chunk: Mapping[str, Any]) -> bool:
-    if chunk.get("usage"):
-        return False
-    choices = chunk.get("choices")
-    if type(choices) is not list or not choices:
-        return False
-    for choice in choices:
-        if type(choice) is not dict or choice.get("finish_reason"):
-            return False
-        delta = choice.get("delta")
-        if type(delta) is not dict or delta.get("tool_calls") or delta.get("function_call"):
-            return False
-    return True
 
 
 def could_open_call(text: str) -> bool:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repairproxy.asgi.gate import SSEParser, ToolCallGate
+from repairproxy.asgi.gate import SSEParser, StreamAssembler, ToolCallGate
 
 # Real streams: the embedded Qwen2.5-Coder-1.5B (llama.cpp server) answering with stream_options
 # include_usage, captured from `python -m repairproxy.local serve --arm q4_k_m`, 2026-12-02.
@@ -132,3 +133,63 @@ def test_real_streams_split_anywhere_give_the_same_events_and_answer(path: Path)
         pieces = _chunked(stream, cuts)
         assert _parsed(pieces) == expected
         assert answer(pieces) == whole
+
+
+def _content_only(chunk: dict[str, Any]) -> bool:
+    """The gate's rule, written plainly: nothing but content deltas, in every choice."""
+    if chunk.get("usage"):
+        return False
+    choices = chunk.get("choices")
+    if type(choices) is not list or not choices:
+        return False
+    for choice in choices:
+        if type(choice) is not dict or choice.get("finish_reason"):
+            return False
+        delta = choice.get("delta")
+        if type(delta) is not dict or delta.get("tool_calls") or delta.get("function_call"):
+            return False
+    return True
+
+
+_VALUES: st.SearchStrategy[Any] = st.sampled_from(
+    [None, "", "x", 0, 1, [], [{}], {}, {"name": "f"}, "stop"]
+)
+_DELTAS = st.one_of(
+    _VALUES,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "content": _VALUES,
+            "tool_calls": st.sampled_from([None, [], [{"index": 0, "function": {"name": "f"}}]]),
+            "function_call": _VALUES,
+        },
+    ),
+)
+_CHOICES = st.one_of(
+    _VALUES,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "index": st.sampled_from([0, 1]),
+            "delta": _DELTAS,
+            "finish_reason": st.sampled_from([None, "", "stop", "tool_calls"]),
+        },
+    ),
+)
+_CHUNKS = st.fixed_dictionaries(
+    {},
+    optional={
+        "usage": st.sampled_from([None, {}, {"total_tokens": 3}, 0]),
+        "choices": st.one_of(_VALUES, st.lists(_CHOICES, max_size=3)),
+    },
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_CHUNKS)
+def test_the_assembler_tells_content_only_chunks_as_the_plain_rule_does(
+    chunk: dict[str, Any],
+) -> None:
+    assembler = StreamAssembler()
+    assembler.add(chunk)
+    assert assembler.content_only is _content_only(chunk)
