@@ -257,7 +257,7 @@ class ChatPipeline:
             record.channels = tuple(call.channel for call in record.caught_calls)
             raise
         record.channels, record.repair_failed = outcome.caught_channels, outcome.repair_failed
-        record.choice_channels = _choice_channels(request.tools, outcome)
+        record.choice_channels = _choice_channels(request, outcome)
         return outcome
 
     async def _judge_output(
@@ -539,19 +539,26 @@ def _tool_choice_none(body: Mapping[str, Any]) -> bool:
     return body.get("tool_choice") == "none" or body.get("function_call") == "none"
 
 
-def _choice_channels(tools: CompiledTools | None, outcome: Decision) -> tuple[tuple[str, ...], ...]:
+def _choice_channels(request: ChatRequest, outcome: Decision) -> tuple[tuple[str, ...], ...]:
     """Each choice's error channels when the answer has several (``n > 1``): choice 0 as judged,
-    the others checked as they are (only choice 0 is repaired)."""
+    the others checked as they are (only choice 0 is repaired), by choice 0's rules: the
+    request's call rules, ``tool_choice: "none"`` (nothing caught), and each choice's own
+    token-limit cut-off (its call shapes are text)."""
+    tools = request.tools
     choices = outcome.answer.get("choices") if isinstance(outcome.answer, dict) else None
     if tools is None or not isinstance(choices, list) or len(choices) < 2:
         return ()
     found = [outcome.caught_channels]
+    if _tool_choice_none(request.body):
+        return (*found, *(() for _ in choices[1:]))
+    rules = CallRules.of_request(request.body)
     for choice in choices[1:]:
         message = choice.get("message") if isinstance(choice, dict) else None
         if not isinstance(message, dict):
             found.append(())
             continue
-        found.append(_channels(tools.check_message(message)))
+        verdict = tools.check_message(message, rules=rules, cut_off=stopped_by_length(choice))
+        found.append(_channels(verdict))
     return tuple(found)
 
 

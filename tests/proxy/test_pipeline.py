@@ -228,3 +228,31 @@ async def test_judge_writes_each_choice_channels_into_the_record() -> None:
     assert record.choice_channels == ((), ("unknown_tool",))
     _, _, single = await decide(pipeline(repair="off"), completion(VALID), ScriptedSend())
     assert single.choice_channels == ()
+
+
+async def test_each_choice_is_checked_by_choice_zeros_rules() -> None:
+    # n > 1: the other choices are read as choice 0 is. A choice cut off by the token limit holds
+    # text, not a call; under tool_choice "none" nothing is caught in any choice.
+    text_call = '{"name": "get_order_details", "arguments": {"order_id": "#W1"}}'
+    body = {**BODY, "n": 2}
+
+    def two_choices(finish_reason: str) -> dict[str, Any]:
+        answer = completion(VALID)
+        other = completion(content=text_call)["choices"][0]
+        answer["choices"].append({**other, "index": 1, "finish_reason": finish_reason})
+        return answer
+
+    _, _, whole = await decide(
+        pipeline(repair="off"), two_choices("stop"), ScriptedSend(), body=body
+    )
+    assert whole.choice_channels[0] == () and whole.choice_channels[1] != ()  # a call in its text
+    _, _, cut = await decide(
+        pipeline(repair="off"), two_choices("length"), ScriptedSend(), body=body
+    )
+    assert cut.choice_channels == ((), ())
+
+    bad = completion(VALID)
+    bad["choices"].append({**completion(HALLUCINATED)["choices"][0], "index": 1})
+    none = {**body, "tool_choice": "none"}
+    _, _, record = await decide(pipeline(repair="off"), bad, ScriptedSend(), body=none)
+    assert record.choice_channels == ((), ())
