@@ -219,8 +219,8 @@ class Settings:
         default=64 * 1024 * 1024,
         metadata=_opt(
             "bytes the in-process store of delivered Responses answers may hold (what "
-            "previous_response_id continues; LRU; with Redis, the most one answer may take; "
-            "default 64 MiB)",
+            "previous_response_id continues; LRU; shared out per API key; with Redis, the same "
+            "bound per API key; default 64 MiB)",
             parse=int,
         ),
     )

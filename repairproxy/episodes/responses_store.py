@@ -10,10 +10,10 @@ the delivered output, then the new turn, sent upstream whole with ``store: false
 Small on purpose (the Messages and translation routes reuse it): ``put`` / ``get`` / ``delete``
 by tenant and id. Records are JSON bytes; a tenant's id is never found under another tenant.
 ``MemoryResponsesStore`` is an LRU bounded in bytes (``--max-responses-memory``, shared
-out per API key);
-``RedisResponsesStore`` keeps one key per response (``<prefix>rs:<tenant>/<id>``, expiring after
-the idle TTL), shared by every worker and replica, behind ``GuardedResponsesStore`` (a store that
-is away loses the record: the next turn's id is unknown, never a 500).
+out per API key); ``RedisResponsesStore`` keeps one key per response (``<prefix>rs:<tenant>/<id>``,
+expiring after the idle TTL), bounded in bytes per tenant as the LRU is, shared by every worker
+and replica, behind ``GuardedResponsesStore`` (a store that is away loses the record: the next
+turn's id is unknown, never a 500).
 """
 
 from __future__ import annotations
@@ -200,9 +200,106 @@ class MemoryResponsesStore:
         return True
 
 
+# The tenant's bookkeeping beside its records, in one atomic step per operation (every worker and
+# replica shares it): KEYS[1] the tenant's ids by last use (a sorted set, score = Redis's clock in
+# ms, kept strictly increasing), KEYS[2] their sizes (a hash), KEYS[3] their byte total; ARGV[1]
+# the record key prefix. An id older than the TTL whose record is gone gives its bytes back.
+_PRUNE = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function stamp(now)  -- strictly after every use so far: ties would sort by id
+  local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2]
+  if top and tonumber(top) >= now then return tonumber(top) + 1 end
+  return now
+end
+local function forget(id)
+  local size = tonumber(redis.call('HGET', KEYS[2], id) or '0')
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('ZREM', KEYS[1], id)
+  if size > 0 then redis.call('DECRBY', KEYS[3], size) end
+end
+local function prune(now, ttl)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - ttl)) do
+    if redis.call('EXISTS', ARGV[1] .. id) == 0 then forget(id) end
+  end
+end
+"""
+# put: ARGV[2] id, ARGV[3] record, ARGV[4] its accounted size, ARGV[5] ttl ms, ARGV[6] quota.
+# Returns how many of the tenant's own records were evicted to make room.
+_PUT = (
+    _PRUNE
+    + """
+local now, ttl, quota = now_ms(), tonumber(ARGV[5]), tonumber(ARGV[6])
+prune(now, ttl)
+forget(ARGV[2])
+local size = tonumber(ARGV[4])
+local evicted = 0
+if size <= quota then
+  redis.call('SET', ARGV[1] .. ARGV[2], ARGV[3], 'PX', ttl)
+  redis.call('ZADD', KEYS[1], stamp(now), ARGV[2])
+  redis.call('HSET', KEYS[2], ARGV[2], size)
+  local total = redis.call('INCRBY', KEYS[3], size)
+  while total > quota do
+    local two = redis.call('ZRANGE', KEYS[1], 0, 1)  -- the oldest that is not this record
+    local oldest = two[1] == ARGV[2] and two[2] or two[1]
+    if oldest == nil then break end
+    redis.call('DEL', ARGV[1] .. oldest)
+    forget(oldest)
+    evicted = evicted + 1
+    total = tonumber(redis.call('GET', KEYS[3]) or '0')
+  end
+else
+  redis.call('DEL', ARGV[1] .. ARGV[2])
+end
+for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ttl) end
+return evicted
+"""
+)
+# get: ARGV[2] id, ARGV[3] ttl ms. The record (its expiry renewed) or nil.
+_GET = (
+    _PRUNE
+    + """
+local raw = redis.call('GETEX', ARGV[1] .. ARGV[2], 'PX', ARGV[3])
+if raw then
+  redis.call('ZADD', KEYS[1], 'XX', stamp(now_ms()), ARGV[2])
+  for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[3]) end
+end
+return raw
+"""
+)
+# total: ARGV[2] ttl ms. The tenant's accounted bytes, expired records given back first.
+_TOTAL = (
+    _PRUNE
+    + """
+prune(now_ms(), tonumber(ARGV[2]))
+return tonumber(redis.call('GET', KEYS[3]) or '0')
+"""
+)
+# delete: ARGV[2] id. 1 when a record was deleted.
+_DELETE = (
+    _PRUNE
+    + """
+local deleted = redis.call('DEL', ARGV[1] .. ARGV[2])
+forget(ARGV[2])
+return deleted
+"""
+)
+
+
 class RedisResponsesStore:
     """One Redis key per response, ``<prefix>rs:<tenant>/<id>``, expiring ``ttl`` seconds after
-    it was written or last read; a record over ``max_record_bytes`` is not kept."""
+    it was written or last read, and each tenant's records bounded in bytes like the in-process
+    store's: at most ``tenant_quota`` bytes (records, keys and ~64 bytes each; the proxy gives
+    each API key ``--max-responses-memory`` / the number of keys, one tenant without keys the
+    whole bound), the tenant's least recently used records evicted first, so one client cannot
+    fill Redis or, under its ``maxmemory`` policy, push out another client's chains. A record
+    larger than the whole quota is not kept. The bookkeeping (``<prefix>rsz:``, ``rsb:``, ``rst:``
+    + tenant: ids by last use, sizes, total) is updated by one Lua script per operation, atomic
+    across workers and replicas, and expires with the records; a record that expired by its TTL
+    gives its bytes back at the tenant's next operation. (The scripts name record keys they
+    build, so a Redis Cluster would need every tenant's keys in one slot: not supported.)"""
 
     def __init__(
         self,
@@ -210,27 +307,56 @@ class RedisResponsesStore:
         ttl: float,
         *,
         max_record_bytes: int,
+        tenant_quota: int | None = None,
         prefix: str = "repairproxy:",
     ) -> None:
         self.client = client
         self.ttl_ms = max(int(ttl * 1000), 1)
         self.max_record_bytes = max_record_bytes
+        self.tenant_quota = max_record_bytes if tenant_quota is None else tenant_quota
         self.prefix = prefix
+        self._put = client.register_script(_PUT)
+        self._get = client.register_script(_GET)
+        self._delete = client.register_script(_DELETE)
+        self._total = client.register_script(_TOTAL)
+
+    def _keys(self, tenant: str) -> tuple[list[bytes], bytes]:
+        """The tenant's three bookkeeping keys and its record key prefix."""
+        base = self.prefix.encode("utf-8", "surrogatepass")
+        name = tenant.encode("utf-8", "surrogatepass")
+        keys = [base + b"rsz:" + name, base + b"rsb:" + name, base + b"rst:" + name]
+        return keys, base + b"rs:" + name + b"/"
 
     def _key(self, tenant: str, response_id: str) -> bytes:
         return f"{self.prefix}rs:{tenant}/{response_id}".encode("utf-8", "surrogatepass")
 
+    @staticmethod
+    def _size(tenant: str, response_id: str, raw: bytes) -> int:
+        return len(raw) + len(tenant) + len(response_id) + 64  # as MemoryResponsesStore counts
+
+    async def tenant_bytes(self, tenant: str) -> int:
+        """The bytes accounted to ``tenant`` now (expired records given back first)."""
+        keys, records = self._keys(tenant)
+        return int(await self._total(keys=keys, args=[records, self.ttl_ms]))
+
     async def put(self, tenant: str, response_id: str, record: StoredResponse) -> None:
         raw = encode_record(record)
-        if len(raw) <= self.max_record_bytes:
-            await self.client.set(self._key(tenant, response_id), raw, px=self.ttl_ms)
+        size = self._size(tenant, response_id, raw)
+        quota = min(self.max_record_bytes, self.tenant_quota)
+        keys, records = self._keys(tenant)
+        ident = response_id.encode("utf-8", "surrogatepass")
+        await self._put(keys=keys, args=[records, ident, raw, size, self.ttl_ms, quota])
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
-        raw = await self.client.getex(self._key(tenant, response_id), px=self.ttl_ms)
+        keys, records = self._keys(tenant)
+        ident = response_id.encode("utf-8", "surrogatepass")
+        raw = await self._get(keys=keys, args=[records, ident, self.ttl_ms])
         return decode_record(raw) if isinstance(raw, bytes) else None
 
     async def delete(self, tenant: str, response_id: str) -> bool:
-        return bool(await self.client.delete(self._key(tenant, response_id)))
+        keys, records = self._keys(tenant)
+        ident = response_id.encode("utf-8", "surrogatepass")
+        return bool(await self._delete(keys=keys, args=[records, ident]))
 
 
 class GuardedResponsesStore:

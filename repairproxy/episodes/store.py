@@ -134,13 +134,19 @@ def open_stores(
         timeout=settings.store_timeout,
     )
     ttl = settings.episode_idle_ttl
+    keys = len(settings.api_keys)
     return Stores(
         GuardedEpisodeStore(RedisEpisodeStore(client, ttl), health),
         GuardedChainIndex(RedisChainIndex(client, ttl), health),
         health,
         client=client,
         responses=GuardedResponsesStore(
-            RedisResponsesStore(client, ttl, max_record_bytes=settings.max_responses_memory),
+            RedisResponsesStore(
+                client,
+                ttl,
+                max_record_bytes=settings.max_responses_memory,
+                tenant_quota=settings.max_responses_memory // keys if keys > 1 else None,
+            ),
             health,
         ),
     )
