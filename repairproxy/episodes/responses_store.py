@@ -108,6 +108,11 @@ class ResponsesStore(Protocol):
     async def delete(self, tenant: str, response_id: str) -> bool: ...
 
 
+def _accounted_size(tenant: str, response_id: str, raw: bytes) -> int:
+    """The bytes a record counts for in either store: record, keys and the entry's own overhead."""
+    return len(raw) + len(tenant) + len(response_id) + 64
+
+
 class MemoryResponsesStore:
     """An in-process LRU of encoded records, at most ``max_bytes`` of them (keys included) and
     each kept at most ``ttl`` seconds; a record larger than the whole bound is not kept.
@@ -142,13 +147,9 @@ class MemoryResponsesStore:
     def tenant_bytes(self, tenant: str) -> int:
         return self._tenant_bytes.get(tenant, 0)
 
-    @staticmethod
-    def _size(key: tuple[str, str], raw: bytes) -> int:
-        return len(raw) + len(key[0]) + len(key[1]) + 64  # the entry's own overhead, roughly
-
     def _drop(self, key: tuple[str, str]) -> None:
         raw, _ = self._records.pop(key)
-        size = self._size(key, raw)
+        size = _accounted_size(key[0], key[1], raw)
         self.bytes -= size
         tenant, response_id = key
         ids = self._by_tenant[tenant]
@@ -167,7 +168,7 @@ class MemoryResponsesStore:
         raw = encode_record(record)
         if key in self._records:
             self._drop(key)
-        size = self._size(key, raw)
+        size = _accounted_size(key[0], key[1], raw)
         quota = self.max_bytes if self.tenant_quota is None else self.tenant_quota
         if size > min(self.max_bytes, quota):
             return
@@ -204,7 +205,7 @@ class MemoryResponsesStore:
 # replica shares it): KEYS[1] the tenant's ids by last use (a sorted set, score = Redis's clock in
 # ms, kept strictly increasing), KEYS[2] their sizes (a hash), KEYS[3] their byte total; ARGV[1]
 # the record key prefix. An id older than the TTL whose record is gone gives its bytes back.
-_PRUNE = """
+_LUA_HELPERS = """
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -229,7 +230,7 @@ end
 # put: ARGV[2] id, ARGV[3] record, ARGV[4] its accounted size, ARGV[5] ttl ms, ARGV[6] quota.
 # Returns how many of the tenant's own records were evicted to make room.
 _PUT = (
-    _PRUNE
+    _LUA_HELPERS
     + """
 local now, ttl, quota = now_ms(), tonumber(ARGV[5]), tonumber(ARGV[6])
 prune(now, ttl)
@@ -259,7 +260,7 @@ return evicted
 )
 # get: ARGV[2] id, ARGV[3] ttl ms. The record (its expiry renewed) or nil.
 _GET = (
-    _PRUNE
+    _LUA_HELPERS
     + """
 local raw = redis.call('GETEX', ARGV[1] .. ARGV[2], 'PX', ARGV[3])
 if raw then
@@ -271,7 +272,7 @@ return raw
 )
 # total: ARGV[2] ttl ms. The tenant's accounted bytes, expired records given back first.
 _TOTAL = (
-    _PRUNE
+    _LUA_HELPERS
     + """
 prune(now_ms(), tonumber(ARGV[2]))
 return tonumber(redis.call('GET', KEYS[3]) or '0')
@@ -279,7 +280,7 @@ return tonumber(redis.call('GET', KEYS[3]) or '0')
 )
 # delete: ARGV[2] id. 1 when a record was deleted.
 _DELETE = (
-    _PRUNE
+    _LUA_HELPERS
     + """
 local deleted = redis.call('DEL', ARGV[1] .. ARGV[2])
 forget(ARGV[2])
@@ -298,7 +299,7 @@ class RedisResponsesStore:
     larger than the whole quota is not kept. The bookkeeping (``<prefix>rsz:``, ``rsb:``, ``rst:``
     + tenant: ids by last use, sizes, total) is updated by one Lua script per operation, atomic
     across workers and replicas, and expires with the records; a record that expired by its TTL
-    gives its bytes back at the tenant's next operation. (The scripts name record keys they
+    gives its bytes back at the tenant's next put. (The scripts name record keys they
     build, so a Redis Cluster would need every tenant's keys in one slot: not supported.)"""
 
     def __init__(
@@ -327,13 +328,6 @@ class RedisResponsesStore:
         keys = [base + b"rsz:" + name, base + b"rsb:" + name, base + b"rst:" + name]
         return keys, base + b"rs:" + name + b"/"
 
-    def _key(self, tenant: str, response_id: str) -> bytes:
-        return f"{self.prefix}rs:{tenant}/{response_id}".encode("utf-8", "surrogatepass")
-
-    @staticmethod
-    def _size(tenant: str, response_id: str, raw: bytes) -> int:
-        return len(raw) + len(tenant) + len(response_id) + 64  # as MemoryResponsesStore counts
-
     async def tenant_bytes(self, tenant: str) -> int:
         """The bytes accounted to ``tenant`` now (expired records given back first)."""
         keys, records = self._keys(tenant)
@@ -341,7 +335,7 @@ class RedisResponsesStore:
 
     async def put(self, tenant: str, response_id: str, record: StoredResponse) -> None:
         raw = encode_record(record)
-        size = self._size(tenant, response_id, raw)
+        size = _accounted_size(tenant, response_id, raw)
         quota = min(self.max_record_bytes, self.tenant_quota)
         keys, records = self._keys(tenant)
         ident = response_id.encode("utf-8", "surrogatepass")
