@@ -29,6 +29,13 @@ from repairproxy.types import Message, Receive, RepairMode, Send
 from repairproxy.upstream.client import Transport, Upstream
 from repairproxy.validation import ToolsCache
 
+# The collector's youngest generation is scanned after this many net container allocations
+# (CPython's default: 700). A request leaves a few hundred behind for a moment, so at 700 the
+# collector ran every two or three requests and scanned the in-flight requests' objects each
+# time; at 10,000 it runs ~14x less often for the same scan, and at most 10,000 young objects (~1
+# MB) wait for it. Whole server under callgrind, JSON: 757.6k -> 749.3k instructions a request.
+YOUNG_GC_THRESHOLD = 10_000
+
 if TYPE_CHECKING:
     from repairproxy.observe.metrics import Metrics
 
@@ -63,6 +70,7 @@ class RepairProxyApp:
         self.stores: Stores | None = None
         self.draining = False
         self._sigterm: tuple[Any, Any] | None = None  # (our handler, the one it chains to)
+        self._gc_threshold: tuple[int, int, int] | None = None  # the collector's, before start
         self._metrics_server: Any = None  # --metrics-port's own server, closed at shutdown
         self.metrics: Any = None  # built with the Proxy; None with --metrics false
 
@@ -184,8 +192,13 @@ class RepairProxyApp:
                 # Start-up objects (imports, compiled schemas) never die: keep them out of the
                 # collector's scans, which otherwise show up in the latency tail.
                 gc.freeze()
+                self._gc_threshold = gc.get_threshold()
+                gc.set_threshold(YOUNG_GC_THRESHOLD, *self._gc_threshold[1:])
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                if self._gc_threshold is not None:  # an app in a test's process: as it was
+                    gc.set_threshold(*self._gc_threshold)
+                    self._gc_threshold = None
                 self._unwatch_sigterm()
                 if self.proxy is not None:
                     await self.proxy.upstream.aclose()

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import gc
 from importlib.resources import files
 from pathlib import Path
 
 import httpx
 import pytest
 
-from repairproxy.app import create_app
+from repairproxy.app import YOUNG_GC_THRESHOLD, create_app
 from repairproxy.settings import Settings
 from tests.proxy.conftest import StartProxy
+from tests.support.in_process import in_process_proxy
 from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
 from tests.support.tools import MESSAGES, TOOLS
 
@@ -84,3 +86,14 @@ def test_forbid_extra_arguments(
     upstream.push(completion(tool_calls=[tool_call("find_user_id_by_email", extra)]))
     response = _post(proxy.base_url, MESSAGES)
     assert response.headers["x-repairproxy-tool-errors"] == expected
+
+
+@pytest.mark.anyio
+async def test_the_collector_runs_less_often_while_the_app_serves() -> None:
+    """After start-up the youngest generation waits for YOUNG_GC_THRESHOLD allocations (the
+    older ones keep theirs); at shutdown the process gets its own thresholds back."""
+    before = gc.get_threshold()
+    async with in_process_proxy(Settings(upstream="http://mock/v1")):
+        assert gc.get_threshold() == (YOUNG_GC_THRESHOLD, *before[1:])
+        assert before[0] < YOUNG_GC_THRESHOLD
+    assert gc.get_threshold() == before

@@ -19,9 +19,13 @@ from typing import Any
 import pytest
 import uvicorn
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    RequestResponseCycle,
+)
 
-from repairproxy.server import LimitedProtocol, _Cycle
+from repairproxy.server import LimitedProtocol, _Cycle, bad_header_name, bad_header_value
 
 
 class _Transport:
@@ -224,6 +228,21 @@ def test_the_cases_cover_each_outcome() -> None:
     assert results["bad name"][4] == "RuntimeError: Invalid HTTP header name."
     assert results["connection close"][1] is True
     assert b"transfer-encoding: chunked" in results["stream"][0]
+
+
+def test_header_checks_find_what_uvicorns_expressions_find() -> None:
+    """The byte-deletion checks against uvicorn's regular expressions: every byte alone, and at
+    the start, middle and end of a real verdict's header names and values."""
+    names = b"content-typex-repairproxy-tool-errorsx-repairproxy-repairsx-repairproxy-overhead-ms"
+    values = b"application/jsonunknown_tool,schema_violation10.153"
+    for byte in range(256):
+        one = bytes([byte])
+        for text in (one, one + names, names[:20] + one + names[20:], names + one):
+            assert bad_header_name(text) == bool(HEADER_RE.search(text)), (byte, text)
+        for text in (one, one + values, values[:20] + one + values[20:], values + one):
+            assert bad_header_value(text) == bool(HEADER_VALUE_RE.search(text)), (byte, text)
+    assert not bad_header_name(names) and not bad_header_value(values)
+    assert bad_header_name(b"x-a b") and bad_header_value(b"a\r\nb") and not bad_header_value(b"\t")
 
 
 def _asgi_app(headers: list[tuple[bytes, bytes]]) -> Any:
