@@ -128,7 +128,7 @@ class ChatRequest:
         return {k: v for k, v in forward.items() if k not in ("stream", "stream_options")}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per request; frozen=True would cost an object.__setattr__ a field
 class Decision:
     """What ``judge`` decided: the answer to send and what it took (``types.Outcome`` is the
     operator's one-word summary of it, in the record and the metrics)."""

@@ -148,7 +148,7 @@ def episode_id_for(
     return "fp-" + hashlib.blake2b(opening, digest_size=12).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per request; frozen=True would cost an object.__setattr__ a field
 class EpisodeRef:
     """The episode of one request.
 
@@ -195,7 +195,7 @@ class TenantKeys:
         return "t-" + digest.hexdigest()[:24]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per request; frozen=True would cost an object.__setattr__ a field
 class BudgetSnapshot:
     """An episode's count after one observation.
 
@@ -215,7 +215,7 @@ class BudgetSnapshot:
 
     def __post_init__(self) -> None:
         if self.errors_before < 0:
-            object.__setattr__(self, "errors_before", self.errors)
+            self.errors_before = self.errors
 
     @property
     def remaining(self) -> int:

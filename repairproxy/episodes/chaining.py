@@ -379,7 +379,7 @@ def _stream(
     return stream, resume
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per request; frozen=True would cost an object.__setattr__ a field
 class ConversationKeys:
     """The digests of one request's history.
 

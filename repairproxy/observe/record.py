@@ -57,7 +57,7 @@ class RepairResult:
     result: RepairResultKind
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per request; frozen=True would cost an object.__setattr__ a field
 class EpisodeRecord:
     """The episode's budget around this request (charged errors, as τ²-bench would count them).
 

@@ -188,7 +188,7 @@ def _bypasses(entry: str, host: str, netloc: str) -> bool:
         return False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per request; frozen=True would cost an object.__setattr__ a field
 class UpstreamReply:
     """A buffered upstream answer (body as it came: content-encoding kept if it was asked for)."""
 
