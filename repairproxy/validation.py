@@ -159,7 +159,7 @@ def _closed(schema: Mapping[str, Any]) -> dict[str, Any]:
     return closed
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per request; frozen=True would cost an object.__setattr__ a field
 class CallRules:
     """What the request allows an answer's calls to be (see ``textcalls``: the three outcomes).
 
