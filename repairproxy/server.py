@@ -19,8 +19,8 @@ is held forever (with the fd limit at 128, 150 such sockets starve ``/healthz``)
 For CPU rather than limits, the request and its answer run through ``_Cycle``, uvicorn's
 ``RequestResponseCycle`` written lean (same bytes, errors and states for the same messages):
 the scope built in one step, no ``asyncio.Event`` per request, the request body handed over
-without copies, a response's header names checked in one regular-expression search and its values
-in another (uvicorn: two per header), and the status line and headers held until the body's first
+without copies, a response's header names checked in one byte deletion and its values in
+another (uvicorn: two regular-expression searches per header), and the status line and headers held until the body's first
 write, so an answer costs one ``send`` system call, not two. The app may skip the ASGI message
 dicts: ``scope["extensions"]`` holds the cycle as an ``asgi.responder.ResponseWriter``
 (``RESPONSE_EXTENSION``; a whole answer is one call, one write) and the disconnect callback
@@ -360,8 +360,8 @@ class _Cycle:
 
     What differs is cost. The request body is handed over without copies; ``receive`` waits on
     a future only when nothing has arrived (no ``asyncio.Event`` per request); a response's
-    header names are checked in one regular-expression search and its values in another
-    (uvicorn: two searches per header); and the status line and headers are held until the
+    header names are checked in one byte deletion and its values in another (uvicorn: two
+    regular-expression searches per header); and the status line and headers are held until the
     first body bytes, so an answer leaves in one ``send`` system call: a stream whose first
     chunk is not ready yet gets its head at the end of the loop iteration.
 
