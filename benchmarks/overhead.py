@@ -10,6 +10,12 @@ latency is noisy on shared cores, CPU time much less so.
 
     python -m benchmarks.overhead [--rounds 6] [--requests 500] [--repair reflexive] [--stream]
     python -m benchmarks.overhead --episode-store redis://127.0.0.1:6379/0   # every proxy on Redis
+    python -m benchmarks.overhead --floor   # + a byte relay, + the proxy on an unjudged route
+
+``--floor`` splits the proxy's CPU per request into the floor any proxy process pays (a uvloop
+relay: the loop and four socket calls), the HTTP layers (the proxy on a route it relays without
+judging: our server, the upstream client, the relay route and its log line) and the rest (the
+decision: validation, episode, repair instruction, verdict headers, metrics).
 """
 
 from __future__ import annotations
@@ -179,12 +185,18 @@ class _Target:
             self.count[concurrency] = self.count.get(concurrency, 0) + len(samples)
 
 
-def _http_request(port: int, body: bytes) -> bytes:
+def _http_request(port: int, body: bytes, path: bytes = b"/v1/chat/completions") -> bytes:
     return (
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n"
+        b"POST %s HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n"
         b"content-type: application/json\r\nauthorization: Bearer bench\r\n"
-        b"content-length: %d\r\n\r\n" % (port, len(body))
+        b"content-length: %d\r\n\r\n" % (path, port, len(body))
     ) + body
+
+
+# ``--floor``: the first proxy on a route it relays without judging (the fast upstream answers
+# any path holding "chat/completions" as it answers the chat route), so the server, the upstream
+# client and the relay route are measured without the decision.
+UNCHECKED_PATH = b"/v1/floor/chat/completions"
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -386,6 +398,12 @@ def main(argv: list[str] | None = None) -> None:
         "e.g. --variant now --variant base@/tmp/base --variant no-metrics='--metrics false'",
     )
     parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also measure a byte relay (benchmarks.relay_floor: the loop and the four socket "
+        "calls) and the first proxy on a route it relays unjudged (server + upstream client)",
+    )
+    parser.add_argument(
         "--episode-store", default=None, help="passed to every proxy (e.g. redis://HOST:PORT/DB)"
     )
     args = parser.parse_args(argv)
@@ -404,6 +422,10 @@ def main(argv: list[str] | None = None) -> None:
         _start_proxy(v, upstream_port, port, args.repair)
         for v, port in zip(variants, ports, strict=True)
     ]
+    relay_port = _free_port()
+    if args.floor:
+        command = [sys.executable, "-m", "benchmarks.relay_floor", "--port", str(relay_port)]
+        processes.append(subprocess.Popen([*command, "--upstream-port", str(upstream_port)]))
     try:
         _wait_port(upstream_port)
         for port in ports:
@@ -412,8 +434,15 @@ def main(argv: list[str] | None = None) -> None:
         direct = _Target("direct", upstream_port, _http_request(upstream_port, body))
         proxies = [
             (_Target(v.label, port, _http_request(port, body)), process.pid)
-            for v, port, process in zip(variants, ports, processes, strict=True)
+            for v, port, process in zip(variants, ports, processes, strict=False)
         ]
+        if args.floor:
+            _wait_port(relay_port)
+            relayed = _http_request(upstream_port, body)  # the relay passes the Host on as is
+            proxies.append((_Target("relay", relay_port, relayed), processes[-1].pid))
+            unchecked = _http_request(ports[0], body, UNCHECKED_PATH)
+            label = f"{variants[0].label}:unchecked"
+            proxies.append((_Target(label, ports[0], unchecked), processes[0].pid))
         print(
             f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f}, "
             f"sum(range(1000)) takes {_speed_marker_us():.1f} us (other processes share the cpus)"
