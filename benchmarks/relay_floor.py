@@ -40,6 +40,7 @@ class _Client(asyncio.Protocol):
         self._upstream: asyncio.Transport | None = None
         self._early: list[bytes] = []
         self._transport: asyncio.Transport | None = None
+        self._gone = False  # the client left, perhaps before its upstream connection was up
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
@@ -55,6 +56,9 @@ class _Client(asyncio.Protocol):
         except OSError:
             client.close()
             return
+        if self._gone:
+            upstream.close()
+            return
         self._upstream = upstream
         for data in self._early:
             upstream.write(data)
@@ -67,6 +71,7 @@ class _Client(asyncio.Protocol):
             self._upstream.write(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._gone = True
         if self._upstream is not None:
             self._upstream.close()
 
