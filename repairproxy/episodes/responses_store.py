@@ -299,8 +299,9 @@ class RedisResponsesStore:
     larger than the whole quota is not kept. The bookkeeping (``<prefix>rsz:``, ``rsb:``, ``rst:``
     + tenant: ids by last use, sizes, total) is updated by one Lua script per operation, atomic
     across workers and replicas, and expires with the records; a record that expired by its TTL
-    gives its bytes back at the tenant's next put. (The scripts name record keys they
-    build, so a Redis Cluster would need every tenant's keys in one slot: not supported.)"""
+    gives its bytes back at the tenant's next put or size check (``tenant_bytes``). (The scripts
+    name record keys they build, so a Redis Cluster would need every tenant's keys in one slot:
+    not supported.)"""
 
     def __init__(
         self,
