@@ -6,7 +6,11 @@ for its frozen configuration; ``python -m repairproxy serve --upstream URL`` run
 
 from typing import TYPE_CHECKING
 
-from repairproxy.settings import Settings
+from repairproxy import compiled
+
+compiled.install()  # before any compiled module loads: the whole mypyc build, or none of it
+
+from repairproxy.settings import Settings  # noqa: E402
 
 if TYPE_CHECKING:
     from repairproxy.app import create_app

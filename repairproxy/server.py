@@ -260,7 +260,7 @@ class LimitedProtocol(HttpToolsProtocol):
             expect_100_continue=self.expect_100_continue,
         )
         scope["extensions"] = {
-            DISCONNECT_EXTENSION: {"watch": cycle.watch_disconnect},
+            DISCONNECT_EXTENSION: {"watch": cycle.watch_disconnect, "loop": self.loop},
             RESPONSE_EXTENSION: cycle,
         }
         self.cycle = cycle  # type: ignore[assignment]

@@ -327,6 +327,8 @@ class StreamAssembler:
                     if type(part) is not dict:
                         continue
                     index = part.get("index", len(calls))
+                    if type(index) is not int:
+                        continue  # a malformed part: no call to add it to (nor to sort it by)
                     call = calls.get(index)
                     if call is None:
                         call = calls[index] = _CallParts()

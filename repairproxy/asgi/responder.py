@@ -126,9 +126,11 @@ async def read_body(receive: Receive, headers: Mapping[str, str], limit: int) ->
 
 
 # The disconnect extension a server may offer in ``scope["extensions"]`` (``repairproxy.server``
-# does): ``{"watch": watch}``, where ``watch(callback)`` arranges for ``callback()`` to run once
-# if the client goes away before the response is complete, and returns the function that stops
-# watching. Without it, a task waits in ``receive()`` for ``http.disconnect`` instead.
+# does): ``{"watch": watch, "loop": loop}``, where ``watch(callback)`` arranges for ``callback()``
+# to run once if the client goes away before the response is complete, and returns the function
+# that stops watching; ``loop`` is the running loop (``asyncio.current_task(loop)`` skips the
+# ``getpid`` system call CPython 3.11's running-loop lookup makes). Without the extension, a task
+# waits in ``receive()`` for ``http.disconnect`` instead.
 DISCONNECT_EXTENSION = "repairproxy:disconnect"
 
 
@@ -164,7 +166,8 @@ async def cancel_on_disconnect(work: Awaitable[None], receive: Receive, scope: S
     this project's server the disconnect comes as a callback from the connection
     (``DISCONNECT_EXTENSION``), so no task is created to watch either.
     """
-    current = asyncio.current_task()
+    extension = (scope.get("extensions") or {}).get(DISCONNECT_EXTENSION)
+    current = asyncio.current_task(extension.get("loop") if extension is not None else None)
     assert current is not None
     disconnected = False
 
@@ -173,7 +176,6 @@ async def cancel_on_disconnect(work: Awaitable[None], receive: Receive, scope: S
         disconnected = True
         current.cancel()
 
-    extension = (scope.get("extensions") or {}).get(DISCONNECT_EXTENSION)
     if extension is not None:
         stop: Callable[[], None] = extension["watch"](on_disconnect)
     else:

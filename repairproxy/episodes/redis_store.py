@@ -128,20 +128,24 @@ def encode_state(state: EpisodeState) -> bytes:
     return orjson.dumps({name: getattr(state, name) for name in _FIELDS})
 
 
-def _field_check(annotation: Any) -> Callable[[Any], bool]:
-    """Whether a decoded field holds what ``EpisodeState`` declares: dicts of ints or of nulls
-    (ordered sets), ints; JSON's keys are strings already."""
-    declared = str(annotation).replace(" ", "")
-    if declared == "dict[str,None]":
-        return lambda value: isinstance(value, dict) and all(v is None for v in value.values())
-    if declared == "dict[str,int]":
-        return lambda value: isinstance(value, dict) and all(type(v) is int for v in value.values())
-    if declared == "int":
-        return lambda value: type(value) is int
-    return lambda value: True
+def _counts(value: Any) -> bool:
+    return isinstance(value, dict) and all(type(v) is int for v in value.values())
 
 
-_FIELD_CHECKS = {f.name: _field_check(f.type) for f in dataclasses.fields(EpisodeState)}
+def _ordered_set(value: Any) -> bool:
+    return isinstance(value, dict) and all(v is None for v in value.values())
+
+
+# What each field of ``EpisodeState`` holds: dicts of ints (counts) or of nulls (ordered sets);
+# JSON's keys are strings already. Written out rather than read from the annotations, which a
+# compiled EpisodeState (repairproxy.compiled) reports as plain ``dict``.
+_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "by_channel": _counts,
+    "silent_by_channel": _counts,
+    "seen": _ordered_set,
+    "pending": _ordered_set,
+    "result_counts": _counts,
+}
 
 
 def decode_state(raw: bytes) -> EpisodeState:

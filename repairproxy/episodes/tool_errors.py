@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 __all__ = [
     "DEFAULT_ENV_ERROR_TABLE",
@@ -185,9 +186,9 @@ class ErrorClassifier:
 
     # Texts up to this long have their label remembered (whole, as the key); longer ones are
     # classified again each time, so the memory stays bounded by count times this size.
-    MAX_REMEMBERED_TEXT_CHARS = 512
+    MAX_REMEMBERED_TEXT_CHARS: ClassVar[int] = 512
     # Labels remembered (cleared when full).
-    MAX_REMEMBERED_LABELS = 4096
+    MAX_REMEMBERED_LABELS: ClassVar[int] = 4096
 
     def __init__(self, table: Sequence[tuple[str, str]] = DEFAULT_ENV_ERROR_TABLE) -> None:
         self._classes = tuple((label, re.compile(pattern)) for label, pattern in table)

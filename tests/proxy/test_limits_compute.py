@@ -4,6 +4,7 @@ cache accounts for), never timings (those are in ``benchmarks/limits.py``)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import socket
 import threading
@@ -14,7 +15,8 @@ import orjson
 import pytest
 
 from repairproxy.asgi.gate import MAX_HELD_CONTENT_CHARS, SSEParser, ToolCallGate
-from repairproxy.episodes.budget import MAX_SEEN_RESULTS, ErrorBudget
+from repairproxy.episodes import redis_store
+from repairproxy.episodes.budget import MAX_SEEN_RESULTS, EpisodeState, ErrorBudget
 from repairproxy.episodes.guard import GuardedEpisodeStore, StoreHealth
 from repairproxy.episodes.memory_store import MemoryEpisodeStore
 from repairproxy.episodes.redis_store import RedisEpisodeStore, decode_state, redis_client
@@ -149,6 +151,10 @@ def test_wrong_typed_redis_state_is_a_store_error() -> None:
     with pytest.raises(ValueError):
         decode_state(b'{"seen": [1, 2]}')
     assert decode_state(b'{"by_channel": {"unknown_tool": 3}}').errors == 3
+
+
+def test_every_episode_state_field_has_a_type_check() -> None:
+    assert set(redis_store._FIELD_CHECKS) == {f.name for f in dataclasses.fields(EpisodeState)}
 
 
 @pytest.fixture

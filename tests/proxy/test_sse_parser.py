@@ -193,3 +193,14 @@ def test_the_assembler_tells_content_only_chunks_as_the_plain_rule_does(
     assembler = StreamAssembler()
     assembler.add(chunk)
     assert assembler.content_only is _content_only(chunk)
+
+
+def test_a_call_part_without_an_integer_index_is_skipped_not_sorted() -> None:
+    """An upstream's part indexed by a string beside a well-indexed call: the completion holds the
+    well-indexed call (sorting mixed int and str indexes was a TypeError, a 500)."""
+    assembler = StreamAssembler()
+    good = {"index": 0, "id": "call_1", "function": {"name": "f", "arguments": "{}"}}
+    for part in (good, {"index": "x", "function": {"name": "g"}}, {"index": None}):
+        assembler.add({"choices": [{"index": 0, "delta": {"tool_calls": [part]}}]})
+    calls = assembler.completion()["choices"][0]["message"]["tool_calls"]
+    assert [call["function"]["name"] for call in calls] == ["f"]
