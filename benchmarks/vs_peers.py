@@ -44,7 +44,6 @@ import orjson
 import uvloop
 
 from benchmarks.overhead import REQUEST_BODY
-from repairproxy import compiled
 
 __all__ = ["main"]
 
@@ -585,7 +584,6 @@ def main(argv: list[str] | None = None) -> None:
         _wait_port(upstream_port, upstream, 20)
         load = os.getloadavg()[0]
         print(f"machine: {os.cpu_count()} cpus, load average {load:.1f} at the start", flush=True)
-        print(f"repairproxy build: {compiled.build_state()} (repairproxy/compiled.py)", flush=True)
         if args.pool_only:
             uvloop.run(_pool_vs_clients(upstream_port, max(args.requests, 500), args.rounds))
             return
@@ -636,7 +634,6 @@ def main(argv: list[str] | None = None) -> None:
                 orjson.dumps(
                     {
                         "cpus": os.cpu_count(),
-                        "repairproxy_build": compiled.build_state(),
                         "load_start": load,
                         "load_end": os.getloadavg()[0],
                         "requests": args.requests,

@@ -6,11 +6,7 @@ for its frozen configuration; ``python -m repairproxy serve --upstream URL`` run
 
 from typing import TYPE_CHECKING
 
-from repairproxy import compiled
-
-compiled.install()  # before any compiled module loads: the whole mypyc build, or none of it
-
-from repairproxy.settings import Settings  # noqa: E402
+from repairproxy.settings import Settings
 
 if TYPE_CHECKING:
     from repairproxy.app import create_app

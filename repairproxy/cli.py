@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from repairproxy import compiled
 from repairproxy.settings import Settings, add_serve_arguments, settings_from_namespace
 
 __all__ = ["build_parser", "main", "serve"]
@@ -97,8 +96,7 @@ def serve(settings: Settings) -> None:
         workers = f", {settings.workers} workers" if settings.workers > 1 else ""
         print(
             f"repairproxy: serving on http://{settings.host}:{settings.port}/v1 "
-            f"-> {settings.upstream} (repair={settings.repair}{models}{workers}; "
-            f"{compiled.build_state()}); "
+            f"-> {settings.upstream} (repair={settings.repair}{models}{workers}); "
             f"live page http://{settings.host}:{settings.port}/dashboard",
             file=sys.stderr,
             flush=True,
