@@ -3,7 +3,8 @@
     python -m benchmarks.mypyc_ab [--requests 20000] [--repeats 5] [--keep DIR]
 
 Copies this checkout's tracked files into a temporary tree, compiles ``MODULES`` there with
-mypyc (one shared library, ~2 min on 2 cores; needs a C compiler and setuptools >= 77), then
+mypyc (one shared library, ~2.4 min on 2 cores; needs a C compiler and setuptools, which a
+Python 3.11 venv has and a 3.12 one does not: `pip install setuptools`), then
 runs ``benchmarks.decision_cost`` (the app in process, every feature on) from both trees,
 interleaved, and prints each one's CPU per request. The project is ``mypy --strict``, so these
 modules compile as they are; instructions are what mypyc removes (the whole server under
