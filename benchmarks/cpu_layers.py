@@ -32,6 +32,7 @@ import uvloop
 
 from benchmarks.fast_upstream import CANNED_COMPLETION
 from benchmarks.overhead import REQUEST_BODY, _free_port, _http_request, _Target, _wait_port
+from benchmarks.vs_peers import tree_cpu
 
 CANNED = orjson.dumps(CANNED_COMPLETION)
 
@@ -73,13 +74,6 @@ def _serve_layer(port: int, upstream_port: int, forward: bool) -> None:
     uvicorn.Server(uvicorn.Config(app, **server_options(settings))).run()
 
 
-def _cpu_seconds(pid: int) -> float:
-    tasks = f"/proc/{pid}/task"
-    return (
-        sum(int(open(f"{tasks}/{t}/schedstat").read().split()[0]) for t in os.listdir(tasks)) / 1e9
-    )
-
-
 async def _measure(args: argparse.Namespace) -> None:
     python = sys.executable
     upstream_port = _free_port()
@@ -115,9 +109,9 @@ async def _measure(args: argparse.Namespace) -> None:
         for index in range(args.repeats):
             shift = index % len(targets)
             for name, pid, target in targets[shift:] + targets[:shift]:
-                before = _cpu_seconds(pid)
+                before = tree_cpu(pid).sched_seconds
                 await target.round(clients_of[name], args.requests, record=False)
-                samples[name].append((_cpu_seconds(pid) - before) / args.requests * 1e6)
+                samples[name].append((tree_cpu(pid).sched_seconds - before) / args.requests * 1e6)
         print(
             f"CPU time per request (schedstat), {args.requests} requests a sample, "
             f"x{args.repeats} interleaved; load average {os.getloadavg()[0]:.1f}"

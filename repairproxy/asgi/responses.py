@@ -241,7 +241,7 @@ class ResponsesCall(PipelineCall):
         outcome = await self._decide(cast(ChatCompletion, to_chat_completion(response)))
         final = response
         if outcome.changed:
-            base = self._answers.get(_id_key(cast(Any, outcome.answer).get("id")), response)
+            base = self._answers.get(_id_key(outcome.answer.get("id")), response)
             final = to_response(cast(dict[str, Any], outcome.answer), base)
             if streamed or partial:
                 kept = [streamed[k] for k in sorted(streamed)] if streamed else []
