@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -204,3 +205,39 @@ def test_a_call_part_without_an_integer_index_is_skipped_not_sorted() -> None:
         assembler.add({"choices": [{"index": 0, "delta": {"tool_calls": [part]}}]})
     calls = assembler.completion()["choices"][0]["message"]["tool_calls"]
     assert [call["function"]["name"] for call in calls] == ["f"]
+
+
+_NATIVE = Path(__file__).resolve().parents[1] / "data" / "textcalls" / "native"
+_REAL_CALLS = [
+    case["expected_calls"]
+    for path in sorted(_NATIVE.glob("*.jsonl"))
+    for case in map(orjson.loads, path.read_bytes().splitlines())
+    if case["expected_calls"]
+]
+
+
+@pytest.mark.parametrize("malformed", [False, True])
+def test_the_assembler_rebuilds_every_corpus_call_from_structured_deltas(malformed: bool) -> None:
+    """The calls vLLM's tool-parser tests extract (tests/data/textcalls/native, every family),
+    streamed as a server sends them: an opening part with the name, then the arguments in three
+    pieces. With a malformed part (a string index) after each opening one, the same calls."""
+    assert len(_REAL_CALLS) > 400
+    for calls in _REAL_CALLS:
+        assembler = StreamAssembler()
+        for index, call in enumerate(calls):
+            arguments = orjson.dumps(call["arguments"]).decode()
+            step = max(1, len(arguments) // 3)
+            parts: list[dict[str, Any]] = [
+                {"index": index, "id": f"call_{index}", "function": {"name": call["name"]}}
+            ]
+            if malformed:
+                parts.append({"index": "x", "function": {"arguments": "{junk"}})
+            parts += [
+                {"index": index, "function": {"arguments": arguments[at : at + step]}}
+                for at in range(0, len(arguments), step)
+            ]
+            for part in parts:
+                assembler.add({"choices": [{"index": 0, "delta": {"tool_calls": [part]}}]})
+        built = assembler.completion()["choices"][0]["message"]["tool_calls"]
+        got = [(c["function"]["name"], orjson.loads(c["function"]["arguments"])) for c in built]
+        assert got == [(call["name"], call["arguments"]) for call in calls]
