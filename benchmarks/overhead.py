@@ -35,6 +35,7 @@ import orjson
 import uvloop
 
 from benchmarks.fast_upstream import CANNED_COMPLETION
+from benchmarks.interpreters import interpreter_build
 
 __all__ = ["main"]
 
@@ -287,18 +288,27 @@ def _validation_us(iterations: int = 20_000) -> float:
 
 @dataclass
 class _Variant:
-    """One proxy to measure: a label, the source tree it runs from, extra serve flags."""
+    """One proxy to measure: a label, the source tree it runs from, the interpreter it runs on,
+    extra serve flags."""
 
     label: str
     source: str | None = None  # a checkout (e.g. a git worktree of an older commit)
     extra: list[str] = field(default_factory=list)
+    python: str | None = None  # another venv's interpreter (None: this one's)
 
     @classmethod
     def parse(cls, text: str) -> _Variant:
-        """``LABEL[@DIR][=FLAGS]``, e.g. ``base@/tmp/base``, ``no-metrics=--metrics false``."""
+        """``LABEL[@DIR][#PYTHON][=FLAGS]``, e.g. ``base@/tmp/base``, ``no-metrics=--metrics
+        false``, ``pgo#/tmp/venv-pgo/bin/python`` (a venv with the project installed)."""
         head, _, flags = text.partition("=")
+        head, _, python = head.partition("#")
         label, _, source = head.partition("@")
-        return cls(label, source or None, flags.split())
+        return cls(label, source or None, flags.split(), python or None)
+
+    def describe(self) -> str:
+        where = f"@{self.source}" if self.source else ""
+        python = f" on {self.python}" if self.python else ""
+        return f"{self.label}{where}{python} {' '.join(self.extra)}".rstrip()
 
 
 async def _measure(
@@ -363,7 +373,7 @@ def _start_proxy(
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if variant.source:
         env["PYTHONPATH"] = variant.source
-    command = [sys.executable, "-m", "repairproxy", "serve"]
+    command = [variant.python or sys.executable, "-m", "repairproxy", "serve"]
     command += ["--upstream", f"http://127.0.0.1:{upstream_port}/v1", "--port", str(port)]
     command += ["--repair", repair, *variant.extra]
     return subprocess.Popen(command, env=env, cwd=variant.source or None, stdout=subprocess.DEVNULL)
@@ -394,8 +404,9 @@ def main(argv: list[str] | None = None) -> None:
         "--variant",
         action="append",
         type=_Variant.parse,
-        help="a proxy to measure, LABEL[@DIR][=FLAGS] (repeatable; interleaved in one run), "
-        "e.g. --variant now --variant base@/tmp/base --variant no-metrics='--metrics false'",
+        help="a proxy to measure, LABEL[@DIR][#PYTHON][=FLAGS] (repeatable; interleaved in one "
+        "run), e.g. --variant now --variant base@/tmp/base --variant no-metrics='--metrics "
+        "false' --variant pgo#/tmp/venv-pgo/bin/python",
     )
     parser.add_argument(
         "--floor",
@@ -451,11 +462,10 @@ def main(argv: list[str] | None = None) -> None:
             f"request {len(body)} B, answer with 1 tool call"
             f"{' streamed (SSE, timed to its end)' if args.stream else ''}, repair={args.repair}, "
             f"{args.rounds} interleaved rounds, variants: "
-            + ", ".join(
-                f"{v.label}{'@' + v.source if v.source else ''} {' '.join(v.extra)}"
-                for v in variants
-            )
+            + ", ".join(v.describe() for v in variants)
         )
+        for python in sorted({v.python or sys.executable for v in variants}):
+            print(f"interpreter {python}: {interpreter_build(python)}")
         uvloop.run(_measure(args, direct, proxies))
         print(f"validation: {_validation_us():.2f} us per tool call (check_message, warm cache)")
     finally:

@@ -19,7 +19,11 @@ schedstat run time, in ns, which stays exact at small runs), then the peers' rat
 and the command line and environment each server ran with. Everything listens on loopback.
 
     python -m benchmarks.vs_peers [--requests 300] [--rounds 4] [--clients 1 16]
-        [--peers litellm portkey] [--json-out FILE]
+        [--peers litellm portkey] [--json-out FILE] [--python PATH]
+
+The interpreter changes the two Python servers' CPU by ~20% (``benchmarks.interpreters``): a
+build with profile-guided optimisation, as the Docker image's, against pyenv's default build.
+``--python`` runs repairproxy and LiteLLM on the same one; the run prints which.
     python -m benchmarks.vs_peers --pool-only   # upstream clients: our pool vs aiohttp vs httpx
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
 import shutil
 import socket
@@ -43,6 +48,7 @@ import httptools
 import orjson
 import uvloop
 
+from benchmarks.interpreters import interpreter_build
 from benchmarks.overhead import REQUEST_BODY
 
 __all__ = ["main"]
@@ -431,13 +437,22 @@ class _LogReader:
             self.tail = [*self.tail[-19:], line]
 
 
-def ensure_litellm(venv: Path) -> Path:
-    """The ``litellm`` executable of its own virtualenv, created (with progress) on first use."""
+def litellm_venv_for(python: str) -> Path:
+    """The default LiteLLM venv for an interpreter: this one's, or one per other interpreter."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        return DEFAULT_LITELLM_VENV
+    tag = hashlib.sha256(os.path.realpath(python).encode()).hexdigest()[:8]
+    return DEFAULT_LITELLM_VENV.with_name(f"{DEFAULT_LITELLM_VENV.name}-{tag}")
+
+
+def ensure_litellm(venv: Path, python: str = sys.executable) -> Path:
+    """The ``litellm`` executable of its own virtualenv on ``python``, created (with progress)
+    on first use."""
     executable = venv / "bin" / "litellm"
     if executable.exists():
         return executable
     print(f"creating {venv} with {LITELLM_REQUIREMENT} (once; a few minutes)...", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([python, "-m", "venv", str(venv)], check=True)
     subprocess.run(
         [str(venv / "bin" / "pip"), "install", "--progress-bar", "on", LITELLM_REQUIREMENT],
         check=True,
@@ -511,7 +526,7 @@ def _servers(args: argparse.Namespace, upstream_port: int, workdir: Path) -> lis
         _Server(
             "repairproxy",
             [
-                *(sys.executable, "-m", "repairproxy", "serve", "--host", "127.0.0.1"),
+                *(args.python, "-m", "repairproxy", "serve", "--host", "127.0.0.1"),
                 *("--port", str(port), "--upstream", upstream, "--api-key", "sk-bench"),
                 *("--repair", args.repair, "--metrics", "true"),
             ],
@@ -521,7 +536,7 @@ def _servers(args: argparse.Namespace, upstream_port: int, workdir: Path) -> lis
         )
     ]
     if "litellm" in args.peers:
-        litellm = ensure_litellm(args.litellm_venv)
+        litellm = ensure_litellm(args.litellm_venv or litellm_venv_for(args.python), args.python)
         port = _free_port()
         servers.append(
             _Server(
@@ -567,7 +582,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peers", nargs="*", choices=PEERS, default=list(PEERS))
     parser.add_argument("--json-out", type=Path, help="write every figure and flag here")
     parser.add_argument("--repair", default="reflexive")
-    parser.add_argument("--litellm-venv", type=Path, default=DEFAULT_LITELLM_VENV)
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the interpreter repairproxy runs on (a venv with it installed; see "
+        "benchmarks.interpreters) and LiteLLM's venv is made on (default: this one)",
+    )
+    parser.add_argument(
+        "--litellm-venv",
+        type=Path,
+        help=f"default: {DEFAULT_LITELLM_VENV} for this interpreter, a sibling per other --python",
+    )
     parser.add_argument("--portkey-dir", type=Path, default=DEFAULT_PORTKEY_DIR)
     parser.add_argument("--pool-only", action="store_true", help="only the upstream-client line")
     args = parser.parse_args(argv)
@@ -584,6 +609,12 @@ def main(argv: list[str] | None = None) -> None:
         _wait_port(upstream_port, upstream, 20)
         load = os.getloadavg()[0]
         print(f"machine: {os.cpu_count()} cpus, load average {load:.1f} at the start", flush=True)
+        builds = {
+            "repairproxy and litellm": f"{args.python}: {interpreter_build(args.python)}",
+            "client and upstream": f"{sys.executable}: {interpreter_build(sys.executable)}",
+        }
+        for role, build in builds.items():
+            print(f"interpreter of {role}: {build}", flush=True)
         if args.pool_only:
             uvloop.run(_pool_vs_clients(upstream_port, max(args.requests, 500), args.rounds))
             return
@@ -639,6 +670,7 @@ def main(argv: list[str] | None = None) -> None:
                         "requests": args.requests,
                         "rounds": args.rounds,
                         "clients": args.clients,
+                        "interpreters": builds,
                         "servers": {
                             s.name: {
                                 "argv": s.argv,
