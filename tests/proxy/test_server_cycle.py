@@ -7,6 +7,7 @@ server must use the cycle for every request."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import socket
 import threading
@@ -343,3 +344,26 @@ def test_the_scope_holds_what_uvicorn_parses_from_the_request_target(target: byt
         assert _exchange(port, request).startswith(b"HTTP/1.1 200 OK")
     ours, uvicorns = scopes
     assert ours == uvicorns
+
+
+def test_a_finished_request_is_freed_without_the_collector() -> None:
+    """The scope's extensions hold the cycle and the cycle holds the scope: left as it was, every
+    request became garbage only the collector frees (~11 objects a request, freed in pauses of
+    milliseconds under load). Once the app returns, that loop is broken: with the collector off,
+    the requests answered are gone, all but the last one the connection still holds."""
+    seen: list[type] = []
+    requests = 5
+    gc.collect()
+    gc.disable()
+    try:
+        with _serving(_asgi_app([(b"content-length", b"2")]), seen) as port:
+            keep = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
+            answer = _exchange(
+                port,
+                keep * (requests - 1) + b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+            )
+            alive = sum(type(o) is _Cycle for o in gc.get_objects())
+    finally:
+        gc.enable()
+    assert answer.count(b"HTTP/1.1 200 OK\r\n") == requests and len(seen) == requests
+    assert alive <= 1
