@@ -7,10 +7,10 @@ scope held each other; a collection of ~9,600 of them took 2-5.6 ms). Two measur
 proxy a real ``repairproxy serve`` on loopback beside ``benchmarks.fast_upstream``:
 
 - **garbage**: per kind of request (a JSON answer, a stream, a 400 for a body that is not an
-  object), the objects the collector finds unreachable per request, by type. A hook loaded into
-  the proxy (a ``sitecustomize`` in a temp dir on its ``PYTHONPATH``) collects, keeps what the next
-  collection finds (``gc.DEBUG_SAVEALL``) over ``--requests`` requests, and writes it out on
-  ``SIGUSR1``.
+  object, a call to an undeclared tool, the repair path), the objects the collector finds
+  unreachable per request, by type. A hook loaded into the proxy (a ``sitecustomize`` in a
+  temp dir on its ``PYTHONPATH``) collects, keeps what the next collection finds
+  (``gc.DEBUG_SAVEALL``) over ``--requests`` requests, and writes it out on ``SIGUSR1``.
 - **tail**: added latency percentiles to p99.9 and the maximum at ``--clients`` clients, over
   ``--rounds`` interleaved rounds of ``--tail-requests`` requests per variant.
 
@@ -64,6 +64,17 @@ _KINDS = {
     "json": orjson.dumps(REQUEST_BODY),
     "stream": orjson.dumps({**REQUEST_BODY, "stream": True}),
     "400": orjson.dumps({"model": "bench-model", "messages": 5}),
+    # the canned call's tool is not declared: a hallucinated name, the repair path
+    "hallucinated": orjson.dumps(
+        {
+            **REQUEST_BODY,
+            "tools": [
+                tool
+                for tool in REQUEST_BODY["tools"]
+                if tool["function"]["name"] != "get_order_details"
+            ],
+        }
+    ),
 }
 
 
@@ -113,7 +124,9 @@ async def _run(args: argparse.Namespace, proxies: list[_Proxy], upstream_port: i
                 for name, count in sorted(kinds.items(), key=lambda item: -item[1])[:6]
             )
             detail = f"  ({top})" if top else ""
-            print(f"  {kind:>6} {proxy.label:>10}: {total / requests:6.2f}{detail}", flush=True)
+            print(f"  {kind:>12} {proxy.label:>10}: {total / requests:6.2f}{detail}", flush=True)
+    if args.rounds <= 0:
+        return
     body = _KINDS["stream" if args.stream else "json"]
     direct = _Target("direct", upstream_port, _http_request(upstream_port, body))
     targets = [direct, *(_Target(p.label, p.port, _http_request(p.port, body)) for p in proxies)]
