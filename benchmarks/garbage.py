@@ -7,10 +7,12 @@ scope held each other; a collection of ~9,600 of them took 2-5.6 ms). Two measur
 proxy a real ``repairproxy serve`` on loopback beside ``benchmarks.fast_upstream``:
 
 - **garbage**: per kind of request (a JSON answer, a stream, a 400 for a body that is not an
-  object, a call to an undeclared tool, the repair path), the objects the collector finds
-  unreachable per request, by type. A hook loaded into the proxy (a ``sitecustomize`` in a
-  temp dir on its ``PYTHONPATH``) collects, keeps what the next collection finds
-  (``gc.DEBUG_SAVEALL``) over ``--requests`` requests, and writes it out on ``SIGUSR1``.
+  object, a call to an undeclared tool (the repair path), a Responses and a Messages request
+  translated to chat, and a JSON request on a connection of its own), the objects the
+  collector finds unreachable per request, by type. A hook loaded into the proxy (a
+  ``sitecustomize`` in a temp dir on its ``PYTHONPATH``) collects, keeps what the next
+  collection finds (``gc.DEBUG_SAVEALL``) over ``--requests`` requests, and writes it out on
+  ``SIGUSR1``.
 - **tail**: added latency percentiles to p99.9 and the maximum at ``--clients`` clients, over
   ``--rounds`` interleaved rounds of ``--tail-requests`` requests per variant.
 
@@ -34,6 +36,9 @@ import orjson
 import uvloop
 
 from benchmarks.overhead import REQUEST_BODY, _free_port, _http_request, _pct, _Target, _wait_port
+
+CHAT = b"/v1/chat/completions"
+FRESH = "connection"  # the kind sent on a new connection per request
 
 __all__ = ["main"]
 
@@ -60,20 +65,58 @@ def _usr1(signum, frame):
 signal.signal(signal.SIGUSR1, _usr1)
 """
 
-_KINDS = {
-    "json": orjson.dumps(REQUEST_BODY),
-    "stream": orjson.dumps({**REQUEST_BODY, "stream": True}),
-    "400": orjson.dumps({"model": "bench-model", "messages": 5}),
+_TOOLS = [tool["function"] for tool in REQUEST_BODY["tools"]]
+_QUESTION = REQUEST_BODY["messages"][-1]["content"]
+_SYSTEM = REQUEST_BODY["messages"][0]["content"]
+
+# kind: (path, body). Responses and Messages are translated to chat (``--upstream-apis chat``).
+_KINDS: dict[str, tuple[bytes, bytes]] = {
+    "json": (CHAT, orjson.dumps(REQUEST_BODY)),
+    "stream": (CHAT, orjson.dumps({**REQUEST_BODY, "stream": True})),
+    "400": (CHAT, orjson.dumps({"model": "bench-model", "messages": 5})),
     # the canned call's tool is not declared: a hallucinated name, the repair path
-    "hallucinated": orjson.dumps(
-        {
-            **REQUEST_BODY,
-            "tools": [
-                tool
-                for tool in REQUEST_BODY["tools"]
-                if tool["function"]["name"] != "get_order_details"
-            ],
-        }
+    "hallucinated": (
+        CHAT,
+        orjson.dumps(
+            {
+                **REQUEST_BODY,
+                "tools": [
+                    tool
+                    for tool in REQUEST_BODY["tools"]
+                    if tool["function"]["name"] != "get_order_details"
+                ],
+            }
+        ),
+    ),
+    "responses": (
+        b"/v1/responses",
+        orjson.dumps(
+            {
+                "model": "bench-model",
+                "instructions": _SYSTEM,
+                "input": _QUESTION,
+                "tools": [{"type": "function", **tool} for tool in _TOOLS],
+            }
+        ),
+    ),
+    "messages": (
+        b"/v1/messages",
+        orjson.dumps(
+            {
+                "model": "bench-model",
+                "max_tokens": 256,
+                "system": _SYSTEM,
+                "messages": [{"role": "user", "content": _QUESTION}],
+                "tools": [
+                    {
+                        "name": tool["name"],
+                        "description": tool.get("description", ""),
+                        "input_schema": tool["parameters"],
+                    }
+                    for tool in _TOOLS
+                ],
+            }
+        ),
     ),
 }
 
@@ -90,18 +133,28 @@ class _Proxy:
             "REPAIRPROXY_GARBAGE_OUT": str(self.out),
         }
         command = [sys.executable, "-m", "repairproxy", "serve", "--repair", "reflexive"]
+        command += ["--upstream-apis", "chat"]
         command += ["--upstream", f"http://127.0.0.1:{upstream_port}/v1", "--port", str(self.port)]
         self.process = subprocess.Popen(
             command, env=env, cwd=source or None, stdout=subprocess.DEVNULL
         )
 
-    async def garbage(self, body: bytes, requests: int) -> dict[str, int]:
-        target = _Target(self.label, self.port, _http_request(self.port, body))
-        await target.round(16, 400, record=False)  # warm: caches, pools, lazy imports
+    async def garbage(self, kind: str, requests: int) -> dict[str, int]:
+        if kind == FRESH:  # a JSON request on a connection of its own, closed after the answer
+            payload = _http_request(self.port, _KINDS["json"][1], CHAT, b"connection: close\r\n")
+            await _fresh_connections(self.port, payload, 400)
+        else:
+            path, body = _KINDS[kind]
+            target = _Target(self.label, self.port, _http_request(self.port, body, path))
+            await target.round(16, 400, record=False)  # warm: caches, pools, lazy imports
         self.out.unlink(missing_ok=True)
         self.process.send_signal(signal.SIGUSR1)
         await asyncio.sleep(0.3)
-        await target.round(16, requests, record=False)
+        if kind == FRESH:
+            await _fresh_connections(self.port, payload, requests)
+            await asyncio.sleep(0.3)  # the last connections' ends reach the proxy
+        else:
+            await target.round(16, requests, record=False)
         self.process.send_signal(signal.SIGUSR1)
         deadline = time.monotonic() + 30
         while not self.out.exists():
@@ -112,12 +165,26 @@ class _Proxy:
         return kinds
 
 
+async def _fresh_connections(port: int, payload: bytes, requests: int, clients: int = 16) -> None:
+    """``requests`` requests from ``clients`` clients, each on a new connection read to its end."""
+
+    async def client(count: int) -> None:
+        for _ in range(count):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(payload)
+            await reader.read()  # the proxy closes after the answer
+            writer.close()
+            await writer.wait_closed()
+
+    await asyncio.gather(*(client(requests // clients) for _ in range(clients)))
+
+
 async def _run(args: argparse.Namespace, proxies: list[_Proxy], upstream_port: int) -> None:
     requests = args.requests // 16 * 16
     print(f"objects left to the collector per request ({requests} requests at 16 clients):")
-    for kind, body in _KINDS.items():
+    for kind in [*_KINDS, FRESH]:
         for proxy in proxies:
-            kinds = await proxy.garbage(body, requests)
+            kinds = await proxy.garbage(kind, requests)
             total = sum(kinds.values())
             top = ", ".join(
                 f"{name} {count / requests:.2f}"
@@ -127,7 +194,7 @@ async def _run(args: argparse.Namespace, proxies: list[_Proxy], upstream_port: i
             print(f"  {kind:>12} {proxy.label:>10}: {total / requests:6.2f}{detail}", flush=True)
     if args.rounds <= 0:
         return
-    body = _KINDS["stream" if args.stream else "json"]
+    _, body = _KINDS["stream" if args.stream else "json"]
     direct = _Target("direct", upstream_port, _http_request(upstream_port, body))
     targets = [direct, *(_Target(p.label, p.port, _http_request(p.port, body)) for p in proxies)]
     for target in targets:

@@ -186,11 +186,13 @@ class _Target:
             self.count[concurrency] = self.count.get(concurrency, 0) + len(samples)
 
 
-def _http_request(port: int, body: bytes, path: bytes = b"/v1/chat/completions") -> bytes:
+def _http_request(
+    port: int, body: bytes, path: bytes = b"/v1/chat/completions", extra: bytes = b""
+) -> bytes:
     return (
         b"POST %s HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n"
-        b"content-type: application/json\r\nauthorization: Bearer bench\r\n"
-        b"content-length: %d\r\n\r\n" % (path, port, len(body))
+        b"content-type: application/json\r\nauthorization: Bearer bench\r\n%b"
+        b"content-length: %d\r\n\r\n" % (path, port, extra, len(body))
     ) + body
 
 

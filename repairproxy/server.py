@@ -157,6 +157,10 @@ class LimitedProtocol(HttpToolsProtocol):
         self.parser = None  # type: ignore[assignment]
         if cycle is not None and cycle.disconnected:
             cycle.disconnect_seen()
+        # The protocol and its last cycle hold each other (so do the requests a pipeline still
+        # queues): dropped here, a closed connection goes without the cycle collector.
+        self.cycle = None  # type: ignore[assignment]
+        self.pipeline.clear()
 
     def _arm_header_timer(self) -> None:
         if self._header_timer is None:
