@@ -1,7 +1,8 @@
-"""The interpreter the proxy runs on, measured: the same CPython version differs by ~20% in CPU
-time between a build without profile-guided optimisation (pyenv's default, ``--enable-shared``)
-and one with it (Debian's ``/usr/bin/python3``, the official ``python`` Docker images that
-``docker/Dockerfile`` starts from). Every CPU figure of this project depends on it, so the
+"""The interpreter the proxy runs on, measured: CPython 3.11 takes ~20-30% more CPU time for the
+same work built as pyenv builds it by default (no ``--enable-optimizations``, no LTO, a shared
+libpython) than built optimised (Debian's ``/usr/bin/python3.11``, measured; the official
+``python`` Docker images that ``docker/Dockerfile`` starts from are configured
+``--enable-optimizations --with-lto``). Every CPU figure of this project depends on it, so the
 benchmarks print the interpreter they ran the proxy on (``interpreter_build``) and can run it on
 another (``benchmarks.overhead --variant LABEL#PYTHON``, ``benchmarks.vs_peers --python``).
 

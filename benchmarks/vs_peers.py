@@ -20,11 +20,12 @@ and the command line and environment each server ran with. Everything listens on
 
     python -m benchmarks.vs_peers [--requests 300] [--rounds 4] [--clients 1 16]
         [--peers litellm portkey] [--json-out FILE] [--python PATH]
-
-The interpreter changes the two Python servers' CPU by ~20% (``benchmarks.interpreters``): a
-build with profile-guided optimisation, as the Docker image's, against pyenv's default build.
-``--python`` runs repairproxy and LiteLLM on the same one; the run prints which.
     python -m benchmarks.vs_peers --pool-only   # upstream clients: our pool vs aiohttp vs httpx
+
+The interpreter changes the two Python servers' CPU by ~20% (``benchmarks.interpreters``): an
+optimised build (the Docker image's is configured ``--enable-optimizations --with-lto``; Debian's
+``python3`` measures alike) against pyenv's default build.
+``--python`` runs repairproxy and LiteLLM on the same one; the run prints which.
 """
 
 from __future__ import annotations

@@ -346,6 +346,17 @@ def test_the_scope_holds_what_uvicorn_parses_from_the_request_target(target: byt
     assert ours == uvicorns
 
 
+@contextmanager
+def _collector_off() -> Iterator[None]:
+    """No cycle collection meanwhile: what is not freed by reference counting stays, countable."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def test_a_finished_request_is_freed_without_the_collector() -> None:
     """The scope's extensions hold the cycle and the cycle holds the scope: left as it was, every
     request became garbage only the collector frees (~11 objects a request, freed in pauses of
@@ -353,18 +364,12 @@ def test_a_finished_request_is_freed_without_the_collector() -> None:
     the requests answered are gone, all but the last one the connection still holds."""
     seen: list[type] = []
     requests = 5
-    gc.collect()
-    gc.disable()
-    try:
-        with _serving(_asgi_app([(b"content-length", b"2")]), seen) as port:
-            keep = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
-            answer = _exchange(
-                port,
-                keep * (requests - 1) + b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
-            )
-            alive = sum(type(o) is _Cycle for o in gc.get_objects())
-    finally:
-        gc.enable()
+    with _collector_off(), _serving(_asgi_app([(b"content-length", b"2")]), seen) as port:
+        keep = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
+        answer = _exchange(
+            port, keep * (requests - 1) + b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        )
+        alive = sum(type(o) is _Cycle for o in gc.get_objects())
     assert answer.count(b"HTTP/1.1 200 OK\r\n") == requests and len(seen) == requests
     assert alive <= 1
 
@@ -375,22 +380,17 @@ def test_a_closed_connection_is_freed_without_the_collector() -> None:
     off, connections that have closed are gone."""
     seen: list[type] = []
     connections = 5
-    gc.collect()
-    gc.disable()
-    try:
-        with _serving(_asgi_app([(b"content-length", b"2")]), seen) as port:
-            answers = [
-                _exchange(port, b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-                for _ in range(connections)
-            ]
-            deadline = time.monotonic() + 5
-            while True:  # the server sees each connection's end on its own thread
-                alive = sum(isinstance(o, LimitedProtocol) for o in gc.get_objects())
-                if alive == 0 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.02)
-    finally:
-        gc.enable()
+    with _collector_off(), _serving(_asgi_app([(b"content-length", b"2")]), seen) as port:
+        answers = [
+            _exchange(port, b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            for _ in range(connections)
+        ]
+        deadline = time.monotonic() + 5
+        while True:  # the server sees each connection's end on its own thread
+            alive = sum(isinstance(o, LimitedProtocol) for o in gc.get_objects())
+            if alive == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
     assert all(answer.startswith(b"HTTP/1.1 200 OK\r\n") for answer in answers)
     assert len(seen) == connections
     assert alive == 0
