@@ -11,7 +11,10 @@ line per request read by a thread here rather than sent to /dev/null), the LiteL
 listening socket held to 127.0.0.1, and a small fix for its streams: see ``_NODE_PRELOAD``).
 One minimal keep-alive client (uvloop + httptools) drives direct-to-upstream and each server at
 each client count, JSON (whole answer) and streamed (time to the first body byte), rotating the
-order of the targets in every round so drift hits them alike.
+order of the targets in every round so drift hits them alike. Each server's idle CPU is read
+first (a peer busy while idle would tax whichever server is measured; on 2026-12-03 all three read
+0.1-0.2% of a core, also in the 2 s after a round of 1,200 requests, and stopping the idle peers
+with SIGSTOP during each round changed no figure beyond the run-to-run noise).
 
 Per cell it prints the added p50/p99 over direct, requests/s, and each server's CPU per request
 read from /proc for its whole process tree (utime+stime, in clock ticks; and the per-thread
@@ -274,6 +277,18 @@ def _cell_figures(target: _Target, direct: _Target, key: Cell) -> dict[str, floa
         figures["cpu_us_per_request"] = target.cpu_ticks[key] / len(got) * 1e6
         figures["cpu_sched_us_per_request"] = target.cpu_sched[key] / len(got) * 1e6
     return figures
+
+
+def idle_cpu(targets: list[_Target], seconds: float) -> dict[str, float]:
+    """Each server's CPU while nobody sends it anything, in % of one core (a server that kept
+    working while idle would take the CPU from whichever one is being measured)."""
+    before = {t.name: tree_cpu(t.pid) for t in targets if t.pid is not None}
+    time.sleep(seconds)
+    return {
+        t.name: (tree_cpu(t.pid).sched_seconds - before[t.name].sched_seconds) / seconds * 100
+        for t in targets
+        if t.pid is not None
+    }
 
 
 async def _compare(targets: list[_Target], args: argparse.Namespace) -> dict[str, Any]:
@@ -596,6 +611,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--portkey-dir", type=Path, default=DEFAULT_PORTKEY_DIR)
     parser.add_argument("--pool-only", action="store_true", help="only the upstream-client line")
+    parser.add_argument(
+        "--idle-seconds", type=float, default=5.0, help="each server's idle CPU is read this long"
+    )
     args = parser.parse_args(argv)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     processes: list[subprocess.Popen[bytes]] = []
@@ -645,6 +663,13 @@ def main(argv: list[str] | None = None) -> None:
             f"{args.rounds} rotated rounds of {args.requests} requests (×4 above 1 client)",
             flush=True,
         )
+        idle = idle_cpu(targets, args.idle_seconds) if args.idle_seconds > 0 else {}
+        if idle:
+            print(
+                f"idle CPU over {args.idle_seconds:.0f} s, % of a core: "
+                + ", ".join(f"{name} {share:.1f}%" for name, share in idle.items()),
+                flush=True,
+            )
         started = time.monotonic()
         results = uvloop.run(_compare(targets, args))
         names = [s.name for s in servers]
@@ -672,6 +697,7 @@ def main(argv: list[str] | None = None) -> None:
                         "rounds": args.rounds,
                         "clients": args.clients,
                         "interpreters": builds,
+                        "idle_cpu_percent": idle,
                         "servers": {
                             s.name: {
                                 "argv": s.argv,
