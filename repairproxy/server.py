@@ -53,6 +53,7 @@ from uvicorn.protocols.http.httptools_impl import (
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from repairproxy.asgi.responder import DISCONNECT_EXTENSION, RESPONSE_EXTENSION
+from repairproxy.coalesce import CoalescingTransport
 from repairproxy.settings import Settings
 from repairproxy.types import HeaderList
 
@@ -133,7 +134,8 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         busy = len(self.connections) >= self._max_connections
-        super().connection_made(transport)
+        # Writes leave at the end of the loop iteration, with the other connections' (coalesce.py).
+        super().connection_made(cast(asyncio.Transport, CoalescingTransport(transport, self.loop)))
         if busy:
             self._refused("max_connections", _BUSY)
             return

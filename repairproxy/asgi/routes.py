@@ -12,6 +12,7 @@ framework's per-request cost would be most of the latency budget.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import re
@@ -188,7 +189,12 @@ class Proxy:
             await self._send_error(responder, ex, error)
         finally:
             if path.startswith("/v1/"):
-                self._finish(ex, responder)
+                try:
+                    # The server sends the answer at the end of this loop iteration (coalesce.py):
+                    # yield once, so the log line and the metrics come after it, not before.
+                    await asyncio.sleep(0)
+                finally:
+                    self._finish(ex, responder)
 
     # -- chat completions and responses (validated) ----------------------------------------------
 

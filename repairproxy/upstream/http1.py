@@ -36,6 +36,8 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 
+from repairproxy.coalesce import CoalescingTransport
+
 __all__ = [
     "ConnectionPool",
     "InvalidTargetError",
@@ -124,7 +126,7 @@ class _Connection(asyncio.Protocol):
     def __init__(self, pool: ConnectionPool) -> None:
         self._pool = pool
         self._loop = pool.loop
-        self.transport: asyncio.Transport | None = None
+        self.transport: CoalescingTransport | None = None
         self.closed = False
         self.reused = False
         self._state = _IDLE
@@ -153,7 +155,9 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        # The request leaves at the end of the loop iteration, with the other connections'
+        # (coalesce.py).
+        self.transport = CoalescingTransport(transport, self._loop)  # type: ignore[arg-type]
 
     def data_received(self, data: bytes) -> None:
         if self._state != _READING or self._parser is None:
@@ -264,6 +268,7 @@ class _Connection(asyncio.Protocol):
             self._head.exception()  # retrieved: no "never retrieved" noise if nobody waits
         self._wake()
         if self.transport is not None:
+            self.transport.drop_pending()
             self.transport.close()
 
     async def send(self, request: bytes, expect_body: bool, timeout: float) -> None:
@@ -290,7 +295,7 @@ class _Connection(asyncio.Protocol):
 
     def rearm(self, transport: asyncio.Transport) -> None:
         """After a CONNECT tunnel: speak on ``transport`` (TLS) as a fresh connection."""
-        self.transport = transport
+        self.transport = CoalescingTransport(transport, self._loop)
         self._state = _IDLE
         self._parser = None
 
@@ -336,6 +341,7 @@ class _Connection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         if self.transport is not None:
+            self.transport.drop_pending()  # a request not sent yet is never sent
             self.transport.close()
 
     # The read timeout: one timer per connection, not one made and cancelled per wait. Each wait
@@ -609,7 +615,7 @@ class ConnectionPool:
             raise ConnectionRefusedError(f"the proxy refused the tunnel ({conn.status_code})")
         assert conn.transport is not None
         secure = await self.loop.start_tls(
-            conn.transport, conn, context, server_hostname=self.origin.host
+            conn.transport.raw, conn, context, server_hostname=self.origin.host
         )
         if secure is None:
             raise ConnectionError("the proxy tunnel closed during the TLS handshake")
