@@ -14,13 +14,16 @@ flush (``loop.call_soon``), which runs after the callbacks already queued (the s
 other requests that became ready in the same iteration); ``close`` and ``write_eof`` send what
 is held first (bytes written before a close still leave, as with any transport), ``abort`` and
 ``drop_pending`` discard it. Order on one transport is kept: every write goes through the
-wrapper. A request yields once after its answer is written (``asgi.routes``) so that work
-done after the answer (the log line, metrics) does not hold the write back.
+wrapper. The server's writes are held only while other requests are in flight (``in_flight``): a
+lone request has nothing to be coalesced with, and holding its answer cost ~40 µs of latency
+at one client. A request yields once after its answer is written (``asgi.routes``) so that
+work done after the answer (the log line, metrics) does not hold the write back.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sized
 from typing import Any
 
 __all__ = ["CoalescingTransport"]
@@ -29,12 +32,21 @@ __all__ = ["CoalescingTransport"]
 class CoalescingTransport:
     """An asyncio transport whose writes leave once per event-loop iteration."""
 
-    __slots__ = ("_loop", "_pending", "raw")
+    __slots__ = ("_in_flight", "_loop", "_pending", "raw")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        in_flight: Sized | None = None,
+    ) -> None:
         self.raw = transport  # the transport written to (start_tls needs it)
         self._loop = loop
         self._pending: bytes | list[bytes] | None = None
+        # The requests in flight (the writer's among them): when it is alone, nothing could
+        # join its write, and holding it would only delay it (~40 us at 1 client, measured).
+        self._in_flight = in_flight
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
@@ -43,6 +55,9 @@ class CoalescingTransport:
             data = bytes(data)  # the caller may reuse its buffer before the flush
         pending = self._pending
         if pending is None:
+            if self._in_flight is not None and len(self._in_flight) <= 1:
+                self.raw.write(data)
+                return
             self._pending = data
             self._loop.call_soon(self.flush)
         elif isinstance(pending, list):

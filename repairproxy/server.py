@@ -134,8 +134,10 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         busy = len(self.connections) >= self._max_connections
-        # Writes leave at the end of the loop iteration, with the other connections' (coalesce.py).
-        super().connection_made(cast(asyncio.Transport, CoalescingTransport(transport, self.loop)))
+        # While other requests are in flight, writes leave at the end of the loop iteration, with
+        # the other connections' (coalesce.py).
+        coalescing = CoalescingTransport(transport, self.loop, in_flight=self.tasks)
+        super().connection_made(cast(asyncio.Transport, coalescing))
         if busy:
             self._refused("max_connections", _BUSY)
             return

@@ -5,6 +5,7 @@ server, the answer leaves before the request's log line is written."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from typing import Any
 
@@ -141,10 +142,23 @@ def test_the_answer_leaves_before_the_log_line_is_written(
     proxy: RunningProxy,
     stream: bool,
 ) -> None:
-    """Through the real server: the answer's last write reaches the socket before the request's
-    log line is written (the request yields once after answering), so the work done after the
-    answer (the log line, metrics) never holds it back."""
+    """Through the real server, with another request in flight (so the answer is held for the
+    iteration's end): the answer's last write reaches the socket before the request's log line
+    is written (the request yields once after answering), so the work done after the answer
+    (the log line, metrics) never holds it back."""
     logged_at_answer: list[int] = []
+    assert proxy.server is not None
+    tasks = proxy.server.server_state.tasks
+    waiting = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+    # Its headers are complete, its body is not: its request is in flight until the end.
+    waiting.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: 1000\r\n\r\n{"
+    )
+    deadline = time.monotonic() + 10
+    while not tasks and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(tasks) == 1
     flush = CoalescingTransport.flush
 
     def recording_flush(self: CoalescingTransport) -> None:
@@ -157,7 +171,7 @@ def test_the_answer_leaves_before_the_log_line_is_written(
     monkeypatch.setattr(CoalescingTransport, "flush", recording_flush)
     upstream.push(completion(tool_calls=[tool_call("get_order", {"order_id": "#W1"})]))
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
-    with httpx.Client(trust_env=False, timeout=30) as client:
+    with waiting, httpx.Client(trust_env=False, timeout=30) as client:
         answer = client.post(proxy.base_url + "/chat/completions", json=body)
     assert answer.status_code == 200
     assert b"get_order" in answer.content
@@ -169,4 +183,29 @@ def test_the_answer_leaves_before_the_log_line_is_written(
 
 
 def _request_lines(proxy: RunningProxy) -> int:
-    return sum(line.get("event") == "request" for line in proxy.log_lines())
+    """The log lines of answered requests (the waiting one, cut off, logs a 499 at the end)."""
+    return sum(
+        line.get("event") == "request" and line.get("status") == 200 for line in proxy.log_lines()
+    )
+
+
+@_anyio
+async def test_a_lone_request_writes_at_once_and_never_ahead_of_what_is_held() -> None:
+    """With no other request in flight, a write leaves at once (nothing could join it); bytes
+    already held still leave first."""
+    events: list[Any] = []
+    in_flight = {"this request", "another"}
+    raw = _Raw("a", events)
+    transport = CoalescingTransport(
+        raw,  # type: ignore[arg-type]
+        asyncio.get_running_loop(),
+        in_flight=in_flight,
+    )
+    transport.write(b"held")
+    in_flight.discard("another")
+    transport.write(b" then this")  # joins what is held: order before speed
+    assert events == []
+    await asyncio.sleep(0)
+    assert events == [("a", "write", b"held then this")]
+    transport.write(b"at once")
+    assert events[1:] == [("a", "write", b"at once")]

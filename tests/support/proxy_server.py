@@ -48,6 +48,7 @@ class RunningProxy:
     settings: Settings
     _log: _LockedBytes
     _clients: list[Any] = field(default_factory=list)
+    server: uvicorn.Server | None = None  # read its ``server_state`` from the test thread only
 
     def client(self, api_key: str = "x", **options: Any) -> Any:
         """An official ``openai.OpenAI`` client of this proxy, closed when the proxy stops (one
@@ -96,7 +97,7 @@ def running_proxy(settings: Settings) -> Iterator[RunningProxy]:
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("the proxy did not start")
         time.sleep(0.01)
-    proxy = RunningProxy(port, settings, log)
+    proxy = RunningProxy(port, settings, log, server=server)
     try:
         yield proxy
     finally:
