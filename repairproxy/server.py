@@ -21,10 +21,12 @@ For CPU rather than limits, the request and its answer run through ``_Cycle``, u
 the scope built in one step, no ``asyncio.Event`` per request, the request body handed over
 without copies, a response's header names checked in one byte deletion and its values in
 another (uvicorn: two regular-expression searches per header), and the status line and headers
-held until the body's first write, so an answer costs one ``send`` system call, not two. The
-app may skip the ASGI message dicts: ``scope["extensions"]`` holds the cycle as an
-``asgi.responder.ResponseWriter`` (``RESPONSE_EXTENSION``; a whole answer is one call, one
-write) and the disconnect callback (``DISCONNECT_EXTENSION``).
+held until the body's first write, so an answer costs one ``send`` system call, not two; while
+other requests are in flight, that ``send`` waits for the end of the loop iteration and leaves
+with the other connections' (``coalesce.py``). The app may skip the ASGI message dicts:
+``scope["extensions"]`` holds the cycle as an ``asgi.responder.ResponseWriter``
+(``RESPONSE_EXTENSION``; a whole answer is one call, one write) and the disconnect callback
+(``DISCONNECT_EXTENSION``).
 
 Idle keep-alive connections close after ``--keep-alive-timeout`` (uvicorn's timer, armed once
 per connection rather than once per request). Each refusal

@@ -5,7 +5,8 @@ this 2-core machine, aiohttp's client about 95 µs and httpx's about 600 µs
 (``python -m benchmarks.vs_peers --pool-only``). It does only what a proxy to one upstream
 needs, and is held to ``tests/proxy/test_conformance.py``:
 
-- one origin, pooled connections, request bodies sent in one write, response bodies streamed
+- one origin, pooled connections, a request sent in one write at the end of the loop iteration
+  (with the other connections' requests: ``repairproxy.coalesce``), response bodies streamed
   (de-chunked, never decompressed), connect/read timeouts;
 - framing headers (host, content-length, transfer-encoding, connection, expect, te, upgrade,
   keep-alive, trailer) are the pool's alone: any the caller passes are dropped, so a client's
