@@ -35,6 +35,7 @@ import orjson
 import uvloop
 
 from benchmarks.fast_upstream import CANNED_COMPLETION
+from benchmarks.host import StealWindow
 from benchmarks.interpreters import interpreter_build
 
 __all__ = ["main"]
@@ -321,6 +322,7 @@ async def _measure(
         f"{'rps':>7} {'RSS':>9}"
     )
     targets = [direct, *(target for target, _ in proxies)]
+    window = StealWindow()
     for concurrency in args.concurrency:
         requests = args.requests if concurrency == 1 else args.requests * 4
         for target in targets:  # warm-up: connections, caches, JIT-free but lazy imports
@@ -344,13 +346,18 @@ async def _measure(
                 f"{_rss_mib(pid):>6.1f}MiB",
                 flush=True,
             )
+    window.stop()
+    print(f"latency rounds: {window.describe()}")
     if args.cpu_requests > 0:
+        window = StealWindow()
         cpu = await _measure_cpu(args, proxies)
+        window.stop()
         resolution = 1e6 / os.sysconf("SC_CLK_TCK") / args.cpu_requests
         print(
             f"server CPU per request (utime+stime of the proxy and its children, "
             f"{args.cpu_requests} requests at concurrency {args.cpu_concurrency}, "
-            f"x{args.cpu_repeats} interleaved; resolution {resolution:.1f} us):"
+            f"x{args.cpu_repeats} interleaved; resolution {resolution:.1f} us; "
+            f"{window.describe()}):"
         )
         for proxy, _ in proxies:
             values = cpu[proxy.name]

@@ -52,6 +52,7 @@ import httptools
 import orjson
 import uvloop
 
+from benchmarks.host import StealWindow
 from benchmarks.interpreters import interpreter_build
 from benchmarks.overhead import REQUEST_BODY
 
@@ -671,7 +672,10 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
         started = time.monotonic()
+        window = StealWindow()
         results = uvloop.run(_compare(targets, args))
+        window.stop()
+        steal = window.percent()
         names = [s.name for s in servers]
         _print_tables(results, names)
         sent = {t.name: t.sent for t in targets[1:]}
@@ -682,7 +686,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"    log lines {readers[server.name].lines} / {sent[server.name]} requests")
         print(
             f"\n{time.monotonic() - started:.0f} s measuring; load average "
-            f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end. json: whole answer; "
+            f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; {window.describe()}. "
+            "json: whole answer; "
             "stream: time to the first body byte. added = pXX through it minus pXX direct. CPU: "
             "the server's process tree over the recorded rounds, from /proc."
         )
@@ -693,6 +698,7 @@ def main(argv: list[str] | None = None) -> None:
                         "cpus": os.cpu_count(),
                         "load_start": load,
                         "load_end": os.getloadavg()[0],
+                        "host_steal_percent": steal,
                         "requests": args.requests,
                         "rounds": args.rounds,
                         "clients": args.clients,
