@@ -1,9 +1,9 @@
 """How much of the machine the host took while a benchmark ran: the ``steal`` share of the CPUs
 from ``/proc/stat`` (time a virtual CPU was ready to run and the hypervisor ran something else).
 
-CPU-time figures on a shared VM move with it: on 2026-12-03 the same proxy read ~126 µs a
-request in a window with no steal and ~250 µs with ~8% stolen. A figure printed beside its
-window's steal can be read as what it is.
+CPU-time figures on a shared VM move with it: on 2026-12-03 the same code read 146 µs a JSON
+request at 16 clients in ``benchmarks.vs_peers`` with ~2% of the CPUs stolen and 252 µs with
+~8%. A figure printed beside its window's steal can be read as what it is.
 
     window = StealWindow()
     ...  # the measurement
