@@ -190,8 +190,9 @@ class Proxy:
         finally:
             if path.startswith("/v1/"):
                 try:
-                    # The server sends the answer at the end of this loop iteration (coalesce.py):
-                    # yield once, so the log line and the metrics come after it, not before.
+                    # With other requests in flight the server holds the answer to the end of
+                    # this loop iteration (coalesce.py): yield once, so the log line and the
+                    # metrics come after it leaves, not before.
                     await asyncio.sleep(0)
                 finally:
                     self._finish(ex, responder)
