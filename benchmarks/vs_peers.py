@@ -11,18 +11,26 @@ line per request read by a thread here rather than sent to /dev/null), the LiteL
 listening socket held to 127.0.0.1, and a small fix for its streams: see ``_NODE_PRELOAD``).
 One minimal keep-alive client (uvloop + httptools) drives direct-to-upstream and each server at
 each client count, JSON (whole answer) and streamed (time to the first body byte), rotating the
-order of the targets in every round so drift hits them alike. Each server's idle CPU is read
-first (a peer busy while idle would tax whichever server is measured; on 2026-12-03 all three read
-0.1-0.2% of a core, also in the 2 s after a round of 1,200 requests, and stopping the idle peers
-with SIGSTOP during each round changed no figure beyond the run-to-run noise).
+order of the targets in every round so drift hits them alike. Every target is measured for the
+same time per round (``--seconds``, as wrk's ``-d``), not for the same number of requests: with a
+fixed count the fastest server had the shortest window (repairproxy ~0.15-0.3 s a round against
+LiteLLM's 3-11 s), where one host hiccup of ~10 ms was ~1% of its requests and set its p99.
+Before each cell every target runs unrecorded for ``--warmup`` seconds: the Portkey gateway's
+CPU per request falls from ~4,400 to ~1,700 µs over its first ~2,500 requests as node's JIT
+compiles its path (one JSON client, 1 s rounds, 2026-12-03), and the run is to compare steady
+states. (Until then the warm-up was 100 requests, and the rounds caught Portkey part-cold.)
+Each server's idle CPU is read first (a peer busy while idle would tax whichever server is
+measured; on 2026-12-03 all three read 0.1-0.2% of a core, also in the 2 s after a round of 1,200
+requests, and stopping the idle peers with SIGSTOP during each round changed no figure beyond the
+run-to-run noise).
 
 Per cell it prints the added p50/p99 over direct, requests/s, and each server's CPU per request
 read from /proc for its whole process tree (utime+stime, in clock ticks; and the per-thread
 schedstat run time, in ns, which stays exact at small runs), then the peers' ratios to repairproxy
 and the command line and environment each server ran with. Everything listens on loopback.
 
-    python -m benchmarks.vs_peers [--requests 300] [--rounds 4] [--clients 1 16]
-        [--peers litellm portkey] [--json-out FILE] [--python PATH]
+    python -m benchmarks.vs_peers [--seconds 2] [--warmup 5] [--rounds 4] [--clients 1 16]
+        [--requests N] [--peers litellm portkey] [--json-out FILE] [--python PATH]
     python -m benchmarks.vs_peers --pool-only   # upstream clients: our pool vs aiohttp vs httpx
 
 The interpreter changes the two Python servers' CPU by ~20% (``benchmarks.interpreters``): an
@@ -218,7 +226,11 @@ class _Target:
             b"%scontent-length: %d\r\n\r\n%s" % (self.port, self.headers, len(body), body)
         )
 
-    async def round(self, stream: bool, clients: int, requests: int, record: bool) -> None:
+    async def round(
+        self, stream: bool, clients: int, requests: int, record: bool, seconds: float = 0.0
+    ) -> None:
+        """``requests`` over ``clients`` connections, or, with ``seconds``, as many as the
+        connections complete in that long (each finishes the request it is in)."""
         # Servers close keep-alive connections left idle while the other targets run their
         # rounds (uvicorn and node: 5 s), and a close can cross the next request on the wire:
         # open fresh connections for every round, outside its clock, for every target alike.
@@ -234,7 +246,9 @@ class _Target:
         taken: list[float] = []
 
         async def worker(conn: _Connection) -> None:
-            for _ in range(max(1, requests // clients)):
+            count = max(1, requests // clients)
+            while count > 0 if not seconds else time.perf_counter() < deadline:
+                count -= 1
                 try:
                     first, whole = await conn.request(data)
                 except (RuntimeError, OSError, TimeoutError) as exc:
@@ -244,6 +258,7 @@ class _Target:
 
         before = tree_cpu(self.pid) if self.pid is not None else None
         started = time.perf_counter()
+        deadline = started + seconds
         await asyncio.gather(*(worker(conn) for conn in pool))
         elapsed = time.perf_counter() - started
         if not record:
@@ -297,13 +312,14 @@ async def _compare(targets: list[_Target], args: argparse.Namespace) -> dict[str
     results: dict[str, Any] = {}
     for stream in (False, True):
         for clients in args.clients:
-            requests = args.requests * (1 if clients == 1 else 4)
-            for target in targets:  # warm-up, unrecorded
-                await target.round(stream, clients, min(requests, 100), record=False)
+            requests = (args.requests or 0) * (1 if clients == 1 else 4)
+            seconds = 0.0 if args.requests else args.seconds
+            for target in targets:  # warm-up, unrecorded: to steady state (node's JIT)
+                await target.round(stream, clients, 100, False, args.warmup)
             for index in range(args.rounds):
                 shift = index % len(targets)
                 for target in targets[shift:] + targets[:shift]:
-                    await target.round(stream, clients, requests, record=True)
+                    await target.round(stream, clients, requests, True, seconds)
             key = (stream, clients)
             cell = f"{'stream' if stream else 'json'}/{clients}"
             results[cell] = {t.name: _cell_figures(t, direct, key) for t in targets}
@@ -593,7 +609,25 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--requests", type=int, default=300, help="per round at 1 client (×4 else)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=2.0,
+        help="each target's measured time per round (as wrk's -d): every server is exposed to "
+        "the host's hiccups for equally long",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=5.0,
+        help="seconds each target runs unrecorded before each cell's rounds (Portkey's CPU per "
+        "request falls ~2.5x over its first ~2,500 requests as node's JIT warms up)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        help="instead of --seconds: this many requests per round at 1 client (x4 above)",
+    )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--peers", nargs="*", choices=PEERS, default=list(PEERS))
@@ -636,7 +670,7 @@ def main(argv: list[str] | None = None) -> None:
         for role, build in builds.items():
             print(f"interpreter of {role}: {build}", flush=True)
         if args.pool_only:
-            uvloop.run(_pool_vs_clients(upstream_port, max(args.requests, 500), args.rounds))
+            uvloop.run(_pool_vs_clients(upstream_port, max(args.requests or 0, 500), args.rounds))
             return
         targets = [_Target("direct", upstream_port)]
         readers: dict[str, _LogReader] = {}
@@ -661,7 +695,12 @@ def main(argv: list[str] | None = None) -> None:
             targets.append(_Target(server.name, server.port, process.pid, server.headers))
         print(
             f"request {len(orjson.dumps(REQUEST_BODY))} B with 3 tools, answer 1 valid tool call, "
-            f"{args.rounds} rotated rounds of {args.requests} requests (×4 above 1 client)",
+            f"{args.rounds} rotated rounds of "
+            + (
+                f"{args.requests} requests (×4 above 1 client)"
+                if args.requests
+                else f"{args.seconds:g} s per target"
+            ),
             flush=True,
         )
         idle = idle_cpu(targets, args.idle_seconds) if args.idle_seconds > 0 else {}
@@ -700,6 +739,8 @@ def main(argv: list[str] | None = None) -> None:
                         "load_end": os.getloadavg()[0],
                         "host_steal_percent": steal,
                         "requests": args.requests,
+                        "seconds": None if args.requests else args.seconds,
+                        "warmup_seconds": args.warmup,
                         "rounds": args.rounds,
                         "clients": args.clients,
                         "interpreters": builds,
