@@ -217,6 +217,9 @@ class _Target:
     busy: dict[Cell, float] = field(default_factory=dict)
     cpu_ticks: dict[Cell, float] = field(default_factory=dict)
     cpu_sched: dict[Cell, float] = field(default_factory=dict)
+    # Each recorded round's (requests, schedstat CPU µs a request, p99 ms): a server still
+    # warming up shows as a falling CPU figure from round to round.
+    per_round: dict[Cell, list[tuple[int, float, float]]] = field(default_factory=dict)
 
     def payload(self, stream: bool) -> bytes:
         body = orjson.dumps({**REQUEST_BODY, "stream": True} if stream else REQUEST_BODY)
@@ -272,6 +275,9 @@ class _Target:
             sched = after.sched_seconds - before.sched_seconds
             self.cpu_ticks[key] = self.cpu_ticks.get(key, 0.0) + ticks
             self.cpu_sched[key] = self.cpu_sched.get(key, 0.0) + sched
+            self.per_round.setdefault(key, []).append(
+                (len(taken), sched / max(len(taken), 1) * 1e6, _pct(taken, 0.99) * 1e3)
+            )
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -279,9 +285,9 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _cell_figures(target: _Target, direct: _Target, key: Cell) -> dict[str, float]:
+def _cell_figures(target: _Target, direct: _Target, key: Cell) -> dict[str, Any]:
     got, base = target.samples[key], direct.samples[key]
-    figures = {
+    figures: dict[str, Any] = {
         "p50_ms": _pct(got, 0.5) * 1e3,
         "p99_ms": _pct(got, 0.99) * 1e3,
         "added_p50_ms": (_pct(got, 0.5) - _pct(base, 0.5)) * 1e3,
@@ -292,6 +298,10 @@ def _cell_figures(target: _Target, direct: _Target, key: Cell) -> dict[str, floa
     if key in target.cpu_sched:
         figures["cpu_us_per_request"] = target.cpu_ticks[key] / len(got) * 1e6
         figures["cpu_sched_us_per_request"] = target.cpu_sched[key] / len(got) * 1e6
+        figures["rounds"] = [
+            {"requests": n, "cpu_sched_us_per_request": cpu, "p99_ms": p99}
+            for n, cpu, p99 in target.per_round[key]
+        ]
     return figures
 
 
@@ -347,6 +357,13 @@ def _print_tables(results: dict[str, Any], names: list[str]) -> None:
                 f"{got['added_p99_ms']:.2f} ms | {got['requests_per_s']:,.0f} | "
                 f"{got['cpu_us_per_request']:,.0f} | {got['cpu_sched_us_per_request']:,.0f} |"
             )
+    print("\nCPU µs a request (schedstat), round by round: a falling figure is still warming up")
+    for cell, figures in results.items():
+        for name in names:
+            rounds = " ".join(
+                f"{r['cpu_sched_us_per_request']:,.0f}" for r in figures[name]["rounds"]
+            )
+            print(f"  {cell:9} {name:11} {rounds}")
     peers = [n for n in names if n != "repairproxy"]
     if not peers:
         return
