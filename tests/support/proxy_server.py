@@ -70,7 +70,15 @@ class RunningProxy:
     def root_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def log_lines(self) -> list[dict[str, Any]]:
+    def log_lines(self, settle: float = 2.0) -> list[dict[str, Any]]:
+        """The JSON lines logged so far, once no request is in flight (waiting ``settle``
+        seconds at most): a request writes its line just after its answer left (it yields
+        once, ``asgi/routes.py``), so a client holding the answer can be a step ahead of the
+        line. ``settle=0`` reads at once (from the server's own thread, say)."""
+        tasks = self.server.server_state.tasks if self.server is not None else ()
+        deadline = time.monotonic() + settle
+        while tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
         return [orjson.loads(line) for line in self._log.snapshot().splitlines() if line.strip()]
 
 
