@@ -18,7 +18,7 @@ LiteLLM's 3-11 s), where one host hiccup of ~10 ms was ~1% of its requests and s
 Before each cell every target runs unrecorded for ``--warmup`` seconds: the Portkey gateway's
 CPU per request falls from ~4,400 to ~1,700 µs over its first ~2,500 requests as node's JIT
 compiles its path (one JSON client, 1 s rounds, 2026-12-03), and the run is to compare steady
-states. (Until then the warm-up was 100 requests, and the rounds caught Portkey part-cold.)
+states. (Before 2026-12-03's last change the warm-up was 100 requests: Portkey part-cold.)
 Each server's idle CPU is read first (a peer busy while idle would tax whichever server is
 measured; on 2026-12-03 all three read 0.1-0.2% of a core, also in the 2 s after a round of 1,200
 requests, and stopping the idle peers with SIGSTOP during each round changed no figure beyond the
