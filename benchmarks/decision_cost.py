@@ -4,7 +4,7 @@ episode, instruction, validation, budget, chaining) and the record's views (head
 line, metrics), the part of ``benchmarks.overhead``'s figure that the HTTP layers do not cost.
 
     python -m benchmarks.decision_cost [--requests 20000] [--repeats 5] [--stream]
-        [--history TURNS] [--profile] [--variant LABEL@DIR ...]
+        [--history TURNS] [--gap-us US] [--profile] [--variant LABEL@DIR ...]
 
 Every feature is on (validation, metrics, chaining: no episode header, repair=reflexive); the
 request and the answer are ``benchmarks.overhead``'s. With ``--variant``, each checkout runs in
@@ -13,7 +13,9 @@ time) per request, the median of the repeats. ``--profile`` prints cProfile's ca
 request (repeatable under load, unlike times) and the top functions. ``--history TURNS`` sends a
 resent history of that many call turns (an assistant call and its tool result each) before the
 last user message, as an agent does late in an episode: the per-message work of the budget and
-of chaining grows with it.
+of chaining grows with it. ``--gap-us US`` puts the process to sleep that long before each
+request, as a server sleeps between two requests at one client: the same work then costs more
+CPU (it starts cold), which is where a request at one client spends its extra time.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import cProfile
 import io
 import os
 import pstats
+import select
 import statistics
 import subprocess
 import sys
@@ -131,9 +134,15 @@ def _body(stream: bool, turns: int) -> bytes:
 
 
 async def _drive(
-    requests: int, stream: bool, profile: cProfile.Profile | None, turns: int = 0
+    requests: int,
+    stream: bool,
+    profile: cProfile.Profile | None,
+    turns: int = 0,
+    gap: float = 0.0,
 ) -> float:
-    """Process CPU seconds for ``requests`` chat completions through the app (after a warm-up)."""
+    """Process CPU seconds for ``requests`` chat completions through the app (after a warm-up);
+    with ``gap``, the process sleeps that many seconds before each request, and only the
+    requests' own CPU time is summed."""
     from repairproxy.app import create_app
     from repairproxy.settings import Settings
 
@@ -192,11 +201,20 @@ async def _drive(
     started = time.process_time()
     if profile is not None:
         profile.enable()
-    for _ in range(requests):
-        await request_once()
+    if gap:
+        used = 0.0
+        for _ in range(requests):
+            select.select([], [], [], gap)  # asleep, as a server between two requests
+            began = time.thread_time()
+            await request_once()
+            used += time.thread_time() - began
+    else:
+        for _ in range(requests):
+            await request_once()
     if profile is not None:
         profile.disable()
-    used = time.process_time() - started
+    if not gap:
+        used = time.process_time() - started
     await inbox.put({"type": "lifespan.shutdown"})
     await lifespan
     return used
@@ -206,7 +224,7 @@ def _one(args: argparse.Namespace) -> None:
     import uvloop
 
     profile = cProfile.Profile() if args.profile else None
-    used = uvloop.run(_drive(args.requests, args.stream, profile, args.history))
+    used = uvloop.run(_drive(args.requests, args.stream, profile, args.history, args.gap_us / 1e6))
     print(f"{used / args.requests * 1e6:.2f}")
     if profile is not None:
         stats = pstats.Stats(profile, stream=sys.stderr)
@@ -221,6 +239,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--history", type=int, default=0, help="call turns resent per request")
+    parser.add_argument(
+        "--gap-us",
+        type=float,
+        default=0.0,
+        help="sleep this many µs before each request: its work then starts cold, as a server's "
+        "does at one client (2026-12-03: 105 µs a request back to back, 144 after 100 µs, "
+        "215 after 1 ms)",
+    )
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--sort", default="tottime", choices=["tottime", "cumulative", "ncalls"])
@@ -234,8 +260,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     variants = [v.partition("@")[::2] for v in args.variant] or [("this", "")]
     samples: dict[str, list[float]] = {label: [] for label, _ in variants}
-    kind = ("streamed" if args.stream else "JSON") + (
-        f", {args.history} turns" * bool(args.history)
+    kind = (
+        ("streamed" if args.stream else "JSON")
+        + f", {args.history} turns" * bool(args.history)
+        + f", {args.gap_us:g} µs asleep before each" * bool(args.gap_us)
     )
     print(
         f"{args.requests} requests ({kind}) per sample, x{args.repeats} interleaved; "
@@ -249,6 +277,7 @@ def main(argv: list[str] | None = None) -> None:
                 env["PYTHONPATH"] = source
             command = [sys.executable, "-m", "benchmarks.decision_cost", "--one"]
             command += ["--requests", str(args.requests), "--history", str(args.history)]
+            command += ["--gap-us", str(args.gap_us)] if args.gap_us else []
             command += ["--stream"] if args.stream else []
             out = subprocess.run(
                 command, env=env, cwd=source or None, capture_output=True, text=True, check=True
