@@ -198,23 +198,22 @@ async def _drive(
 
     for _ in range(200):
         await request_once()
-    started = time.process_time()
     if profile is not None:
         profile.enable()
+    used = 0.0
     if gap:
-        used = 0.0
         for _ in range(requests):
             select.select([], [], [], gap)  # asleep, as a server between two requests
             began = time.thread_time()
             await request_once()
             used += time.thread_time() - began
     else:
+        started = time.process_time()
         for _ in range(requests):
             await request_once()
+        used = time.process_time() - started
     if profile is not None:
         profile.disable()
-    if not gap:
-        used = time.process_time() - started
     await inbox.put({"type": "lifespan.shutdown"})
     await lifespan
     return used
