@@ -1,5 +1,7 @@
 """How much of the machine the host took while a benchmark ran: the ``steal`` share of the CPUs
-from ``/proc/stat`` (time a virtual CPU was ready to run and the hypervisor ran something else).
+from ``/proc/stat`` (time a virtual CPU was ready to run and the hypervisor ran something else);
+and how an idle CPU of this machine waits (``idle_policy``), which sets what a request costs when
+it starts from a sleep, as every request at one client does.
 
 CPU-time figures on a shared VM move with it: on 2026-12-03 the same code read 146 µs a JSON
 request at 16 clients in ``benchmarks.vs_peers`` with ~2% of the CPUs stolen and 252 µs with
@@ -9,16 +11,26 @@ request at 16 clients in ``benchmarks.vs_peers`` with ~2% of the CPUs stolen and
     ...  # the measurement
     window.stop()
     print(window.describe())   # "host steal 0.4% of the CPUs over 12.3 s"
+
+On a VM whose idle CPUs halt at once (the guest's ``haltpoll`` cpuidle driver with
+``guest_halt_poll_ns`` 0, as on the Firecracker VMs of 2026-12-03), every wait for the next
+request is an exit to the hypervisor, and the work after it runs cold: one JSON client through
+``benchmarks.vs_peers`` read repairproxy at 362 µs a request and the Portkey gateway at 1,520,
+and with the guest polling up to 200 µs before it halts, 192 and 1,162, the same code, minutes
+apart (README, "Measured"). ``HaltPolling`` sets that window for one run and puts it back.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import TracebackType
 
-__all__ = ["StealWindow", "cpu_times"]
+__all__ = ["HaltPolling", "StealWindow", "cpu_times", "idle_policy"]
 
 _STAT = Path("/proc/stat")
+_CPUIDLE_DRIVER = Path("/sys/devices/system/cpu/cpuidle/current_driver")
+_HALT_POLL_NS = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
 
 
 def cpu_times(stat: Path = _STAT) -> tuple[int, int] | None:
@@ -62,3 +74,59 @@ class StealWindow:
         if share is None:
             return "host steal unknown (no /proc/stat)"
         return f"host steal {share:.1f}% of the CPUs over {seconds:.1f} s"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def idle_policy(driver: Path = _CPUIDLE_DRIVER, halt_poll: Path = _HALT_POLL_NS) -> str:
+    """How an idle CPU waits here, in words: the cpuidle driver, and for the guest's ``haltpoll``
+    driver how long it polls before it halts (a halt is an exit to the hypervisor)."""
+    name = _read(driver)
+    if name is None:
+        return "idle CPUs: no cpuidle driver listed"
+    words = f"idle CPUs: cpuidle driver {name}"
+    poll = _read(halt_poll)
+    if poll is None or not poll.isdigit():
+        return words
+    if int(poll) == 0:
+        return f"{words}, guest halt polling 0 ns (each idle wait halts: an exit to the hypervisor)"
+    return f"{words}, guest halt polling {int(poll):,} ns (an idle CPU polls this long, then halts)"
+
+
+class HaltPolling:
+    """``guest_halt_poll_ns`` set to ``ns`` inside the block, the old value put back after it
+    (also when the block raises). Root on a guest with the ``haltpoll`` driver only: elsewhere
+    entering raises ``RuntimeError`` saying why, and nothing is changed."""
+
+    def __init__(self, ns: int, path: Path = _HALT_POLL_NS) -> None:
+        if ns < 0:
+            raise ValueError("ns must be >= 0")
+        self.ns = ns
+        self._path = path
+        self._old: str | None = None
+
+    def __enter__(self) -> HaltPolling:
+        old = _read(self._path)
+        if old is None or not old.isdigit():
+            raise RuntimeError(f"no guest halt polling to set here ({self._path} unreadable)")
+        try:
+            self._path.write_text(f"{self.ns}\n")
+        except OSError as exc:
+            raise RuntimeError(f"cannot set {self._path}: {exc}") from exc
+        self._old = old
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._old is not None:
+            self._path.write_text(f"{self._old}\n")
+            self._old = None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import socket
 import statistics
@@ -35,7 +36,7 @@ import orjson
 import uvloop
 
 from benchmarks.fast_upstream import CANNED_COMPLETION
-from benchmarks.host import StealWindow
+from benchmarks.host import HaltPolling, StealWindow, idle_policy
 from benchmarks.interpreters import interpreter_build
 
 __all__ = ["main"]
@@ -426,12 +427,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--episode-store", default=None, help="passed to every proxy (e.g. redis://HOST:PORT/DB)"
     )
+    parser.add_argument(
+        "--guest-halt-poll-ns",
+        type=int,
+        help="a diagnosis, not a default: on a VM guest with the haltpoll cpuidle driver (root), "
+        "let idle CPUs poll this long before they halt for the run, then put the old value back "
+        "(benchmarks.host.HaltPolling)",
+    )
     args = parser.parse_args(argv)
     variants: list[_Variant] = args.variant or [_Variant("proxy")]
     if args.episode_store:
         for variant in variants:
             variant.extra += ["--episode-store", args.episode_store]
 
+    with contextlib.ExitStack() as host:
+        if args.guest_halt_poll_ns is not None:
+            host.enter_context(HaltPolling(args.guest_halt_poll_ns))
+        _run(args, variants)
+
+
+def _run(args: argparse.Namespace, variants: list[_Variant]) -> None:
     upstream_port = _free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     upstream = subprocess.Popen(
@@ -467,6 +482,7 @@ def main(argv: list[str] | None = None) -> None:
             f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f}, "
             f"sum(range(1000)) takes {_speed_marker_us():.1f} us (other processes share the cpus)"
         )
+        print(idle_policy())
         print(
             f"request {len(body)} B, answer with 1 tool call"
             f"{' streamed (SSE, timed to its end)' if args.stream else ''}, repair={args.repair}, "

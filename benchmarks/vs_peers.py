@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import os
 import shutil
@@ -60,7 +61,7 @@ import httptools
 import orjson
 import uvloop
 
-from benchmarks.host import StealWindow
+from benchmarks.host import HaltPolling, StealWindow, idle_policy
 from benchmarks.interpreters import interpreter_build
 from benchmarks.overhead import REQUEST_BODY
 
@@ -666,11 +667,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--idle-seconds", type=float, default=5.0, help="each server's idle CPU is read this long"
     )
+    parser.add_argument(
+        "--guest-halt-poll-ns",
+        type=int,
+        help="a diagnosis, not a default: on a VM guest with the haltpoll cpuidle driver (root), "
+        "let idle CPUs poll this long before they halt for the run, then put the old value back "
+        "(benchmarks.host.HaltPolling); 0 halts at once",
+    )
     args = parser.parse_args(argv)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     processes: list[subprocess.Popen[bytes]] = []
     workdir = Path(tempfile.mkdtemp(prefix="vs-peers-"))
+    host = contextlib.ExitStack()
     try:
+        if args.guest_halt_poll_ns is not None:
+            host.enter_context(HaltPolling(args.guest_halt_poll_ns))
         upstream_port = _free_port()
         upstream = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.fast_upstream", "--port", str(upstream_port)],
@@ -680,6 +691,8 @@ def main(argv: list[str] | None = None) -> None:
         _wait_port(upstream_port, upstream, 20)
         load = os.getloadavg()[0]
         print(f"machine: {os.cpu_count()} cpus, load average {load:.1f} at the start", flush=True)
+        idle_words = idle_policy()
+        print(idle_words, flush=True)
         builds = {
             "repairproxy and litellm": f"{args.python}: {interpreter_build(args.python)}",
             "client and upstream": f"{sys.executable}: {interpreter_build(sys.executable)}",
@@ -755,6 +768,7 @@ def main(argv: list[str] | None = None) -> None:
                         "load_start": load,
                         "load_end": os.getloadavg()[0],
                         "host_steal_percent": steal,
+                        "idle_policy": idle_words,
                         "requests": args.requests,
                         "seconds": None if args.requests else args.seconds,
                         "warmup_seconds": args.warmup,
@@ -786,6 +800,7 @@ def main(argv: list[str] | None = None) -> None:
             except subprocess.TimeoutExpired:
                 process.kill()
         shutil.rmtree(workdir, ignore_errors=True)
+        host.close()
 
 
 if __name__ == "__main__":

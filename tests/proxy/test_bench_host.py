@@ -1,11 +1,14 @@
 """``benchmarks.host``: the host's steal share of the CPUs over a benchmark's window, read from a
-``/proc/stat`` (this machine's, and written ones with known figures)."""
+``/proc/stat`` (this machine's, and written ones with known figures); how idle CPUs wait, and the
+guest's halt polling set for a run and put back (written files in place of ``/sys``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.host import StealWindow, cpu_times
+import pytest
+
+from benchmarks.host import HaltPolling, StealWindow, cpu_times, idle_policy
 
 
 def _stat(path: Path, steal: int, others: int) -> None:
@@ -47,3 +50,55 @@ def test_no_counters_no_figure(tmp_path: Path) -> None:
     garbled = tmp_path / "garbled"
     garbled.write_text("intr 1 2 3\n")
     assert cpu_times(garbled) is None
+
+
+def test_how_idle_cpus_wait_is_said(tmp_path: Path) -> None:
+    driver, poll = tmp_path / "current_driver", tmp_path / "guest_halt_poll_ns"
+    assert idle_policy(driver, poll) == "idle CPUs: no cpuidle driver listed"
+    driver.write_text("acpi_idle\n")
+    assert idle_policy(driver, poll) == "idle CPUs: cpuidle driver acpi_idle"
+    driver.write_text("haltpoll\n")
+    poll.write_text("0\n")
+    assert idle_policy(driver, poll).endswith(
+        "guest halt polling 0 ns (each idle wait halts: an exit to the hypervisor)"
+    )
+    poll.write_text("200000\n")
+    assert ", guest halt polling 200,000 ns (" in idle_policy(driver, poll)
+    poll.write_text("garbled\n")
+    assert idle_policy(driver, poll) == "idle CPUs: cpuidle driver haltpoll"
+
+
+def test_halt_polling_is_set_for_the_block_and_put_back(tmp_path: Path) -> None:
+    poll = tmp_path / "guest_halt_poll_ns"
+    poll.write_text("0\n")
+    with HaltPolling(200_000, poll):
+        assert poll.read_text() == "200000\n"
+    assert poll.read_text() == "0\n"
+    with pytest.raises(KeyError), HaltPolling(50_000, poll):  # a failing run puts it back too
+        assert poll.read_text() == "50000\n"
+        raise KeyError("the run failed")
+    assert poll.read_text() == "0\n"
+
+
+def test_halt_polling_refuses_where_it_cannot_set_and_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(RuntimeError, match="no guest halt polling"), HaltPolling(1, tmp_path / "x"):
+        pass
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(ValueError):
+        HaltPolling(-1, tmp_path / "x")
+    poll = tmp_path / "guest_halt_poll_ns"
+    poll.write_text("7\n")
+
+    def refused(self: Path, data: str) -> int:
+        raise PermissionError(13, "Permission denied")
+
+    with monkeypatch.context() as patched:  # not root: the kernel's file refuses the write
+        patched.setattr(Path, "write_text", refused)
+        with (
+            pytest.raises(RuntimeError, match=r"cannot set .*Permission denied"),
+            HaltPolling(9, poll),
+        ):
+            pass
+    assert poll.read_text() == "7\n"
