@@ -22,9 +22,12 @@ apart (README, "Measured"). ``HaltPolling`` sets that window for one run and put
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 __all__ = ["HaltPolling", "StealWindow", "cpu_times", "idle_policy"]
 
@@ -100,15 +103,20 @@ def idle_policy(driver: Path = _CPUIDLE_DRIVER, halt_poll: Path = _HALT_POLL_NS)
 
 class HaltPolling:
     """``guest_halt_poll_ns`` set to ``ns`` inside the block, the old value put back after it
-    (also when the block raises). Root on a guest with the ``haltpoll`` driver only: elsewhere
-    entering raises ``RuntimeError`` saying why, and nothing is changed."""
+    (also when the block raises, and on SIGTERM or SIGHUP, which raise ``SystemExit`` inside the
+    block so that it unwinds: a run stopped by ``timeout`` must not leave the host polling).
+    Root on a guest with the ``haltpoll`` driver only: elsewhere entering raises
+    ``RuntimeError`` saying why, and nothing is changed."""
+
+    _SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self, ns: int, path: Path = _HALT_POLL_NS) -> None:
         if ns < 0:
-            raise ValueError("ns must be >= 0")
+            raise ValueError("--guest-halt-poll-ns must be >= 0")
         self.ns = ns
         self._path = path
         self._old: str | None = None
+        self._handlers: dict[int, Any] = {}
 
     def __enter__(self) -> HaltPolling:
         old = _read(self._path)
@@ -119,6 +127,9 @@ class HaltPolling:
         except OSError as exc:
             raise RuntimeError(f"cannot set {self._path}: {exc}") from exc
         self._old = old
+        if threading.current_thread() is threading.main_thread():
+            for number in self._SIGNALS:
+                self._handlers[number] = signal.signal(number, _exit_on_signal)
         return self
 
     def __exit__(
@@ -127,6 +138,13 @@ class HaltPolling:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        for number, handler in self._handlers.items():
+            signal.signal(number, handler)
+        self._handlers.clear()
         if self._old is not None:
             self._path.write_text(f"{self._old}\n")
             self._old = None
+
+
+def _exit_on_signal(number: int, frame: object) -> None:
+    raise SystemExit(128 + number)

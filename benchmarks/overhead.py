@@ -442,7 +442,10 @@ def main(argv: list[str] | None = None) -> None:
 
     with contextlib.ExitStack() as host:
         if args.guest_halt_poll_ns is not None:
-            host.enter_context(HaltPolling(args.guest_halt_poll_ns))
+            try:
+                host.enter_context(HaltPolling(args.guest_halt_poll_ns))
+            except (ValueError, RuntimeError) as exc:
+                parser.error(str(exc))
         _run(args, variants)
 
 

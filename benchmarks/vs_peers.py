@@ -681,7 +681,10 @@ def main(argv: list[str] | None = None) -> None:
     host = contextlib.ExitStack()
     try:
         if args.guest_halt_poll_ns is not None:
-            host.enter_context(HaltPolling(args.guest_halt_poll_ns))
+            try:
+                host.enter_context(HaltPolling(args.guest_halt_poll_ns))
+            except (ValueError, RuntimeError) as exc:
+                parser.error(str(exc))
         upstream_port = _free_port()
         upstream = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.fast_upstream", "--port", str(upstream_port)],

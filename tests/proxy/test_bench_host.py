@@ -4,6 +4,9 @@ guest's halt polling set for a run and put back (written files in place of ``/sy
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,26 @@ def test_halt_polling_refuses_where_it_cannot_set_and_changes_nothing(
         ):
             pass
     assert poll.read_text() == "7\n"
+
+
+def test_a_run_stopped_by_sigterm_puts_the_polling_back(tmp_path: Path) -> None:
+    poll = tmp_path / "guest_halt_poll_ns"
+    poll.write_text("0\n")
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stopped, HaltPolling(200_000, poll):
+        assert poll.read_text() == "200000\n"
+        os.kill(os.getpid(), signal.SIGTERM)  # as `timeout` stops a run
+        time.sleep(5)  # never reached: the handler raises at once
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert poll.read_text() == "0\n"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_the_benchmarks_refuse_a_window_they_cannot_set(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import overhead, vs_peers
+
+    for main in (overhead.main, vs_peers.main):
+        with pytest.raises(SystemExit) as refused:
+            main(["--guest-halt-poll-ns", "-5"])
+        assert refused.value.code == 2
+        assert "--guest-halt-poll-ns must be >= 0" in capsys.readouterr().err
