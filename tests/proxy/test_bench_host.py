@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -108,6 +109,8 @@ def test_halt_polling_refuses_where_it_cannot_set_and_changes_nothing(
 
 
 def test_a_run_stopped_by_sigterm_puts_the_polling_back(tmp_path: Path) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are installed from the main thread only")
     poll = tmp_path / "guest_halt_poll_ns"
     poll.write_text("0\n")
     before = signal.getsignal(signal.SIGTERM)
