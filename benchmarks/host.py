@@ -116,6 +116,7 @@ class HaltPolling:
         self.ns = ns
         self._path = path
         self._old: str | None = None
+        self.previous: int | None = None  # the value found on entering, put back on leaving
         self._handlers: dict[int, Any] = {}
 
     def __enter__(self) -> HaltPolling:
@@ -127,10 +128,17 @@ class HaltPolling:
         except OSError as exc:
             raise RuntimeError(f"cannot set {self._path}: {exc}") from exc
         self._old = old
+        self.previous = int(old)
         if threading.current_thread() is threading.main_thread():
             for number in self._SIGNALS:
                 self._handlers[number] = signal.signal(number, _exit_on_signal)
         return self
+
+    def describe(self) -> str:
+        return (
+            f"guest halt polling set to {self.ns:,} ns for this run (it was {self.previous:,} ns; "
+            "put back at the end)"
+        )
 
     def __exit__(
         self,

@@ -443,9 +443,10 @@ def main(argv: list[str] | None = None) -> None:
     with contextlib.ExitStack() as host:
         if args.guest_halt_poll_ns is not None:
             try:
-                host.enter_context(HaltPolling(args.guest_halt_poll_ns))
+                polling = host.enter_context(HaltPolling(args.guest_halt_poll_ns))
             except (ValueError, RuntimeError) as exc:
                 parser.error(str(exc))
+            print(polling.describe(), flush=True)
         _run(args, variants)
 
 

@@ -682,9 +682,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.guest_halt_poll_ns is not None:
             try:
-                host.enter_context(HaltPolling(args.guest_halt_poll_ns))
+                polling = host.enter_context(HaltPolling(args.guest_halt_poll_ns))
             except (ValueError, RuntimeError) as exc:
                 parser.error(str(exc))
+            print(polling.describe(), flush=True)
         upstream_port = _free_port()
         upstream = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.fast_upstream", "--port", str(upstream_port)],

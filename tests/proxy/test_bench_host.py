@@ -75,8 +75,12 @@ def test_how_idle_cpus_wait_is_said(tmp_path: Path) -> None:
 def test_halt_polling_is_set_for_the_block_and_put_back(tmp_path: Path) -> None:
     poll = tmp_path / "guest_halt_poll_ns"
     poll.write_text("0\n")
-    with HaltPolling(200_000, poll):
+    with HaltPolling(200_000, poll) as polling:
         assert poll.read_text() == "200000\n"
+        assert polling.previous == 0
+        assert polling.describe() == (
+            "guest halt polling set to 200,000 ns for this run (it was 0 ns; put back at the end)"
+        )
     assert poll.read_text() == "0\n"
     with pytest.raises(KeyError), HaltPolling(50_000, poll):  # a failing run puts it back too
         assert poll.read_text() == "50000\n"
