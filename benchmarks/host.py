@@ -22,6 +22,8 @@ apart (README, "Measured"). ``HaltPolling`` sets that window for one run and put
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import signal
 import threading
 import time
@@ -29,7 +31,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["HaltPolling", "StealWindow", "cpu_times", "idle_policy"]
+__all__ = [
+    "HaltPolling",
+    "StealWindow",
+    "add_halt_polling_flag",
+    "cpu_times",
+    "enter_halt_polling",
+    "idle_policy",
+]
 
 _STAT = Path("/proc/stat")
 _CPUIDLE_DRIVER = Path("/sys/devices/system/cpu/cpuidle/current_driver")
@@ -156,3 +165,28 @@ class HaltPolling:
 
 def _exit_on_signal(number: int, frame: object) -> None:
     raise SystemExit(128 + number)
+
+
+def add_halt_polling_flag(parser: argparse.ArgumentParser) -> None:
+    """A benchmark's ``--guest-halt-poll-ns NS`` (``enter_halt_polling`` applies it)."""
+    parser.add_argument(
+        "--guest-halt-poll-ns",
+        type=int,
+        help="a diagnosis, not a default: on a VM guest with the haltpoll cpuidle driver (root), "
+        "let idle CPUs poll this long before they halt for the run, then put the old value back "
+        "(benchmarks.host.HaltPolling); 0 halts at once",
+    )
+
+
+def enter_halt_polling(
+    stack: contextlib.ExitStack, ns: int | None, parser: argparse.ArgumentParser
+) -> None:
+    """Set ``--guest-halt-poll-ns`` for the rest of ``stack`` and say so; a window that cannot
+    be set is a usage error. Nothing without the flag."""
+    if ns is None:
+        return
+    try:
+        polling = stack.enter_context(HaltPolling(ns))
+    except (ValueError, RuntimeError) as exc:
+        parser.error(str(exc))
+    print(polling.describe(), flush=True)

@@ -36,7 +36,12 @@ import orjson
 import uvloop
 
 from benchmarks.fast_upstream import CANNED_COMPLETION
-from benchmarks.host import HaltPolling, StealWindow, idle_policy
+from benchmarks.host import (
+    StealWindow,
+    add_halt_polling_flag,
+    enter_halt_polling,
+    idle_policy,
+)
 from benchmarks.interpreters import interpreter_build
 
 __all__ = ["main"]
@@ -427,13 +432,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--episode-store", default=None, help="passed to every proxy (e.g. redis://HOST:PORT/DB)"
     )
-    parser.add_argument(
-        "--guest-halt-poll-ns",
-        type=int,
-        help="a diagnosis, not a default: on a VM guest with the haltpoll cpuidle driver (root), "
-        "let idle CPUs poll this long before they halt for the run, then put the old value back "
-        "(benchmarks.host.HaltPolling)",
-    )
+    add_halt_polling_flag(parser)
     args = parser.parse_args(argv)
     variants: list[_Variant] = args.variant or [_Variant("proxy")]
     if args.episode_store:
@@ -441,12 +440,7 @@ def main(argv: list[str] | None = None) -> None:
             variant.extra += ["--episode-store", args.episode_store]
 
     with contextlib.ExitStack() as host:
-        if args.guest_halt_poll_ns is not None:
-            try:
-                polling = host.enter_context(HaltPolling(args.guest_halt_poll_ns))
-            except (ValueError, RuntimeError) as exc:
-                parser.error(str(exc))
-            print(polling.describe(), flush=True)
+        enter_halt_polling(host, args.guest_halt_poll_ns, parser)
         _run(args, variants)
 
 

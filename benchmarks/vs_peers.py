@@ -61,7 +61,12 @@ import httptools
 import orjson
 import uvloop
 
-from benchmarks.host import HaltPolling, StealWindow, idle_policy
+from benchmarks.host import (
+    StealWindow,
+    add_halt_polling_flag,
+    enter_halt_polling,
+    idle_policy,
+)
 from benchmarks.interpreters import interpreter_build
 from benchmarks.overhead import REQUEST_BODY
 
@@ -667,25 +672,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--idle-seconds", type=float, default=5.0, help="each server's idle CPU is read this long"
     )
-    parser.add_argument(
-        "--guest-halt-poll-ns",
-        type=int,
-        help="a diagnosis, not a default: on a VM guest with the haltpoll cpuidle driver (root), "
-        "let idle CPUs poll this long before they halt for the run, then put the old value back "
-        "(benchmarks.host.HaltPolling); 0 halts at once",
-    )
+    add_halt_polling_flag(parser)
     args = parser.parse_args(argv)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     processes: list[subprocess.Popen[bytes]] = []
     workdir = Path(tempfile.mkdtemp(prefix="vs-peers-"))
     host = contextlib.ExitStack()
     try:
-        if args.guest_halt_poll_ns is not None:
-            try:
-                polling = host.enter_context(HaltPolling(args.guest_halt_poll_ns))
-            except (ValueError, RuntimeError) as exc:
-                parser.error(str(exc))
-            print(polling.describe(), flush=True)
+        enter_halt_polling(host, args.guest_halt_poll_ns, parser)
         upstream_port = _free_port()
         upstream = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.fast_upstream", "--port", str(upstream_port)],
