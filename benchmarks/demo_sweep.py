@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evals.data import resolve_data_dir
+from evals.tau2.data import resolve_data_dir
 
 COUNTS = re.compile(
     r"agent answers (?P<turns>\d+); caught by the proxy: (?P<caught_by>.*?); promoted "
@@ -50,7 +50,7 @@ def run_one(domain: str, task_id: str, mode: str, out: Path) -> dict[str, Any]:
     started = time.monotonic()
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "evals.demo", "--domain", domain, "--task-id", task_id),
+            *(sys.executable, "-m", "evals.demo.episode", "--domain", domain, "--task-id", task_id),
             *("--repair", mode, "--save-to", str(save_to)),
         ],
         capture_output=True,
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         f"# Demo sweep\n\n`python -m benchmarks.demo_sweep --domain {args.domain} {chose}`\n\n"
         f"Tasks: {rule}. Each run is `python -m evals.demo --task-id ID --repair MODE`; cells: "
         "reward · answers the proxy caught · tool calls run (failed) · invalid answers delivered "
-        f"to the agent (re-checked by evals.transcript) · wall seconds. {len(done)} runs, "
+        f"to the agent (re-checked by evals.demo.transcript) · wall seconds. {len(done)} runs, "
         f"{total:.0f} s in all ({time.monotonic() - started:.0f} s this invocation).\n\n"
         f"{report}\n",
         encoding="utf-8",

@@ -63,7 +63,7 @@ def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def _retail(data_dir: Path) -> list[Prompt]:
-    from evals.domains.retail.tools import agent_tool_schemas
+    from evals.tau2.domains.retail.tools import agent_tool_schemas
 
     root = data_dir / "tau2" / "domains" / "retail"
     db = json.loads((root / "db.json").read_text())
@@ -120,7 +120,7 @@ def _retail(data_dir: Path) -> list[Prompt]:
 
 
 def _telecom(data_dir: Path) -> list[Prompt]:
-    from evals.domains.telecom.agent_tools import TelecomTools
+    from evals.tau2.domains.telecom.agent_tools import TelecomTools
 
     root = data_dir / "tau2" / "domains" / "telecom"
     with (root / "db.toml").open("rb") as fh:

@@ -54,9 +54,9 @@ def time_fetch() -> None:
 
 def first_turn_prompt(data_dir: Path) -> str:
     """The first agent request of a Retail episode, as the embedded server renders it."""
-    from evals.agents import agent_system_prompt
-    from evals.domains import load_domain
-    from evals.orchestrator import GREETING
+    from evals.tau2.agents import agent_system_prompt
+    from evals.tau2.domains import load_domain
+    from evals.tau2.orchestrator import GREETING
 
     domain = load_domain("retail", data_dir)
     messages = [
@@ -128,7 +128,7 @@ def bench_arm(arm: str, data_dir: Path, threads: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from evals.data import resolve_data_dir
+    from evals.tau2.data import resolve_data_dir
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arms", nargs="+", default=["q4_k_m", "q3_k_m-requant"])

@@ -1,10 +1,10 @@
 """Proxy overhead: direct vs through-proxy against a fast local upstream, interleaved in one run.
 
-Starts ``benchmarks.fast_upstream`` and ``python -m repairproxy serve`` as subprocesses, then drives
-both with a minimal keep-alive HTTP/1.1 client (uvloop + httptools) at concurrency 1, 16 and 64,
-alternating direct and proxied rounds so drift hits both alike. Prints added p50/p99 latency,
-requests/s, the proxy's RSS, and the validation cost per tool call. Then the server's CPU time
-per request: utime + stime of each proxy process and its children (``--workers``), read from
+Starts ``benchmarks.support.fast_upstream`` and ``python -m repairproxy serve`` as subprocesses,
+then drives both with a minimal keep-alive HTTP/1.1 client (uvloop + httptools) at concurrency 1,
+16 and 64, alternating direct and proxied rounds so drift hits both alike. Prints added p50/p99
+latency, requests/s, the proxy's RSS, and the validation cost per tool call. Then the server's CPU
+time per request: utime + stime of each proxy process and its children (``--workers``), read from
 /proc before and after a fixed count of requests, interleaved across variants; wall-clock
 latency is noisy on shared cores, CPU time much less so.
 
@@ -35,14 +35,14 @@ import httptools
 import orjson
 import uvloop
 
-from benchmarks.fast_upstream import CANNED_COMPLETION
-from benchmarks.host import (
+from benchmarks.support.fast_upstream import CANNED_COMPLETION
+from benchmarks.support.host import (
     StealWindow,
     add_halt_polling_flag,
     enter_halt_polling,
     idle_policy,
 )
-from benchmarks.interpreters import interpreter_build
+from benchmarks.support.interpreters import interpreter_build
 
 __all__ = ["main"]
 
@@ -426,8 +426,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--floor",
         action="store_true",
-        help="also measure a byte relay (benchmarks.relay_floor: the loop and the four socket "
-        "calls) and the first proxy on a route it relays unjudged (server + upstream client)",
+        help="also measure a byte relay (benchmarks.support.relay_floor: the loop and the four "
+        "socket calls) and the first proxy on a route it relays unjudged (server + upstream "
+        "client)",
     )
     parser.add_argument(
         "--episode-store", default=None, help="passed to every proxy (e.g. redis://HOST:PORT/DB)"
@@ -448,7 +449,8 @@ def _run(args: argparse.Namespace, variants: list[_Variant]) -> None:
     upstream_port = _free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     upstream = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.fast_upstream", "--port", str(upstream_port)], env=env
+        [sys.executable, "-m", "benchmarks.support.fast_upstream", "--port", str(upstream_port)],
+        env=env,
     )
     ports = [_free_port() for _ in variants]
     processes = [
@@ -457,7 +459,13 @@ def _run(args: argparse.Namespace, variants: list[_Variant]) -> None:
     ]
     relay_port = _free_port()
     if args.floor:
-        command = [sys.executable, "-m", "benchmarks.relay_floor", "--port", str(relay_port)]
+        command = [
+            sys.executable,
+            "-m",
+            "benchmarks.support.relay_floor",
+            "--port",
+            str(relay_port),
+        ]
         processes.append(subprocess.Popen([*command, "--upstream-port", str(upstream_port)]))
     try:
         _wait_port(upstream_port)

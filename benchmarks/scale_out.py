@@ -4,8 +4,9 @@
    ``observe_request`` + ``observe_answer`` (+ ``remember_answer`` without a header) on the memory
    store and on Redis, with and without the episode header: microseconds and Redis round trips.
 2. ``python -m repairproxy serve`` with ``--workers 1`` and ``--workers 2`` (Redis store both) in
-   front of ``benchmarks.fast_upstream``, driven at ``--concurrency`` over keep-alive connections,
-   rounds interleaved: requests/s and the proxy's CPU-seconds per request (all its processes).
+   front of ``benchmarks.support.fast_upstream``, driven at ``--concurrency`` over keep-alive
+   connections, rounds interleaved: requests/s and the proxy's CPU-seconds per request (all its
+   processes).
 
     python -m benchmarks.scale_out [--redis redis://127.0.0.1:6379/0] [--rounds 4]
 
@@ -175,7 +176,15 @@ def main(argv: list[str] | None = None) -> None:
 
         upstream_port = _free_port()
         processes.append(
-            _start([sys.executable, "-m", "benchmarks.fast_upstream", "--port", str(upstream_port)])
+            _start(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.support.fast_upstream",
+                    "--port",
+                    str(upstream_port),
+                ]
+            )
         )
         proxies = []
         for workers in (1, 2):

@@ -524,8 +524,8 @@ def run_real_answers(docs: Path, verbose: bool) -> None:
     """What promotion makes of every real model answer stored under ``docs/`` (the domain's
     agent tools declared): per source, the answers, those holding a call shape, and the
     outcome; for the ones that are not a call, the reasons (``textcalls.NotACall``)."""
-    from evals.domains.retail.tools import RetailTools
-    from evals.domains.telecom.agent_tools import TelecomTools
+    from evals.tau2.domains.retail.tools import RetailTools
+    from evals.tau2.domains.telecom.agent_tools import TelecomTools
     from repairproxy.textcalls import read_text_calls
 
     tools = {"retail": RetailTools.openai_tools(), "telecom": TelecomTools.openai_tools()}

@@ -2,10 +2,11 @@
 
 A test that says "equivalent within ±7.5 points" must say it at most 5% of the time when the true
 difference is exactly ±7.5 points. This simulates paired trials the way the study makes them
-(tasks × 4 trials, the trials of one task correlated) and counts how often ``evals.stats``'s TOST
-declares equivalence there, over a grid: 10 / 25 / 114 tasks (40 / 100 / 456 pairs), reference
-success 0.3 / 0.6 / 0.9, discordant pairs low (10%) / high (25%, or the most the baseline allows),
-within-task correlation low (0.05) / high (0.5), the compared arm worse or better by the margin.
+(tasks × 4 trials, the trials of one task correlated) and counts how often
+``evals.analysis.stats``'s TOST declares equivalence there, over a grid: 10 / 25 / 114 tasks (40 /
+100 / 456 pairs), reference success 0.3 / 0.6 / 0.9, discordant pairs low (10%) / high (25%, or the
+most the baseline allows), within-task correlation low (0.05) / high (0.5), the compared arm worse
+or better by the margin.
 
 Per task, the four cell probabilities (both succeed, only the reference, only the compared,
 neither) are drawn from a Dirichlet around the cell's means with concentration 1/icc - 1 (the
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from evals.stats import ALPHA, EQUIVALENCE_MARGIN, Z90, tost_arrays
+from evals.analysis.stats import ALPHA, EQUIVALENCE_MARGIN, Z90, tost_arrays
 
 __all__ = ["Cell", "Row", "cells", "main", "run_cell", "simulate_sums"]
 

@@ -1,10 +1,10 @@
 """repairproxy beside LiteLLM's proxy and the Portkey AI gateway: one fast upstream, interleaved.
 
 A claim like "N× cheaper than the alternatives" is only worth the run that shows it, side by side on
-the same machine and upstream. This starts the fast upstream (``benchmarks.fast_upstream``: JSON, or
-SSE when the request says ``"stream": true``), ``python -m repairproxy serve`` with every feature on
-(validation and repair, metrics, conversation chaining: no episode header, client auth, its log
-line per request read by a thread here rather than sent to /dev/null), the LiteLLM proxy
+the same machine and upstream. This starts the fast upstream (``benchmarks.support.fast_upstream``:
+JSON, or SSE when the request says ``"stream": true``), ``python -m repairproxy serve`` with every
+feature on (validation and repair, metrics, conversation chaining: no episode header, client auth,
+its log line per request read by a thread here rather than sent to /dev/null), the LiteLLM proxy
 (``litellm[proxy]==1.82.6``, the project's pin, in its own virtualenv under
 ``~/.cache/repairproxy/bench-venvs/``, created on first use) and the Portkey gateway
 (``npm install @portkey-ai/gateway@1.15.2`` into ``~/.cache/repairproxy/``, run with node, its
@@ -33,8 +33,8 @@ and the command line and environment each server ran with. Everything listens on
         [--requests N] [--peers litellm portkey] [--json-out FILE] [--python PATH]
     python -m benchmarks.vs_peers --pool-only   # upstream clients: our pool vs aiohttp vs httpx
 
-The interpreter changes the two Python servers' CPU by ~20% (``benchmarks.interpreters``): an
-optimised build (the Docker image's is configured ``--enable-optimizations --with-lto``; Debian's
+The interpreter changes the two Python servers' CPU by ~20% (``benchmarks.support.interpreters``):
+an optimised build (the Docker image's is configured ``--enable-optimizations --with-lto``; Debian's
 ``python3`` measures alike) against pyenv's default build.
 ``--python`` runs repairproxy and LiteLLM on the same one; the run prints which.
 """
@@ -61,14 +61,14 @@ import httptools
 import orjson
 import uvloop
 
-from benchmarks.host import (
+from benchmarks.overhead import REQUEST_BODY
+from benchmarks.support.host import (
     StealWindow,
     add_halt_polling_flag,
     enter_halt_polling,
     idle_policy,
 )
-from benchmarks.interpreters import interpreter_build
-from benchmarks.overhead import REQUEST_BODY
+from benchmarks.support.interpreters import interpreter_build
 
 __all__ = ["main"]
 
@@ -660,7 +660,7 @@ def main(argv: list[str] | None = None) -> None:
         "--python",
         default=sys.executable,
         help="the interpreter repairproxy runs on (a venv with it installed; see "
-        "benchmarks.interpreters) and LiteLLM's venv is made on (default: this one)",
+        "benchmarks.support.interpreters) and LiteLLM's venv is made on (default: this one)",
     )
     parser.add_argument(
         "--litellm-venv",
@@ -682,7 +682,13 @@ def main(argv: list[str] | None = None) -> None:
         enter_halt_polling(host, args.guest_halt_poll_ns, parser)
         upstream_port = _free_port()
         upstream = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.fast_upstream", "--port", str(upstream_port)],
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.support.fast_upstream",
+                "--port",
+                str(upstream_port),
+            ],
             env=env,
         )
         processes.append(upstream)

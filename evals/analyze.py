@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from evals import parallel
-from evals.analysis import (
+from evals.analysis import parallel
+from evals.analysis.summary import (
     Arm,
     ArmSummary,
     Summary,
@@ -28,7 +28,7 @@ from evals.analysis import (
     load_arm,
     summarize_arm,
 )
-from evals.report import write_report
+from evals.report.write import write_report
 
 __all__ = ["PARALLEL_FILES", "AnalysisError", "analyze", "main", "parse_family"]
 
@@ -56,8 +56,8 @@ def _read(path: Path, label: str | None) -> tuple[Arm, ArmSummary]:
 
 def _load(specs: Sequence[str | Path]) -> tuple[list[Arm], dict[str, ArmSummary]]:
     """The arms, labelled apart, and their summaries: in forked workers when the machine has
-    idle CPUs (``evals.parallel``; a paper-grid file takes ~90 ms to read and summarise, its
-    result ~10 ms to send back), else here."""
+    idle CPUs (``evals.analysis.parallel``; a paper-grid file takes ~90 ms to read and summarise,
+    its result ~10 ms to send back), else here."""
     calls: list[parallel.Call] = []
     for spec in specs:
         label, path = _split(spec)

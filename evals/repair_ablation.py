@@ -1,11 +1,11 @@
 """``python -m evals.repair_ablation GRID.toml --out runs/NAME``: the repair ablation grid.
 
 For each arm it reaches (or starts) the model server and starts one proxy in front of it; every
-cell x repair mode then runs through ``evals.run`` in this process, with the mode chosen per request
-(``X-Repairproxy-Repair``) and the proxy's budget set to the cell's ``max_errors``. Each run writes
-``<out>/<cell>/<mode>/results.json`` (τ²-bench's layout) and ``provenance.json`` beside it. A killed
-grid resumes where it stopped: finished runs are skipped, partial ones resume episode by episode.
-It ends by handing every results file and the pairs to compare to ``evals.analyze``.
+cell x repair mode then runs through ``evals.tau2.run`` in this process, with the mode chosen per
+request (``X-Repairproxy-Repair``) and the proxy's budget set to the cell's ``max_errors``. Each
+run writes ``<out>/<cell>/<mode>/results.json`` (τ²-bench's layout) and ``provenance.json`` beside
+it. A killed grid resumes where it stopped: finished runs are skipped, partial ones resume episode
+by episode. It ends by handing every results file and the pairs to compare to ``evals.analyze``.
 """
 
 from __future__ import annotations
@@ -26,11 +26,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from evals.agents import ModelConfig
-from evals.data import ChecksumError, DataNotFoundError, resolve_data_dir
-from evals.domains import load_domain
-from evals.domains.base import Domain
-from evals.grid import (
+from evals.grid.launch import ArmEndpoint, LaunchError, proxy_command
+from evals.grid.provenance import PROVENANCE_FILE, cell_provenance
+from evals.grid.spec import (
     CellSpec,
     Grid,
     GridError,
@@ -38,12 +36,14 @@ from evals.grid import (
     load_grid,
     resume_conflicts,
 )
-from evals.launch import ArmEndpoint, LaunchError, proxy_command
-from evals.logs import SimulationRun, load_results, save_results
-from evals.provenance import PROVENANCE_FILE, cell_provenance
-from evals.run import RESULTS_FILE, RunConfig, run
-from evals.tasks import as_task
-from evals.upstream_pool import UpstreamPool
+from evals.grid.upstream_pool import UpstreamPool
+from evals.tau2.agents import ModelConfig
+from evals.tau2.data import ChecksumError, DataNotFoundError, resolve_data_dir
+from evals.tau2.domains import load_domain
+from evals.tau2.domains.base import Domain
+from evals.tau2.logs import SimulationRun, load_results, save_results
+from evals.tau2.run import RESULTS_FILE, RunConfig, run
+from evals.tau2.tasks import as_task
 from repairproxy.local.progress import progress_bar
 
 __all__ = [
@@ -321,7 +321,7 @@ async def _run_watched(
     on_episode: Callable[[SimulationRun], None],
     pool: UpstreamPool | None = None,
 ) -> None:
-    """``evals.run.run``, stopped as soon as a server of the arm dies: every episode after that
+    """``evals.tau2.run.run``, stopped as soon as a server of the arm dies: every episode after that
     would end as an ``agent_error`` that a resume would not run again. With a ``pool`` the
     episodes are spread over the arm's upstreams."""
     make_agent = None

@@ -113,7 +113,7 @@ def load_calibration(data_dir: Path, samples: int, *, seed: int = 0) -> Calibrat
 
 def calibration_data_dir(explicit: Path | None) -> Path:
     """``--tau2-data``, else ``TAU2_DATA_DIR``, else the cache of the pinned download."""
-    from evals.data import DataNotFoundError, resolve_data_dir
+    from evals.tau2.data import DataNotFoundError, resolve_data_dir
 
     try:
         return resolve_data_dir(explicit, os.environ, allow_download=False)

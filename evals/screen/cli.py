@@ -22,12 +22,12 @@ from typing import Any
 
 import orjson
 
-from evals.data import DataNotFoundError, resolve_data_dir
 from evals.screen.answers import ANSWERS_FILE, AnswerLog, read_answers
 from evals.screen.ask import ArmSpec, AskOptions, ScreenError, ask_arm, parse_arm, served
 from evals.screen.points import DecisionPoint, replay_domain, select_points
 from evals.screen.report import render_markdown, render_plot
 from evals.screen.summary import PointLabel, summarize
+from evals.tau2.data import DataNotFoundError, resolve_data_dir
 
 __all__ = ["main", "prepare", "rebuild", "run_screen"]
 

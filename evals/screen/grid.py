@@ -8,8 +8,8 @@
     reference = "q4"                 # default: the arm the others name as reference, else the first
 
 ``python -m evals.repair_ablation`` runs it after the episode cells: each arm is reached as the
-grid reaches it (``evals.launch.ArmEndpoint``) and screened on its upstream directly (repair off,
-nothing in between), into ``<out>/screen``; the run ends by saying which arms were flagged.
+grid reaches it (``evals.grid.launch.ArmEndpoint``) and screened on its upstream directly (repair
+off, nothing in between), into ``<out>/screen``; the run ends by saying which arms were flagged.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evals.grid import ArmSpec, CellSpec, Grid, GridError
+from evals.grid.spec import ArmSpec, CellSpec, Grid, GridError
 from evals.screen.answers import ANSWERS_FILE, AnswerLog
 from evals.screen.ask import ArmSpec as ScreenArm
 from evals.screen.ask import AskOptions, ask_arm
@@ -79,7 +79,7 @@ def parse_screen(table: Any, arms: Mapping[str, ArmSpec], cells: Sequence[CellSp
 
 def run_screen_cells(grid: Grid, cells: ScreenCells, out: Path, data_dir: Path) -> dict[str, Any]:
     """Screen every arm of ``cells`` not fully answered yet, then write screen.json and report."""
-    from evals.launch import ArmEndpoint
+    from evals.grid.launch import ArmEndpoint
 
     folder = out / SCREEN_DIR
     names = list(cells.arms)

@@ -22,14 +22,14 @@ from typing import Any
 
 import orjson
 
-from evals.agents import GoldAgent, agent_system_prompt
-from evals.chat import to_openai_messages
-from evals.domains import load_domain
-from evals.logs import AssistantMessage, Message, UserMessage
-from evals.orchestrator import OrchestratorConfig, run_episode
-from evals.participants import EpisodeContext
-from evals.scripted_user import extract_facts, opening_message
-from evals.users import GoldUser
+from evals.tau2.agents import GoldAgent, agent_system_prompt
+from evals.tau2.chat import to_openai_messages
+from evals.tau2.domains import load_domain
+from evals.tau2.logs import AssistantMessage, Message, UserMessage
+from evals.tau2.orchestrator import OrchestratorConfig, run_episode
+from evals.tau2.participants import EpisodeContext
+from evals.tau2.scripted_user import extract_facts, opening_message
+from evals.tau2.users import GoldUser
 
 __all__ = ["DecisionPoint", "DomainPoints", "replay_domain", "select_points"]
 

@@ -1,8 +1,8 @@
 """From the points and the raw answers to ``screen.json``: rates, paired ratios, the flag rule.
 
 Pure: the same points file and answer log always give byte-identical JSON (no clock, sorted keys),
-which is how ``--report`` is checked. Every rate carries its Wilson interval (``evals.stats``); each
-arm is compared with the reference on the points both answered.
+which is how ``--report`` is checked. Every rate carries its Wilson interval
+(``evals.analysis.stats``); each arm is compared with the reference on the points both answered.
 
 Flag rule: an arm is flagged on an error channel when the lower bound of the 95% interval of its
 paired rate ratio against the reference exceeds ``FLAG_RATIO`` (1.25): the channel is at least 25%
@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from evals.analysis.stats import Z95, Interval, NotAvailable, novel_share, spearman, wilson
 from evals.screen.answers import Answer
 from evals.screen.judge import CHANNELS, ERROR_CHANNELS, THIN_MARGIN_NATS, Judge, Verdict
-from evals.stats import Z95, Interval, NotAvailable, novel_share, spearman, wilson
 
 __all__ = ["FLAG_RATIO", "FORMAT", "PointLabel", "paired_rate_ratio", "summarize"]
 

@@ -138,8 +138,8 @@ def _ordered_set(value: Any) -> bool:
 
 # What each field of ``EpisodeState`` holds: dicts of ints (counts) or of nulls (ordered sets);
 # JSON's keys are strings already. Written out rather than read from the annotations' text (which
-# a mypyc-compiled EpisodeState, ``benchmarks.mypyc_ab``, reports as plain ``dict``); a test checks
-# that every field has one.
+# a mypyc-compiled EpisodeState, ``benchmarks.diagnostics.mypyc_ab``, reports as plain ``dict``); a
+# test checks that every field has one.
 _FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     "by_channel": _counts,
     "silent_by_channel": _counts,

@@ -20,7 +20,7 @@ def tau2_data_path() -> Path:
     shared = REPO_ROOT.parent / "shared" / "tau2-data"
     if (shared / "tau2" / "domains").is_dir():
         return shared
-    from evals.data import DATA_URL_ENV, default_cache_root, ensure_cached
+    from evals.tau2.data import DATA_URL_ENV, default_cache_root, ensure_cached
 
     root = default_cache_root(os.environ)
     cached = root / "data"

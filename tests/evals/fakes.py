@@ -13,9 +13,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from evals.domains.base import Requestor, ToolResult
-from evals.logs import AssistantMessage, Message, ToolCall, UserMessage
-from evals.tasks import (
+from evals.tau2.domains.base import Requestor, ToolResult
+from evals.tau2.logs import AssistantMessage, Message, ToolCall, UserMessage
+from evals.tau2.tasks import (
     EnvAssertion,
     InitialState,
     Task,

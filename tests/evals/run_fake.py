@@ -10,10 +10,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from evals.agents import GoldAgent
-from evals.logs import AssistantMessage, Message
-from evals.participants import EpisodeContext
-from evals.run import RunConfig, run
+from evals.tau2.agents import GoldAgent
+from evals.tau2.logs import AssistantMessage, Message
+from evals.tau2.participants import EpisodeContext
+from evals.tau2.run import RunConfig, run
 from tests.evals.fakes import CounterDomain, make_task
 
 NUM_TASKS = 5

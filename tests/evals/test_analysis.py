@@ -1,4 +1,5 @@
-"""evals.analysis on results files shaped like τ²-bench v1.0.1's, numbers worked out by hand."""
+"""evals.analysis.summary on results files shaped like τ²-bench v1.0.1's, numbers worked out by
+hand."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evals.analysis import (
+from evals.analysis.stats import Interval, NotAvailable, RateRatio
+from evals.analysis.summary import (
     Arm,
     Episode,
     amplification,
@@ -26,7 +28,6 @@ from evals.analysis import (
     summarize_pair,
     summarize_pairs,
 )
-from evals.stats import Interval, NotAvailable, RateRatio
 from tests.evals.fixtures_tau2 import Call, Turn, episode, not_found, results, write
 from tests.evals.fixtures_tau2.scenario import MISSING_REASON, build
 
@@ -316,8 +317,8 @@ def _agreement_episode() -> dict[str, Any]:
 
 
 def test_transcript_and_report_say_the_same_of_one_episode(tmp_path: Path) -> None:
-    from evals.logs import SimulationRun
-    from evals.transcript import episode_counts, turn_views
+    from evals.demo.transcript import episode_counts, turn_views
+    from evals.tau2.logs import SimulationRun
     from repairproxy.validation import ToolsCache
 
     tools = ToolsCache().compile(

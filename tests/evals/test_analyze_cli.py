@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from evals.analysis.definitions import DEFINITIONS, definitions_markdown
 from evals.analyze import analyze, main
-from evals.definitions import DEFINITIONS, definitions_markdown
 from tests.evals.conftest import REPO_ROOT
 from tests.evals.fixtures_tau2 import episode, results, write
 from tests.evals.fixtures_tau2.scenario import PROVENANCE, build

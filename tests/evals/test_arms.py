@@ -16,8 +16,8 @@ from evals.arms.__main__ import main
 from evals.arms.backend import check_call, checked_call
 from evals.arms.calibration import load_calibration
 from evals.arms.record import ArmDirEmbeddedLaunch, sha256_of
-from evals.grid import ArmSpec, VllmLaunch
-from evals.launch import ArmEndpoint, LaunchError
+from evals.grid.launch import ArmEndpoint, LaunchError
+from evals.grid.spec import ArmSpec, VllmLaunch
 from tests.local.model_fixtures import requires_model
 from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
 

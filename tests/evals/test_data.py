@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from evals.data import (
+from evals.tau2.data import (
     DATA_DIR_ENV,
     DATA_URL_ENV,
     DEFAULT_DATA_URL,
@@ -208,7 +208,7 @@ def test_the_whole_pinned_set_into_an_empty_cache(file_server: FileServer, tmp_p
     data = resolve_data_dir(None, environ, progress=False)
     assert data == tmp_path / "repairproxy" / "tau2" / "data"
     assert len(file_server.hits) == len(PINNED_FILES)
-    from evals.domains import load_domain  # the suite reads what it fetched
+    from evals.tau2.domains import load_domain  # the suite reads what it fetched
 
     for domain in ("retail", "telecom"):
         assert load_domain(domain, data) is not None

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from evals import effects
-from evals.reward import pass_hat_ks as engine_pass_hat_ks
-from evals.stats import EQUIVALENCE_MARGIN, Interval, NotAvailable, PairedTable, TaskPairs
+from evals.analysis import effects
+from evals.analysis.stats import EQUIVALENCE_MARGIN, Interval, NotAvailable, PairedTable, TaskPairs
+from evals.tau2.reward import pass_hat_ks as engine_pass_hat_ks
 
 pd = pytest.importorskip("pandas")
 scipy_stats = pytest.importorskip("scipy.stats")

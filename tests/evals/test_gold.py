@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from evals.agents import GoldAgent
-from evals.domains import load_domain
-from evals.domains.base import Domain
-from evals.logs import AssistantMessage, Message, UserMessage
-from evals.orchestrator import OrchestratorConfig, run_episode
-from evals.participants import AgentFactory, EpisodeContext, UserFactory
-from evals.reward import evaluate_episode, is_successful
-from evals.users import GoldUser
+from evals.tau2.agents import GoldAgent
+from evals.tau2.domains import load_domain
+from evals.tau2.domains.base import Domain
+from evals.tau2.logs import AssistantMessage, Message, UserMessage
+from evals.tau2.orchestrator import OrchestratorConfig, run_episode
+from evals.tau2.participants import AgentFactory, EpisodeContext, UserFactory
+from evals.tau2.reward import evaluate_episode, is_successful
+from evals.tau2.users import GoldUser
 
 pytestmark = pytest.mark.anyio
 
@@ -81,7 +81,7 @@ async def play_all(
 
 
 def _load(name: str, data_dir: Path) -> Any:
-    pytest.importorskip(f"evals.domains.{name}")
+    pytest.importorskip(f"evals.tau2.domains.{name}")
     return load_domain(name, data_dir)
 
 

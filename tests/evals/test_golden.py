@@ -18,13 +18,13 @@ from typing import Any
 import openai
 import pytest
 
-from evals.agents import LLMAgent, ModelConfig, agent_system_prompt
-from evals.chat import to_openai_messages
-from evals.domains import load_domain
-from evals.logs import AssistantMessage, ToolMessage, UserMessage
-from evals.orchestrator import GREETING, OrchestratorConfig, run_episode
-from evals.scoring.nl import judge_messages
-from evals.users import LLMUserSimulator, load_guidelines, user_system_prompt
+from evals.tau2.agents import LLMAgent, ModelConfig, agent_system_prompt
+from evals.tau2.chat import to_openai_messages
+from evals.tau2.domains import load_domain
+from evals.tau2.logs import AssistantMessage, ToolMessage, UserMessage
+from evals.tau2.orchestrator import GREETING, OrchestratorConfig, run_episode
+from evals.tau2.scoring.nl import judge_messages
+from evals.tau2.users import LLMUserSimulator, load_guidelines, user_system_prompt
 from tests.support.scripted_upstream import ScriptedUpstream, completion
 
 pytestmark = pytest.mark.anyio
@@ -117,7 +117,8 @@ async def test_requests_match_tau2_v1_0_1(
 
 @pytest.mark.parametrize("domain_name", ["retail", "telecom"])
 def test_tool_schemas_are_tau2_v1_0_1s(domain_name: str, tau2_data_dir: Path) -> None:
-    """Both domains declare tools one way (``evals.domains.toolkit``); the result is τ²-bench's."""
+    """Both domains declare tools one way (``evals.tau2.domains.toolkit``); the result is
+    τ²-bench's."""
     golden = GOLDEN["domains"][domain_name]
     environment = load_domain(domain_name, tau2_data_dir).new_environment()
     agent_tools = environment.agent_tools()

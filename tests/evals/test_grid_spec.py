@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from evals.analysis import family_of
-from evals.grid import (
+from evals.analysis.summary import family_of
+from evals.grid.provenance import PROVENANCE_FILE, cell_provenance
+from evals.grid.spec import (
     REPAIR_MODES,
     EmbeddedLaunch,
     GridError,
@@ -21,9 +22,8 @@ from evals.grid import (
     parse_grid,
     resume_conflicts,
 )
-from evals.logs import AgentInfo, EnvironmentInfo, Info, UserInfo, resume_differences
-from evals.provenance import PROVENANCE_FILE, cell_provenance
 from evals.repair_ablation import analysis_pairs, plan_runs
+from evals.tau2.logs import AgentInfo, EnvironmentInfo, Info, UserInfo, resume_differences
 from tests.evals.conftest import REPO_ROOT
 
 GRIDS = REPO_ROOT / "evals" / "grids"

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from evals.agents import ModelConfig
+from evals.grid.upstream_pool import UpstreamPool
 from evals.repair_ablation import main
-from evals.upstream_pool import UpstreamPool
+from evals.tau2.agents import ModelConfig
 from tests.support.gold_upstream import GoldArm, GoldUpstream
 
 TASK_IDS = ("65", "69", "88")

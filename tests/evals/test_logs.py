@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from evals.logs import (
+from evals.tau2.logs import (
     AgentInfo,
     AssistantMessage,
     EnvironmentInfo,
@@ -20,7 +20,7 @@ from evals.logs import (
     load_results,
     save_results,
 )
-from evals.run import summarize
+from evals.tau2.run import summarize
 
 
 def tau2_style_file(num_trials: int = 2) -> dict[str, Any]:
@@ -159,7 +159,7 @@ def test_save_is_atomic_and_round_trips(tmp_path: Path, monkeypatch: pytest.Monk
     def crash(*args: Any) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr("evals.logs.os.replace", crash)
+    monkeypatch.setattr("evals.tau2.logs.os.replace", crash)
     changed = results.model_copy(update={"tasks": [{"id": "0"}, {"id": "1"}]})
     with pytest.raises(OSError, match="disk full"):
         save_results(path, changed)

@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from evals.analysis import load_arm, summarize_arm
-from evals.chat import proxy_report
-from evals.margins import THIN_MARGIN, margin_view, parse_margins
-from evals.stats import Interval, NotAvailable
+from evals.analysis.margins import THIN_MARGIN, margin_view, parse_margins
+from evals.analysis.stats import Interval, NotAvailable
+from evals.analysis.summary import load_arm, summarize_arm
+from evals.tau2.chat import proxy_report
 from repairproxy.settings import Settings
 from tests.evals.fixtures_tau2 import Call, Turn, episode, not_found, results, write
 from tests.support.proxy_server import running_proxy

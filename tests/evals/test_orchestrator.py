@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from evals.logs import AssistantMessage, ToolMessage, UserMessage
-from evals.orchestrator import GREETING, Episode, OrchestratorConfig, run_episode
-from evals.participants import AgentError, EpisodeContext, UserError
+from evals.tau2.logs import AssistantMessage, ToolMessage, UserMessage
+from evals.tau2.orchestrator import GREETING, Episode, OrchestratorConfig, run_episode
+from evals.tau2.participants import AgentError, EpisodeContext, UserError
 from tests.evals.fakes import (
     CounterDomain,
     ScriptedAgent,

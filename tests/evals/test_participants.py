@@ -8,12 +8,12 @@ from pathlib import Path
 import openai
 import pytest
 
-from evals.agents import EPISODE_HEADER, GoldAgent, LLMAgent, ModelConfig, action_blocks
-from evals.logs import ToolMessage
-from evals.orchestrator import GREETING, OrchestratorConfig, run_episode
-from evals.reward import evaluate_episode
-from evals.scoring import OpenAIJudge
-from evals.users import GoldUser, LLMUserSimulator, render_scenario
+from evals.tau2.agents import EPISODE_HEADER, GoldAgent, LLMAgent, ModelConfig, action_blocks
+from evals.tau2.logs import ToolMessage
+from evals.tau2.orchestrator import GREETING, OrchestratorConfig, run_episode
+from evals.tau2.reward import evaluate_episode
+from evals.tau2.scoring import OpenAIJudge
+from evals.tau2.users import GoldUser, LLMUserSimulator, render_scenario
 from tests.evals.fakes import POLICY, CounterDomain, make_task
 from tests.support.scripted_upstream import ScriptedUpstream, completion, error_reply, tool_call
 
@@ -130,7 +130,7 @@ async def test_openai_judge(upstream: ScriptedUpstream, client: openai.AsyncOpen
     judge = OpenAIJudge(client, "judge-m")
     task = make_task(reward_basis=["NL_ASSERTION"], nl_assertions=["polite", "brief"])
     env = CounterDomain().new_environment()
-    from evals.logs import AssistantMessage
+    from evals.tau2.logs import AssistantMessage
 
     info = await evaluate_episode(
         domain=CounterDomain(),
@@ -205,7 +205,7 @@ def test_render_scenario_structured(tau2_data_dir: Path) -> None:
 
 
 def test_proxy_report_parses_the_repairproxy_headers() -> None:
-    from evals.chat import proxy_report
+    from evals.tau2.chat import proxy_report
 
     report = proxy_report(
         [

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from evals.grid import REPAIR_MODES, load_grid
-from evals.launch import free_port
+from evals.grid.launch import free_port
+from evals.grid.spec import REPAIR_MODES, load_grid
 from evals.repair_ablation import analysis_pairs, main, plan_runs
 from tests.evals.conftest import REPO_ROOT
 from tests.support.gold_upstream import GoldArm, GoldUpstream, hallucinated_actions

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks.report_scale import png_size, write_grid
-from evals import parallel, plots, report_pages
-from evals.analysis import build_summary, default_pairs, load_arm
+from evals.analysis import parallel
+from evals.analysis.summary import build_summary, default_pairs, load_arm
 from evals.analyze import PARALLEL_FILES, analyze
+from evals.report import pages as report_pages
+from evals.report import plots
 
 PAPER_CELLS = 24
 PAPER_HTML_BYTES = 2_000_000

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from evals.domains.retail import WRITE_TOOLS, RetailDomain, load
-from evals.domains.retail.hashing import canonical_json
-from evals.tasks import Task
+from evals.tau2.domains.retail import WRITE_TOOLS, RetailDomain, load
+from evals.tau2.domains.retail.hashing import canonical_json
+from evals.tau2.tasks import Task
 
 # (task id, index of the gold action) -> (tool message, why it is expected).
 _COMMON_EXPECTED: dict[tuple[str, int], tuple[str, str]] = {

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from evals.domains.base import DomainEnvironment, ToolResult
-from evals.domains.retail import (
+from evals.tau2.domains.base import DomainEnvironment, ToolResult
+from evals.tau2.domains.retail import (
     AGENT_TOOL_NAMES,
     READ_TOOLS,
     WRITE_TOOLS,
@@ -27,8 +27,8 @@ from evals.domains.retail import (
     RetailEnvironment,
     load,
 )
-from evals.domains.retail.hashing import canonical_json
-from evals.domains.retail.tools import RetailTools
+from evals.tau2.domains.retail.hashing import canonical_json
+from evals.tau2.domains.retail.tools import RetailTools
 
 Raw = dict[str, Any]
 T = TypeVar("T")
@@ -791,7 +791,7 @@ def test_db_hash_is_the_hash_of_the_whole_canonical_dump(retail: RetailDomain, r
 
 def test_db_hash_is_stable_across_processes(retail: RetailDomain, tau2_data_dir: Path) -> None:
     script = (
-        "import sys; from pathlib import Path; from evals.domains.retail import load; "
+        "import sys; from pathlib import Path; from evals.tau2.domains.retail import load; "
         "print(load(Path(sys.argv[1])).initial_db_hash())"
     )
     repo_root = Path(__file__).resolve().parents[2]
@@ -868,7 +868,7 @@ def test_tasks_and_splits(retail: RetailDomain, tau2_data_dir: Path) -> None:
 
 
 def test_domain_satisfies_the_protocols(retail: RetailDomain) -> None:
-    from evals.domains.base import Domain
+    from evals.tau2.domains.base import Domain
 
     domain: Domain = retail
     environment: DomainEnvironment = domain.new_environment()

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from evals.logs import AssistantMessage, Message, NLAssertionCheck, ToolMessage, UserMessage
-from evals.reward import evaluate_episode, is_successful, pass_hat_k, pass_hat_ks
-from evals.scoring import action_matches, parse_judge_output
+from evals.tau2.logs import AssistantMessage, Message, NLAssertionCheck, ToolMessage, UserMessage
+from evals.tau2.reward import evaluate_episode, is_successful, pass_hat_k, pass_hat_ks
+from evals.tau2.scoring import action_matches, parse_judge_output
 from tests.evals.fakes import CounterDomain, CounterEnvironment, call, make_task
 
 pytestmark = pytest.mark.anyio

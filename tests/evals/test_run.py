@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from evals.logs import load_results
-from evals.run import RESULTS_FILE, run, summarize
+from evals.tau2.logs import load_results
+from evals.tau2.run import RESULTS_FILE, run, summarize
 from tests.evals import run_fake
 from tests.evals.conftest import REPO_ROOT
 
@@ -109,9 +109,9 @@ async def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_cli_gold_run_on_retail(tau2_data_dir: Path, tmp_path: Path) -> None:
-    pytest.importorskip("evals.domains.retail")
+    pytest.importorskip("evals.tau2.domains.retail")
     command = [
-        sys.executable, "-m", "evals.run", "--domain", "retail",
+        sys.executable, "-m", "evals.tau2.run", "--domain", "retail",
         "--agent", "gold", "--user", "gold",
         "--num-trials", "2", "--task-ids", "0", "2", "--tau2-data", str(tau2_data_dir),
         "--save-to", str(tmp_path), "--no-progress",
@@ -137,8 +137,8 @@ def test_cli_gold_run_on_retail(tau2_data_dir: Path, tmp_path: Path) -> None:
 
 
 async def test_llm_run_sends_one_episode_id_per_episode_and_uses_the_judge(tmp_path: Path) -> None:
-    from evals.agents import ModelConfig
-    from evals.run import RunConfig
+    from evals.tau2.agents import ModelConfig
+    from evals.tau2.run import RunConfig
     from tests.evals.fakes import CounterDomain, make_task
     from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
 
@@ -188,8 +188,8 @@ async def test_llm_run_sends_one_episode_id_per_episode_and_uses_the_judge(tmp_p
 
 
 def test_domain_options_are_named_loaded_and_recorded(tau2_data_dir: Path, tmp_path: Path) -> None:
-    from evals.domains import load_domain
-    from evals.run import parse_args
+    from evals.tau2.domains import load_domain
+    from evals.tau2.run import parse_args
 
     argv = ["--domain", "retail", "--tau2-data", str(tau2_data_dir), "--save-to", str(tmp_path)]
     plain = parse_args(argv, {})

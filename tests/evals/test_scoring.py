@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from evals.logs import AssistantMessage
-from evals.reward import evaluate_episode
-from evals.scoring import SCORERS, Score, ScoredEpisode
-from evals.tasks import RewardType
+from evals.tau2.logs import AssistantMessage
+from evals.tau2.reward import evaluate_episode
+from evals.tau2.scoring import SCORERS, Score, ScoredEpisode
+from evals.tau2.tasks import RewardType
 from tests.evals.fakes import CounterDomain, CounterEnvironment, make_task
 
 pytestmark = pytest.mark.anyio

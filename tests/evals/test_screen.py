@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 import pytest
 
+from evals.analysis.stats import Z95, Interval, NotAvailable
 from evals.screen import (
     CHANNELS,
     DecisionPoint,
@@ -41,7 +42,6 @@ from evals.screen import (
 from evals.screen.answers import ANSWERS_FILE, Answer, AnswerLog, read_answers
 from evals.screen.points import DomainPoints
 from evals.screen.report import render_markdown
-from evals.stats import Z95, Interval, NotAvailable
 
 REPO = Path(__file__).resolve().parents[2]
 POINTS, SEED = 12, 3
@@ -562,7 +562,7 @@ def _grid(server: ScreenUpstream, screen: dict[str, Any]) -> dict[str, Any]:
 def test_grid_screen_cells_screen_the_grid_arms(
     upstream: tuple[ScreenUpstream, dict[str, dict[str, str]]], tmp_path: Path, tau2_data_dir: Path
 ) -> None:
-    from evals.grid import GridError, parse_grid
+    from evals.grid.spec import GridError, parse_grid
     from evals.screen.grid import run_screen_cells
 
     server, schedule = upstream

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from evals.domains import load_domain
-from evals.logs import AssistantMessage, Message, ToolMessage, UserMessage
-from evals.participants import OUT_OF_SCOPE, STOP, TRANSFER, EpisodeContext, is_user_stop
-from evals.run import RunConfig, run
-from evals.scripted_user import ScriptedUser, extract_facts, first_person, opening_message
-from evals.tasks import as_task
+from evals.tau2.domains import load_domain
+from evals.tau2.logs import AssistantMessage, Message, ToolMessage, UserMessage
+from evals.tau2.participants import OUT_OF_SCOPE, STOP, TRANSFER, EpisodeContext, is_user_stop
+from evals.tau2.run import RunConfig, run
+from evals.tau2.scripted_user import ScriptedUser, extract_facts, first_person, opening_message
+from evals.tau2.tasks import as_task
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""evals.stats against hand-computed values, one published reference table, and reference
+"""evals.analysis.stats against hand-computed values, one published reference table, and reference
 implementations (scipy, statsmodels: test dependencies only)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
 from benchmarks import tost_calibration
-from evals.stats import (
+from evals.analysis.stats import (
     EQUIVALENCE_MARGIN,
     Interval,
     NotAvailable,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from evals.domains.telecom import TelecomDomain, load
-from evals.tasks import EvaluationCriteria, Task
+from evals.tau2.domains.telecom import TelecomDomain, load
+from evals.tau2.tasks import EvaluationCriteria, Task
 
 # Tasks whose gold replay cannot satisfy their assertions, with the reason. None are known: all
 # 114 base tasks pass. A new entry here must say why the task is unachievable.

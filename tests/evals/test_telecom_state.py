@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from evals.domains.telecom import TelecomDomain, TelecomEnvironment, load
-from evals.domains.telecom.agent_tools import TelecomTools
-from evals.domains.telecom.user_tools import TelecomUserTools
-from evals.domains.toolkit import ToolKit
-from evals.tasks import EnvFunctionCall
+from evals.tau2.domains.telecom import TelecomDomain, TelecomEnvironment, load
+from evals.tau2.domains.telecom.agent_tools import TelecomTools
+from evals.tau2.domains.telecom.user_tools import TelecomUserTools
+from evals.tau2.domains.toolkit import ToolKit
+from evals.tau2.tasks import EnvFunctionCall
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -203,7 +203,7 @@ def test_db_hash_is_the_same_in_another_process(
 ) -> None:
     task = telecom.tasks()[0]
     script = (
-        "import json, sys; from pathlib import Path; from evals.domains.telecom import load\n"
+        "import json, sys; from pathlib import Path; from evals.tau2.domains.telecom import load\n"
         "domain = load(Path(sys.argv[1])); task = json.loads(sys.argv[2])\n"
         "env = domain.new_environment(); env.apply_initial_state(task['initial_state'])\n"
         "print(env.db_hash())\n"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from evals.domains.telecom import TelecomDomain, TelecomEnvironment, load
+from evals.tau2.domains.telecom import TelecomDomain, TelecomEnvironment, load
 
 AGENT_TOOLS = [
     "get_customer_by_phone",

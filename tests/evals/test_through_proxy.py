@@ -5,9 +5,9 @@ from __future__ import annotations
 import openai
 import pytest
 
-from evals.agents import LLMAgent, ModelConfig
-from evals.orchestrator import OrchestratorConfig, run_episode
-from evals.users import GoldUser
+from evals.tau2.agents import LLMAgent, ModelConfig
+from evals.tau2.orchestrator import OrchestratorConfig, run_episode
+from evals.tau2.users import GoldUser
 from tests.evals.fakes import CounterDomain, make_task
 from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
 

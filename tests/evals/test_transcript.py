@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from evals.logs import AssistantMessage, RewardInfo, SimulationRun, ToolCall, ToolMessage
-from evals.logs import UserMessage as User
-from evals.transcript import episode_counts, render_transcript, turn_views, verdict
+from evals.demo.transcript import episode_counts, render_transcript, turn_views, verdict
+from evals.tau2.logs import AssistantMessage, RewardInfo, SimulationRun, ToolCall, ToolMessage
+from evals.tau2.logs import UserMessage as User
 from repairproxy.validation import ToolsCache
 
 TOOLS = [

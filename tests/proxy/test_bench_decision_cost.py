@@ -1,5 +1,5 @@
-"""``benchmarks.decision_cost``: the app in process, back to back or asleep between requests
-(``--gap-us``); with a gap only the requests' own CPU time is counted, not the sleeps."""
+"""``benchmarks.diagnostics.decision_cost``: the app in process, back to back or asleep between
+requests (``--gap-us``); with a gap only the requests' own CPU time is counted, not the sleeps."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import uvloop
 
-from benchmarks.decision_cost import _drive
+from benchmarks.diagnostics.decision_cost import _drive
 
 
 def test_requests_with_a_gap_count_their_cpu_and_not_the_sleep() -> None:

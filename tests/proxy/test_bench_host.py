@@ -1,6 +1,6 @@
-"""``benchmarks.host``: the host's steal share of the CPUs over a benchmark's window, read from a
-``/proc/stat`` (this machine's, and written ones with known figures); how idle CPUs wait, and the
-guest's halt polling set for a run and put back (written files in place of ``/sys``)."""
+"""``benchmarks.support.host``: the host's steal share of the CPUs over a benchmark's window, read
+from a ``/proc/stat`` (this machine's, and written ones with known figures); how idle CPUs wait,
+and the guest's halt polling set for a run and put back (written files in place of ``/sys``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.host import HaltPolling, StealWindow, cpu_times, idle_policy
+from benchmarks.support.host import HaltPolling, StealWindow, cpu_times, idle_policy
 
 
 def _stat(path: Path, steal: int, others: int) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.interpreters import interpreter_build, main
 from benchmarks.overhead import _Variant
+from benchmarks.support.interpreters import interpreter_build, main
 from benchmarks.vs_peers import DEFAULT_LITELLM_VENV, litellm_venv_for
 
 
@@ -63,7 +63,7 @@ def test_the_listing_times_each_interpreter(capsys: pytest.CaptureFixture[str]) 
 
 def test_venv_needs_one_interpreter() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.interpreters", "--venv", os.devnull],
+        [sys.executable, "-m", "benchmarks.support.interpreters", "--venv", os.devnull],
         capture_output=True,
         text=True,
     )

@@ -1,6 +1,7 @@
-"""``benchmarks.vs_peers``' rounds against a real server on loopback (``benchmarks.fast_upstream``
-in its own process): a round by time measures every target for as long as it is given, whatever
-its speed; a round by count sends exactly that many requests."""
+"""``benchmarks.vs_peers``' rounds against a real server on loopback
+(``benchmarks.support.fast_upstream`` in its own process): a round by time measures every target
+for as long as it is given, whatever its speed; a round by count sends exactly that many
+requests."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def upstream() -> Iterator[tuple[int, int]]:
     """(port, pid) of the server the rounds drive."""
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.fast_upstream", "--port", str(port)]
+        [sys.executable, "-m", "benchmarks.support.fast_upstream", "--port", str(port)]
     )
     try:
         _wait_port(port, process, 30)

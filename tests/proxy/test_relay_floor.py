@@ -1,6 +1,7 @@
-"""``benchmarks.relay_floor``, the byte relay ``benchmarks.overhead --floor`` measures beside the
-proxy: on real loopback sockets it hands each client's bytes to its own upstream connection and
-the answers back, in order, including bytes sent before the upstream connection is up."""
+"""``benchmarks.support.relay_floor``, the byte relay ``benchmarks.overhead --floor`` measures
+beside the proxy: on real loopback sockets it hands each client's bytes to its own upstream
+connection and the answers back, in order, including bytes sent before the upstream connection is
+up."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import socket
 
 import pytest
 
-from benchmarks.relay_floor import serve
+from benchmarks.support.relay_floor import serve
 
 pytestmark = pytest.mark.anyio
 

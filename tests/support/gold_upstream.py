@@ -32,7 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from evals.scripted_user import opening_message
+from evals.tau2.scripted_user import opening_message
 
 __all__ = ["IDENTITY_QUESTION", "GoldArm", "GoldUpstream", "hallucinated_actions", "invented_name"]
 

@@ -1,0 +1,1 @@
+"""Helpers the figures and the diagnostics share: fast upstreams, the relay floor, the host."""

@@ -1,0 +1,1 @@
+"""The demo: one τ²-bench episode through the proxy, told as a transcript."""

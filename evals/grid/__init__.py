@@ -1,0 +1,1 @@
+"""The grid: its spec (arms, users, cells), the servers and proxies it starts, provenance."""
