@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.local_channels import DEFAULT_DATA_DIR, build_prompts
+from benchmarks.support.agent_prompts import DEFAULT_DATA_DIR, build_prompts
 from repairproxy.local import start_embedded_upstream
 from repairproxy.margin import tool_name_margins, with_probe
 from repairproxy.textcalls import find_text_calls

@@ -21,17 +21,14 @@ decision: validation, episode, repair instruction, verdict headers, metrics).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
-import httptools
 import orjson
 import uvloop
 
@@ -43,183 +40,18 @@ from benchmarks.support.host import (
     idle_policy,
 )
 from benchmarks.support.interpreters import interpreter_build
+from benchmarks.support.load import (
+    REQUEST_BODY,
+    UNCHECKED_PATH,
+    Target,
+    free_port,
+    http_request,
+    pct,
+    rss_mib,
+    wait_port,
+)
 
 __all__ = ["main"]
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_order_details",
-            "description": "Get the status and details of an order.",
-            "parameters": {
-                "type": "object",
-                "properties": {"order_id": {"type": "string", "description": "e.g. #W0000000"}},
-                "required": ["order_id"],
-                "additionalProperties": False,
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "find_user_id_by_email",
-            "description": "Find a user id by email.",
-            "parameters": {
-                "type": "object",
-                "properties": {"email": {"type": "string"}},
-                "required": ["email"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "exchange_delivered_order_items",
-            "description": "Exchange items of a delivered order.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "order_id": {"type": "string"},
-                    "item_ids": {"type": "array", "items": {"type": "string"}},
-                    "new_item_ids": {"type": "array", "items": {"type": "string"}},
-                    "payment_method_id": {"type": "string"},
-                },
-                "required": ["order_id", "item_ids", "new_item_ids", "payment_method_id"],
-            },
-        },
-    },
-]
-REQUEST_BODY = {
-    "model": "bench-model",
-    "messages": [
-        {"role": "system", "content": "You are a retail customer service agent. " * 20},
-        {"role": "user", "content": "Where is my order #W2378156?"},
-    ],
-    "tools": TOOLS,
-    "temperature": 0.0,
-}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _wait_port(port: int, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on port {port}")
-
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection; ``request`` sends prebuilt bytes and awaits the whole answer."""
-
-    def __init__(self) -> None:
-        self._parser = httptools.HttpResponseParser(self)
-        self._done: asyncio.Future[None] | None = None
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
-
-    def data_received(self, data: bytes) -> None:
-        self._parser.feed_data(data)
-
-    def on_message_complete(self) -> None:
-        if self._done is not None and not self._done.done():
-            self._done.set_result(None)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._done is not None and not self._done.done():
-            self._done.set_exception(exc or ConnectionError("closed"))
-
-    async def request(self, data: bytes) -> float:
-        assert self.transport is not None
-        self._done = asyncio.get_running_loop().create_future()
-        started = time.perf_counter()
-        self.transport.write(data)
-        await self._done
-        return time.perf_counter() - started
-
-
-@dataclass
-class _Target:
-    name: str
-    port: int
-    payload: bytes
-    pools: dict[int, list[_Connection]] = field(default_factory=dict)
-    latencies: dict[int, list[float]] = field(default_factory=dict)
-    elapsed: dict[int, float] = field(default_factory=dict)
-    count: dict[int, int] = field(default_factory=dict)
-
-    async def pool(self, size: int) -> list[_Connection]:
-        conns = self.pools.get(size, [])
-        if any(c.transport is None or c.transport.is_closing() for c in conns):
-            del self.pools[size]  # the server closed idle keep-alive connections: reconnect
-        if size not in self.pools:
-            loop = asyncio.get_running_loop()
-            conns = []
-            for _ in range(size):
-                _, proto = await loop.create_connection(_Connection, "127.0.0.1", self.port)
-                sock = proto.transport.get_extra_info("socket") if proto.transport else None
-                if sock is not None:
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conns.append(proto)
-            self.pools[size] = conns
-        return self.pools[size]
-
-    async def round(self, concurrency: int, requests: int, record: bool = True) -> None:
-        conns = await self.pool(concurrency)
-        per_conn = max(1, requests // concurrency)
-        samples: list[float] = []
-
-        async def worker(conn: _Connection) -> None:
-            for _ in range(per_conn):
-                samples.append(await conn.request(self.payload))
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(c) for c in conns))
-        elapsed = time.perf_counter() - started
-        if record:
-            self.latencies.setdefault(concurrency, []).extend(samples)
-            self.elapsed[concurrency] = self.elapsed.get(concurrency, 0.0) + elapsed
-            self.count[concurrency] = self.count.get(concurrency, 0) + len(samples)
-
-
-def _http_request(
-    port: int, body: bytes, path: bytes = b"/v1/chat/completions", extra: bytes = b""
-) -> bytes:
-    return (
-        b"POST %s HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n"
-        b"content-type: application/json\r\nauthorization: Bearer bench\r\n%b"
-        b"content-length: %d\r\n\r\n" % (path, port, extra, len(body))
-    ) + body
-
-
-# ``--floor``: the first proxy on a route it relays without judging (the fast upstream answers
-# any path holding "chat/completions" as it answers the chat route), so the server, the upstream
-# client and the relay route are measured without the decision.
-UNCHECKED_PATH = b"/v1/floor/chat/completions"
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _family(pid: int) -> list[int]:
@@ -256,7 +88,7 @@ def _cpu_seconds(pids: list[int]) -> float:
 
 
 async def _measure_cpu(
-    args: argparse.Namespace, proxies: list[tuple[_Target, int]]
+    args: argparse.Namespace, proxies: list[tuple[Target, int]]
 ) -> dict[str, list[float]]:
     """Microseconds of server CPU per request, one sample per interleaved repetition."""
     families = {target.name: _family(pid) for target, pid in proxies}
@@ -321,7 +153,7 @@ class _Variant:
 
 
 async def _measure(
-    args: argparse.Namespace, direct: _Target, proxies: list[tuple[_Target, int]]
+    args: argparse.Namespace, direct: Target, proxies: list[tuple[Target, int]]
 ) -> None:
     print(
         f"{'conc':>4} {'variant':>12} {'p50':>9} {'added p50':>10} {'added p99':>10} "
@@ -339,17 +171,17 @@ async def _measure(
                 await target.round(concurrency, requests)
         d = direct.latencies[concurrency]
         print(
-            f"{concurrency:>4} {'direct':>12} {_pct(d, 0.5) * 1e3:>7.3f}ms {'':>10} {'':>10} "
+            f"{concurrency:>4} {'direct':>12} {pct(d, 0.5) * 1e3:>7.3f}ms {'':>10} {'':>10} "
             f"{direct.count[concurrency] / direct.elapsed[concurrency]:>7.0f}"
         )
         for proxy, pid in proxies:
             p = proxy.latencies[concurrency]
             print(
-                f"{concurrency:>4} {proxy.name:>12} {_pct(p, 0.5) * 1e3:>7.3f}ms "
-                f"{(_pct(p, 0.5) - _pct(d, 0.5)) * 1e3:>8.3f}ms "
-                f"{(_pct(p, 0.99) - _pct(d, 0.99)) * 1e3:>8.3f}ms "
+                f"{concurrency:>4} {proxy.name:>12} {pct(p, 0.5) * 1e3:>7.3f}ms "
+                f"{(pct(p, 0.5) - pct(d, 0.5)) * 1e3:>8.3f}ms "
+                f"{(pct(p, 0.99) - pct(d, 0.99)) * 1e3:>8.3f}ms "
                 f"{proxy.count[concurrency] / proxy.elapsed[concurrency]:>7.0f} "
-                f"{_rss_mib(pid):>6.1f}MiB",
+                f"{rss_mib(pid):>6.1f}MiB",
                 flush=True,
             )
     window.stop()
@@ -446,18 +278,18 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run(args: argparse.Namespace, variants: list[_Variant]) -> None:
-    upstream_port = _free_port()
+    upstream_port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     upstream = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.support.fast_upstream", "--port", str(upstream_port)],
         env=env,
     )
-    ports = [_free_port() for _ in variants]
+    ports = [free_port() for _ in variants]
     processes = [
         _start_proxy(v, upstream_port, port, args.repair)
         for v, port in zip(variants, ports, strict=True)
     ]
-    relay_port = _free_port()
+    relay_port = free_port()
     if args.floor:
         command = [
             sys.executable,
@@ -468,22 +300,22 @@ def _run(args: argparse.Namespace, variants: list[_Variant]) -> None:
         ]
         processes.append(subprocess.Popen([*command, "--upstream-port", str(upstream_port)]))
     try:
-        _wait_port(upstream_port)
+        wait_port(upstream_port)
         for port in ports:
-            _wait_port(port)
+            wait_port(port)
         body = orjson.dumps({**REQUEST_BODY, "stream": True} if args.stream else REQUEST_BODY)
-        direct = _Target("direct", upstream_port, _http_request(upstream_port, body))
+        direct = Target("direct", upstream_port, http_request(upstream_port, body))
         proxies = [
-            (_Target(v.label, port, _http_request(port, body)), process.pid)
+            (Target(v.label, port, http_request(port, body)), process.pid)
             for v, port, process in zip(variants, ports, processes, strict=False)
         ]
         if args.floor:
-            _wait_port(relay_port)
-            relayed = _http_request(upstream_port, body)  # the relay passes the Host on as is
-            proxies.append((_Target("relay", relay_port, relayed), processes[-1].pid))
-            unchecked = _http_request(ports[0], body, UNCHECKED_PATH)
+            wait_port(relay_port)
+            relayed = http_request(upstream_port, body)  # the relay passes the Host on as is
+            proxies.append((Target("relay", relay_port, relayed), processes[-1].pid))
+            unchecked = http_request(ports[0], body, UNCHECKED_PATH)
             label = f"{variants[0].label}:unchecked"
-            proxies.append((_Target(label, ports[0], unchecked), processes[0].pid))
+            proxies.append((Target(label, ports[0], unchecked), processes[0].pid))
         print(
             f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f}, "
             f"sum(range(1000)) takes {_speed_marker_us():.1f} us (other processes share the cpus)"

@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 import uvloop
 
-from benchmarks.overhead import REQUEST_BODY, _free_port, _http_request, _Target, _wait_port
+from benchmarks.support.load import REQUEST_BODY, Target, free_port, http_request, wait_port
 from repairproxy.episodes.budget import ErrorBudget
 from repairproxy.episodes.memory_store import MemoryEpisodeStore
 from repairproxy.episodes.redis_store import RedisChainIndex, RedisEpisodeStore, redis_client
@@ -124,7 +124,7 @@ def _cpu_seconds(pid: int) -> float:
 
 
 async def _drive(
-    targets: list[tuple[_Target, int]], concurrency: int, requests: int, rounds: int
+    targets: list[tuple[Target, int]], concurrency: int, requests: int, rounds: int
 ) -> dict[str, tuple[float, float]]:
     for target, _ in targets:
         await target.round(concurrency, min(requests, 400), record=False)
@@ -162,11 +162,11 @@ def main(argv: list[str] | None = None) -> None:
         url = args.redis
         if url is None:
             binary = shutil.which("redis-server") or sys.exit("redis-server is not installed")
-            port = _free_port()
+            port = free_port()
             processes.append(
                 _start([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""])
             )
-            _wait_port(port)
+            wait_port(port)
             url = f"redis://127.0.0.1:{port}/0"
         print(
             f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f} "
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         uvloop.run(_store_costs(url, args.store_requests))
 
-        upstream_port = _free_port()
+        upstream_port = free_port()
         processes.append(
             _start(
                 [
@@ -188,20 +188,20 @@ def main(argv: list[str] | None = None) -> None:
         )
         proxies = []
         for workers in (1, 2):
-            port = _free_port()
+            port = free_port()
             command = [sys.executable, "-m", "repairproxy", "serve", "--port", str(port)]
             command += ["--upstream", f"http://127.0.0.1:{upstream_port}/v1"]
             command += ["--episode-store", url, "--workers", str(workers)]
             process = _start(command)
             processes.append(process)
             proxies.append((workers, port, process))
-        _wait_port(upstream_port)
+        wait_port(upstream_port)
         body = orjson.dumps(REQUEST_BODY)
         targets = []
         for workers, port, process in proxies:
-            _wait_port(port)
+            wait_port(port)
             name = f"workers={workers}"
-            targets.append((_Target(name, port, _http_request(port, body)), process.pid))
+            targets.append((Target(name, port, http_request(port, body)), process.pid))
         time.sleep(2.0)  # let both workers finish importing
         results = uvloop.run(_drive(targets, args.concurrency, args.requests, args.rounds))
         print(f"concurrency {args.concurrency}, {args.rounds} interleaved rounds")

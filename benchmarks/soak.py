@@ -24,7 +24,7 @@ from collections import Counter
 import httpx
 import orjson
 
-from benchmarks.overhead import _free_port, _rss_mib, _wait_port
+from benchmarks.support.load import free_port, rss_mib, wait_port
 
 _TOOLS = [
     {
@@ -175,14 +175,14 @@ async def _drive(args: argparse.Namespace, port: int, pid: int) -> list[tuple[fl
             if now >= deadline:
                 break
             if now >= next_sample:
-                series.append((now - started, _rss_mib(pid)))
+                series.append((now - started, rss_mib(pid)))
                 next_sample += 5.0
             task = asyncio.create_task(one(index, next(kinds)))
             pending.add(task)
             task.add_done_callback(pending.discard)
             await asyncio.sleep(max(0.0, started + (index + 1) * interval - time.monotonic()))
         await asyncio.gather(*pending, return_exceptions=True)
-    series.append((time.monotonic() - started, _rss_mib(pid)))
+    series.append((time.monotonic() - started, rss_mib(pid)))
     print("outcomes:", ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
     return series
 
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     upstream_sock = socket.socket()
     upstream_sock.bind(("127.0.0.1", 0))
     upstream_port = upstream_sock.getsockname()[1]
-    port = _free_port()
+    port = free_port()
     proxy = subprocess.Popen(
         [
             sys.executable,
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
     async def run() -> list[tuple[float, float]]:
         upstream = asyncio.create_task(serve_upstream(upstream_sock))
-        await asyncio.to_thread(_wait_port, port)
+        await asyncio.to_thread(wait_port, port)
         try:
             return await _drive(args, port, proxy.pid)
         finally:

@@ -61,7 +61,6 @@ import httptools
 import orjson
 import uvloop
 
-from benchmarks.overhead import REQUEST_BODY
 from benchmarks.support.host import (
     StealWindow,
     add_halt_polling_flag,
@@ -69,6 +68,7 @@ from benchmarks.support.host import (
     idle_policy,
 )
 from benchmarks.support.interpreters import interpreter_build
+from benchmarks.support.load import REQUEST_BODY
 
 __all__ = ["main"]
 

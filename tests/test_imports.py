@@ -86,6 +86,197 @@ def test_no_import_cycle() -> None:
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+def _every_import(path: Path, known: set[str]) -> set[str]:
+    """Modules of the tree a file imports anywhere: at module level, inside functions and under
+    ``TYPE_CHECKING`` (each is an arrow a reader follows, even where Python defers it)."""
+    this = _module_name(path)
+    package = this if path.name == "__init__.py" else this.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.add(full if full in known else base)
+    resolved = set()
+    for name in found:  # `import evals.tau2.logs` names the module; `from x import y` may name y
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        if name and name != this:
+            resolved.add(name)
+    return resolved
+
+
+def _tree_graph() -> dict[str, set[str]]:
+    files = {
+        _module_name(p): p
+        for top in ("repairproxy", "evals", "benchmarks")
+        for p in (ROOT / top).rglob("*.py")
+    }
+    return {name: _every_import(path, set(files)) for name, path in files.items()}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph.get(child, ())))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return found
+
+
+def test_no_circle_counting_every_import() -> None:
+    """No circle in the whole tree, function-level and ``TYPE_CHECKING`` imports counted."""
+    circles = _circles(_tree_graph())
+    assert not circles, "import circles: " + "; ".join(" <-> ".join(c) for c in circles)
+
+
+# The rooms of evals/ and benchmarks/, bottom first: a room imports only rooms of lower rows
+# (and itself); rooms of one row do not import each other. A module the rows do not name is a
+# room of its own at the top (an entry: ``python -m evals.run``).
+LAYERS: dict[str, list[list[str]]] = {
+    "evals": [
+        ["evals.tau2"],
+        ["evals.arms", "evals.analysis"],
+        ["evals.grid", "evals.report"],
+        ["evals.screen"],
+        ["evals.demo"],
+    ],
+    # The figures (benchmarks/'s top) between: diagnostics may reuse a figure, never the reverse.
+    "benchmarks": [["benchmarks.support"], ["*"], ["benchmarks.diagnostics"]],
+}
+
+
+# What each top folder may import of the others: the study measures the proxy, the benchmarks
+# measure both; the proxy imports neither (its own test below).
+BELOW = {"evals": {"repairproxy"}, "benchmarks": {"repairproxy", "evals"}}
+
+
+def _room(module: str, rows: list[list[str]]) -> tuple[int, str]:
+    for level, row in enumerate(rows):
+        for room in row:
+            if module == room or module.startswith(room + "."):
+                return level, room
+    for level, row in enumerate(rows):
+        if "*" in row:  # the modules no row names, each a room of its own
+            return level, module
+    return len(rows), module
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_arrows_only_point_down(package: str) -> None:
+    rows = LAYERS[package]
+    wrong = []
+    for module, imported in sorted(_tree_graph().items()):
+        if not module.startswith(package + "."):
+            continue
+        level, room = _room(module, rows)
+        for target in sorted(imported):
+            if target.split(".")[0] in BELOW[package]:
+                continue
+            if target.split(".")[0] != package:
+                wrong.append(f"{module} -> {target} (another top folder)")
+                continue
+            if target == package:
+                continue
+            target_level, target_room = _room(target, rows)
+            if target_room == room:
+                continue
+            if target_level >= level:
+                wrong.append(f"{module} ({room}) -> {target} ({target_room})")
+    assert not wrong, "arrows that do not point down:\n" + "\n".join(wrong)
+
+
+def test_benchmark_figures_do_not_import_diagnostics() -> None:
+    """The figures at benchmarks/'s top may share support/, never a diagnostic."""
+    wrong = [
+        f"{module} -> {target}"
+        for module, imported in sorted(_tree_graph().items())
+        if module.startswith("benchmarks.") and not module.startswith("benchmarks.diagnostics")
+        for target in imported
+        if target.startswith("benchmarks.diagnostics")
+    ]
+    assert not wrong, wrong
+
+
+def test_the_proxy_imports_neither_the_study_nor_the_benchmarks() -> None:
+    wrong = [
+        f"{module} -> {target}"
+        for module, imported in sorted(_tree_graph().items())
+        if module.startswith("repairproxy")
+        for target in imported
+        if target.split(".")[0] in {"evals", "benchmarks"}
+    ]
+    assert not wrong, wrong
+
+
+# What each entry of the study must not load: the report and its plotting only where a report is
+# written, the analysis only where numbers are computed.
+ENTRY_MUST_NOT_LOAD = {
+    "evals.run": ("evals.analysis", "evals.report", "evals.grid", "matplotlib", "numpy"),
+    "evals.demo": ("evals.analysis", "evals.report", "matplotlib", "numpy"),
+    "evals.repair_ablation": ("evals.analysis", "evals.report", "matplotlib"),
+    "evals.arms": ("evals.analysis", "evals.report", "evals.grid", "matplotlib"),
+    "evals.screen": ("evals.report", "matplotlib"),
+    "evals.analyze": ("evals.grid", "evals.screen", "evals.tau2.orchestrator", "evals.tau2.agents"),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_MUST_NOT_LOAD))
+def test_study_entries_load_only_what_they_need(entry: str) -> None:
+    probe = f"import {entry}\nimport json, sys\nprint('\\n' + json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
+    loaded = json.loads(out.strip().splitlines()[-1])
+    unneeded = ENTRY_MUST_NOT_LOAD[entry]
+    heavy = sorted(
+        m
+        for m in loaded
+        if m.startswith(unneeded) and m.split(".")[0] in {u.split(".")[0] for u in unneeded}
+    )
+    heavy = [m for m in heavy if any(m == u or m.startswith(u + ".") for u in unneeded)]
+    assert not heavy, f"import {entry} loads {heavy}"
+
+
 HEAVY = ("repairproxy.validation", "repairproxy.upstream.http1", "jsonschema_rs", "uvicorn")
 
 
@@ -116,7 +307,15 @@ def test_light_entry_points(code: str) -> None:
 _DOTTED = re.compile(
     r"(?<![\w/.-])((?:repairproxy|evals|benchmarks)(?:\.[a-z_][a-z0-9_]*)+)(?::\w+)?(?![\w/])"
 )
-_SOURCES = ["README.md", "CONTRIBUTING.md", "Makefile", "docker", "docs", "grafana"]
+_SOURCES = [
+    "README.md",
+    "CONTRIBUTING.md",
+    "Makefile",
+    "docker",
+    "docs",
+    "grafana",
+    "benchmarks/results",
+]
 
 
 def _written_paths() -> set[str]:

@@ -32,8 +32,8 @@ from typing import Any
 import orjson
 import uvloop
 
-from benchmarks.overhead import REQUEST_BODY, _free_port, _http_request, _Target, _wait_port
 from benchmarks.support.fast_upstream import CANNED_COMPLETION
+from benchmarks.support.load import REQUEST_BODY, Target, free_port, http_request, wait_port
 from benchmarks.vs_peers import tree_cpu
 
 CANNED = orjson.dumps(CANNED_COMPLETION)
@@ -78,29 +78,29 @@ def _serve_layer(port: int, upstream_port: int, forward: bool) -> None:
 
 async def _measure(args: argparse.Namespace) -> None:
     python = sys.executable
-    upstream_port = _free_port()
+    upstream_port = free_port()
     servers: list[tuple[str, subprocess.Popen[bytes], int]] = []
     upstream = subprocess.Popen(
         [python, "-m", "benchmarks.support.fast_upstream", "--port", str(upstream_port)]
     )
     servers.append(("bare", upstream, upstream_port))
     try:
-        _wait_port(upstream_port)
+        wait_port(upstream_port)
         for label, layer in (("server", "server"), ("server+client", "client")):
-            port = _free_port()
+            port = free_port()
             command = [python, "-m", "benchmarks.diagnostics.cpu_layers", "--serve", layer]
             command += ["--port", str(port), "--upstream-port", str(upstream_port)]
             servers.append((label, subprocess.Popen(command, stderr=subprocess.DEVNULL), port))
-        port = _free_port()
+        port = free_port()
         command = [python, "-m", "repairproxy", "serve", "--port", str(port), "--repair"]
         command += ["reflexive", "--upstream", f"http://127.0.0.1:{upstream_port}/v1"]
         proxy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         servers.append(("proxy", proxy, port))
         for _, _, port in servers:
-            _wait_port(port)
+            wait_port(port)
         body = orjson.dumps(REQUEST_BODY)
         targets = [
-            (f"{label} @{clients}", process.pid, _Target(label, port, _http_request(port, body)))
+            (f"{label} @{clients}", process.pid, Target(label, port, http_request(port, body)))
             for label, process, port in servers
             for clients in args.clients
         ]

@@ -36,8 +36,8 @@ from typing import Any
 
 import orjson
 
-from benchmarks.overhead import REQUEST_BODY
 from benchmarks.support.fast_upstream import CANNED_COMPLETION
+from benchmarks.support.load import REQUEST_BODY
 
 __all__ = ["main"]
 

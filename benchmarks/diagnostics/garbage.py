@@ -35,7 +35,7 @@ from pathlib import Path
 import orjson
 import uvloop
 
-from benchmarks.overhead import REQUEST_BODY, _free_port, _http_request, _pct, _Target, _wait_port
+from benchmarks.support.load import REQUEST_BODY, Target, free_port, http_request, pct, wait_port
 
 CHAT = b"/v1/chat/completions"
 FRESH = "connection"  # the kind sent on a new connection per request
@@ -124,7 +124,7 @@ _KINDS: dict[str, tuple[bytes, bytes]] = {
 class _Proxy:
     def __init__(self, label: str, source: str | None, upstream_port: int, hook_dir: Path) -> None:
         self.label = label
-        self.port = _free_port()
+        self.port = free_port()
         self.out = hook_dir / f"{label}.garbage"
         paths = [str(hook_dir), *([source] if source else [])]
         env = {
@@ -141,11 +141,11 @@ class _Proxy:
 
     async def garbage(self, kind: str, requests: int) -> dict[str, int]:
         if kind == FRESH:  # a JSON request on a connection of its own, closed after the answer
-            payload = _http_request(self.port, _KINDS["json"][1], CHAT, b"connection: close\r\n")
+            payload = http_request(self.port, _KINDS["json"][1], CHAT, b"connection: close\r\n")
             await _fresh_connections(self.port, payload, 400)
         else:
             path, body = _KINDS[kind]
-            target = _Target(self.label, self.port, _http_request(self.port, body, path))
+            target = Target(self.label, self.port, http_request(self.port, body, path))
             await target.round(16, 400, record=False)  # warm: caches, pools, lazy imports
         self.out.unlink(missing_ok=True)
         self.process.send_signal(signal.SIGUSR1)
@@ -195,8 +195,8 @@ async def _run(args: argparse.Namespace, proxies: list[_Proxy], upstream_port: i
     if args.rounds <= 0:
         return
     _, body = _KINDS["stream" if args.stream else "json"]
-    direct = _Target("direct", upstream_port, _http_request(upstream_port, body))
-    targets = [direct, *(_Target(p.label, p.port, _http_request(p.port, body)) for p in proxies)]
+    direct = Target("direct", upstream_port, http_request(upstream_port, body))
+    targets = [direct, *(Target(p.label, p.port, http_request(p.port, body)) for p in proxies)]
     for target in targets:
         await target.round(args.clients, 2000, record=False)
     for index in range(args.rounds):
@@ -209,7 +209,7 @@ async def _run(args: argparse.Namespace, proxies: list[_Proxy], upstream_port: i
     base = direct.latencies[args.clients]
     for target in targets[1:]:
         values = target.latencies[args.clients]
-        cells = [(_pct(values, q) - _pct(base, q)) * 1e3 for q in (0.5, 0.9, 0.99, 0.999)] + [
+        cells = [(pct(values, q) - pct(base, q)) * 1e3 for q in (0.5, 0.9, 0.99, 0.999)] + [
             (max(values) - max(base)) * 1e3
         ]
         print(f"  {target.name:>10} " + " ".join(f"{c:>7.2f}" for c in cells) + f"   {len(values)}")
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     variants = [(v.partition("@")[0], v.partition("@")[2] or None) for v in args.variant or ["now"]]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    upstream_port = _free_port()
+    upstream_port = free_port()
     upstream = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.support.fast_upstream", "--port", str(upstream_port)],
         env=env,
@@ -241,9 +241,9 @@ def main(argv: list[str] | None = None) -> None:
             _Proxy(label, source, upstream_port, Path(hook_dir)) for label, source in variants
         ]
         try:
-            _wait_port(upstream_port)
+            wait_port(upstream_port)
             for proxy in proxies:
-                _wait_port(proxy.port)
+                wait_port(proxy.port)
             print(f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f}")
             uvloop.run(_run(args, proxies, upstream_port))
         finally:

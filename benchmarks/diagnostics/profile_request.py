@@ -27,7 +27,7 @@ from pathlib import Path
 
 import orjson
 
-from benchmarks.overhead import REQUEST_BODY, _free_port, _http_request, _Target, _wait_port
+from benchmarks.support.load import REQUEST_BODY, Target, free_port, http_request, wait_port
 
 
 def _drain(stream: object) -> None:
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--save", type=Path, help="also keep the raw profile (pstats) here")
     parser.add_argument("--stream", action="store_true", help="streamed answers (SSE), not JSON")
     args = parser.parse_args(argv)
-    upstream_port, proxy_port = _free_port(), _free_port()
+    upstream_port, proxy_port = free_port(), free_port()
     upstream = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.support.fast_upstream", "--port", str(upstream_port)],
         stdout=subprocess.DEVNULL,
@@ -61,11 +61,11 @@ def main(argv: list[str] | None = None) -> None:
         )
         threading.Thread(target=_drain, args=(proxy.stdout,), daemon=True).start()
         try:
-            _wait_port(upstream_port)
-            _wait_port(proxy_port)
+            wait_port(upstream_port)
+            wait_port(proxy_port)
             body = {**REQUEST_BODY, "stream": True} if args.stream else REQUEST_BODY
-            request = _http_request(proxy_port, orjson.dumps(body))
-            target = _Target("proxy", proxy_port, request)
+            request = http_request(proxy_port, orjson.dumps(body))
+            target = Target("proxy", proxy_port, request)
 
             async def drive() -> None:
                 await target.round(args.concurrency, 200, record=False)  # warm up

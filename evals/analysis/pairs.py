@@ -11,19 +11,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from evals.analysis import effects, stats
+from evals.analysis.arm_view import ArmSummary
 from evals.analysis.episodes import BUDGETS, ENV_CHANNELS, Arm, Episode
 from evals.analysis.stats import Interval, NotAvailable
-
-if (
-    TYPE_CHECKING
-):  # evals.analysis.summary imports this module; only the annotations need ArmSummary
-    from evals.analysis.summary import ArmSummary
 
 __all__ = [
     "COST_MEASURES",

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from evals.analysis import effects, stats
+from evals.analysis.arm_view import ArmSummary, ProxyView, RepairCost
 from evals.analysis.definitions import AnswerFacts, answer_facts
 from evals.analysis.episodes import (
     BUDGETS,
@@ -31,7 +32,7 @@ from evals.analysis.episodes import (
     success_at,
     user_side_tools,
 )
-from evals.analysis.margins import MarginView, margin_view
+from evals.analysis.margins import margin_view
 from evals.analysis.pairs import (
     COST_MEASURES,
     PairSummary,
@@ -49,7 +50,7 @@ from evals.analysis.recovery import (
     recoveries,
     recovery_counts,
 )
-from evals.analysis.stats import Interval, NotAvailable
+from evals.analysis.stats import NotAvailable
 
 __all__ = [
     "BUDGETS",
@@ -134,82 +135,6 @@ def _names(value: Any) -> list[str]:
     if isinstance(value, str):
         return [v.strip() for v in value.split(",") if v.strip()]
     return []
-
-
-@dataclass(frozen=True)
-class ProxyView:
-    """What the proxy caught in the model's first answers and what reached the agent, by the
-    study's definitions (``evals.analysis.definitions``)."""
-
-    answers_recorded: int
-    caught_by_channel: dict[str, int]  # channel -> answers whose first answer showed it
-    caught_answers: int
-    fixed_answers: int  # caught, changed (promoted or re-asked), valid on delivery
-    repairs: int  # re-asks, summed
-    repair_failures: int
-    changed_answers: int = 0  # caught and promoted or re-asked
-    still_invalid_answers: int = 0  # caught, changed, and still not valid on delivery
-    unchecked_answers: int = 0  # caught and changed, delivered without calls: not checkable
-    not_separable: int = 0  # caught answers whose record mixes the re-asks' channels in
-
-    @property
-    def fixed_share(self) -> float | NotAvailable:
-        if self.answers_recorded == 0:
-            return NotAvailable("no proxy headers recorded: run without the proxy")
-        if self.caught_answers == 0:
-            return NotAvailable("the proxy caught no invalid answer")
-        return self.fixed_answers / self.caught_answers
-
-
-@dataclass(frozen=True)
-class RepairCost:
-    episodes_with_headers: int
-    extra_upstream_calls: float | NotAvailable  # per episode
-    prompt_tokens: float | NotAvailable
-    completion_tokens: float | NotAvailable
-    seconds: float | NotAvailable
-    overhead_ms_per_answer: float | NotAvailable
-
-
-@dataclass(frozen=True)
-class ArmSummary:
-    label: str
-    path: str
-    agent_model: str | None
-    max_errors: int | None
-    episodes: int
-    scored: int  # episodes the success statistics use
-    nl_unjudged: int
-    no_reward: int
-    success: Interval | NotAvailable
-    sweep: dict[int, Interval | NotAvailable]
-    messages_mean: float | NotAvailable
-    messages_median: float | NotAvailable
-    failed_calls_mean: float | NotAvailable
-    termination: dict[str, int]
-    agent_tool_calls: int
-    user_failed_calls: int
-    channel_counts: dict[str, int]
-    channel_rates: dict[str, float | NotAvailable]
-    raw_hallucinated_calls: int
-    raw_hallucination_rate: float | NotAvailable
-    names_env: dict[str, int]
-    names_proxy: dict[str, int]
-    names: dict[str, int]  # per answer the larger of the two views, so no call counts twice
-    recovery: float | NotAvailable  # NEXT_CALL_RECOVERY's share (kept for older readers)
-    recovery_counts: tuple[int, int, int]  # recovered, with a next call, failed agent calls
-    proxy: ProxyView
-    repair_cost: RepairCost
-    provenance: Mapping[str, Any] | None
-    cell: str | None
-    mode: str | None
-    run_info: dict[str, Any] = field(default_factory=dict)
-    recovery_readings: tuple[Recovery, ...] = ()
-    pass_hat_k: dict[int, Interval | NotAvailable] = field(default_factory=dict)
-    failed_calls_histogram: dict[int, int] = field(default_factory=dict)  # calls -> episodes
-    margins: MarginView | None = (
-        None  # the tool-name margin probe's account (evals.analysis.margins)
-    )
 
 
 def _answer_names(episode: Episode, user_tools: frozenset[str] = frozenset()) -> Counter[str]:

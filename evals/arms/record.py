@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from evals.grid.spec import EmbeddedLaunch, Launch, VllmLaunch
+from evals.arms.serving import EmbeddedLaunch, Launch, VllmLaunch
 
 __all__ = [
     "ARM_FILE",

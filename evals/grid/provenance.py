@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -15,6 +14,7 @@ from typing import Any
 
 from evals.grid.spec import CellSpec, Grid
 from evals.tau2.domains.base import domain_dir
+from evals.tau2.source import git
 
 __all__ = ["PROVENANCE_FILE", "cell_provenance", "git", "repair_template_info", "sha256_of"]
 
@@ -27,22 +27,6 @@ def sha256_of(path: Path) -> str:
         for chunk in iter(lambda: handle.read(1 << 16), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def git(*args: str) -> str:
-    """What ``git ARGS`` prints in this checkout, stripped; empty outside a checkout."""
-    try:
-        done = subprocess.run(
-            ["git", *args],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return done.stdout.strip()
 
 
 def repair_template_info(proxy_args: Sequence[str]) -> dict[str, Any]:

@@ -44,17 +44,14 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import itertools
-import sys
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from evals.arms.serving import EmbeddedLaunch, Launch, VllmLaunch
 from evals.tau2.domains import DOMAIN_OPTIONS, DOMAINS
-
-if TYPE_CHECKING:  # the risk screen's cells; imported lazily below (it imports this module)
-    from evals.screen.grid import ScreenCells
 
 __all__ = [
     "DEFAULT_USERS",
@@ -80,61 +77,6 @@ UserKind = Literal["scripted", "gold", "llm"]
 
 class GridError(ValueError):
     """The grid file is not a valid grid; the message names the offending key."""
-
-
-@dataclass(frozen=True)
-class VllmLaunch:
-    """``vllm serve MODEL ...`` for one precision arm (GPU only)."""
-
-    model: str
-    quantization: str | None = None  # "awq", "fp8", ... ; None serves the checkpoint as is
-    dtype: str | None = None  # e.g. "bfloat16" for the reference arm
-    tool_call_parser: str = "hermes"
-    served_model_name: str | None = None
-    executable: str = "vllm"
-    host: str = "127.0.0.1"
-    port: int | None = None  # None: a free port chosen when it starts
-    extra_args: tuple[str, ...] = ()
-    ready_timeout_s: float = 1800.0
-
-    health_path = "/health"
-
-    def command(self, port: int) -> list[str]:
-        args = [self.executable, "serve", self.model, "--host", self.host, "--port", str(port)]
-        if self.served_model_name:
-            args += ["--served-model-name", self.served_model_name]
-        if self.quantization:
-            args += ["--quantization", self.quantization]
-        if self.dtype:
-            args += ["--dtype", self.dtype]
-        args += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
-        return args + list(self.extra_args)
-
-
-@dataclass(frozen=True)
-class EmbeddedLaunch:
-    """``python -m repairproxy.local serve --arm A`` (the embedded llama.cpp model, CPU)."""
-
-    arm: str
-    threads: int | None = None
-    n_ctx: int | None = None
-    host: str = "127.0.0.1"
-    port: int | None = None
-    ready_timeout_s: float = 300.0
-
-    health_path = "/health"
-
-    def command(self, port: int) -> list[str]:
-        args = [sys.executable, "-m", "repairproxy.local", "serve", "--arm", self.arm]
-        args += ["--host", self.host, "--port", str(port)]
-        if self.threads is not None:
-            args += ["--threads", str(self.threads)]
-        if self.n_ctx is not None:
-            args += ["--n-ctx", str(self.n_ctx)]
-        return args
-
-
-Launch = VllmLaunch | EmbeddedLaunch
 
 
 @dataclass(frozen=True)
@@ -442,6 +384,58 @@ def _parse_tasks(value: Any, where: str) -> tuple[tuple[str, ...] | None, int | 
     raise GridError(f"{where}.tasks: expected 'all', a count or a list of task ids, got {value!r}")
 
 
+# The risk screen's cells (``[screen]``): parsed here with the rest of the grid; run by
+# ``evals.screen.grid``.
+
+
+_SCREEN_KEYS = {"points", "seed", "domains", "arms", "reference", "max_tokens"}
+
+
+@dataclass(frozen=True)
+class ScreenCells:
+    points: int
+    seed: int
+    domains: tuple[str, ...]
+    arms: tuple[str, ...]
+    reference: str
+    max_tokens: int = 512
+
+
+def _screen_reference(arms: Mapping[str, ArmSpec], chosen: Sequence[str]) -> str:
+    for name in chosen:
+        named = arms[name].reference
+        if named is not None and named in chosen:
+            return named
+    return chosen[0]
+
+
+def parse_screen(table: Any, arms: Mapping[str, ArmSpec], cells: Sequence[CellSpec]) -> ScreenCells:
+    """The ``[screen]`` table, checked against the grid's arms (GridError names the key)."""
+    if not isinstance(table, dict):
+        raise GridError("screen: expected a table")
+    unknown = sorted(set(table) - _SCREEN_KEYS)
+    if unknown:
+        raise GridError(f"screen: unknown keys {unknown}; allowed: {sorted(_SCREEN_KEYS)}")
+    points, seed = table.get("points", 40), table.get("seed", 0)
+    if not isinstance(points, int) or points < 1 or not isinstance(seed, int):
+        raise GridError("screen: points must be a positive integer and seed an integer")
+    domains = table.get("domains") or sorted({cell.domain for cell in cells})
+    chosen = table.get("arms") or list(arms)
+    for key, values in (("domains", domains), ("arms", chosen)):
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise GridError(f"screen.{key}: expected a list of strings")
+    missing = [a for a in chosen if a not in arms]
+    if missing:
+        raise GridError(f"screen.arms: no arm named {missing}")
+    reference = table.get("reference") or _screen_reference(arms, chosen)
+    if reference not in chosen:
+        raise GridError(f"screen.reference: {reference!r} is not one of the screened arms")
+    max_tokens = table.get("max_tokens", 512)
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise GridError("screen.max_tokens: expected a positive integer")
+    return ScreenCells(points, seed, tuple(domains), tuple(chosen), reference, max_tokens)
+
+
 def cell_name(domain: str, arm: str, user: str, max_errors: int) -> str:
     """A cell's folder name under the run's ``--out``."""
     return f"{domain}-{arm}-{user}-k{max_errors}"
@@ -532,8 +526,6 @@ def parse_grid(data: Mapping[str, Any], *, base: Path = Path("."), name: str = "
     concurrency = _typed(data, "concurrency", int, "grid")
     screen = None
     if data.get("screen") is not None:  # the risk screen's own table (evals.screen.grid)
-        from evals.screen.grid import parse_screen
-
         screen = parse_screen(data["screen"], arms, cells)
     families_table = data.get("families") or {}
     if not isinstance(families_table, dict):

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from evals.grid.provenance import git
 from evals.tau2.agents import GoldAgent, LLMAgent, ModelConfig
 from evals.tau2.data import ChecksumError, DataNotFoundError, resolve_data_dir
 from evals.tau2.domains import DOMAIN_OPTIONS, DOMAINS, load_domain
@@ -46,6 +45,7 @@ from evals.tau2.participants import Agent, AgentFactory, EpisodeContext, User, U
 from evals.tau2.reward import evaluate_episode, is_successful, pass_hat_ks
 from evals.tau2.scoring import Judge, OpenAIJudge
 from evals.tau2.scripted_user import ScriptedUser
+from evals.tau2.source import git
 from evals.tau2.tasks import Task
 from evals.tau2.users import GoldUser, LLMUserSimulator, load_guidelines
 from repairproxy.local.progress import progress_bar
