@@ -2,7 +2,7 @@
 through ``python -m evals.demo`` (repair off, then reflexive), one table out.
 
     python -m benchmarks.demo_sweep [--domain retail] [--tasks 8 | --task-ids 75 80 ...]
-        [--out docs/demo-sweep]
+        [--out studies/demo-sweep]
 
 Tasks are chosen by a stated rule, not by their outcome: by default the ``--tasks`` tasks whose
 gold trajectory has the fewest actions (at least one), ties broken by id; with ``--task-ids``
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     chosen.add_argument("--tasks", type=int, default=8, help="the N shortest gold trajectories")
     chosen.add_argument("--task-ids", nargs="+", default=None, help="these tasks, in this order")
     parser.add_argument("--rule", default=None, help="with --task-ids: the rule that chose them")
-    parser.add_argument("--out", type=Path, default=Path("docs/demo-sweep"))
+    parser.add_argument("--out", type=Path, default=Path("studies/demo-sweep"))
     args = parser.parse_args(argv)
     data_dir = resolve_data_dir(None, os.environ)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -575,7 +575,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_hostile(args.verbose)
         run_hostile_streamed(args.verbose)
     if args.corpus in ("real", "all"):
-        run_real_answers(DATA.parent.parent.parent / "docs", args.verbose)
+        run_real_answers(DATA.parent.parent.parent / "studies", args.verbose)
 
 
 if __name__ == "__main__":

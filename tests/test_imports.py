@@ -315,6 +315,7 @@ _SOURCES = [
     "docs",
     "grafana",
     "benchmarks/results",
+    "studies",
 ]
 
 

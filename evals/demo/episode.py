@@ -37,7 +37,7 @@ __all__ = ["main"]
 
 # Retail: exchange a helmet. The earlier demo sweep's task where repair changed most (105888a);
 # under today's promotion rules both modes leave its answer as text, and the re-run sweep
-# (docs/demo-sweep: tasks 75 80 105 78 0) found no task where reflexive repair fixes a call.
+# (studies/demo-sweep: tasks 75 80 105 78 0) found no task where reflexive repair fixes a call.
 DEFAULT_TASK = "70"
 BUDGET = 10  # the proxy's default --budget and τ²-bench's max_errors
 # τ²-bench's tools reject undeclared arguments; the first-ever turn may prefill for many minutes.

@@ -628,10 +628,10 @@ def test_telecom_points_are_agent_calls_only(tau2_data_dir: Path, retail: Domain
 
 
 def test_the_shipped_screen_is_what_its_answers_rederive(tmp_path: Path) -> None:
-    """docs/screen's screen.json and report.md are what ``--report`` makes of its stored answers
+    """studies/screen's screen.json and report.md are what ``--report`` makes of its stored answers
     with today's validation: a change to the rules that judge an answer shows up here, and the
     shipped findings are re-derived (and their README re-read) in the same change."""
-    shipped = Path(__file__).resolve().parents[2] / "docs" / "screen"
+    shipped = Path(__file__).resolve().parents[2] / "studies" / "screen"
     out = tmp_path / "screen"
     out.mkdir()
     for name in ("points.json", "run.json", ANSWERS_FILE):
