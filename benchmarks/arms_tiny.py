@@ -43,10 +43,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.support.results import run_recorded
 from evals.arms import ArmRecord, MakeOptions, make_arm
 from evals.arms.backend import check_call
 from evals.arms.calibration import calibration_data_dir, load_calibration
 from evals.arms.record import ArmError
+
+QUESTION = (
+    "Do the AWQ and FP8 back-ends of evals.arms make, record and check an arm end to end on CPU?"
+)
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -269,12 +274,12 @@ def signature_checks(failures: list[str]) -> None:
         expect(False, "a misspelt oneshot keyword is refused", failures)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=QUESTION)
     parser.add_argument("--work", type=Path, default=None, help="keep the arms here")
     parser.add_argument("--samples", type=int, default=16, help="calibration samples")
     parser.add_argument("--autoawq", action="store_true", help="also the AutoAWQ back-end")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     work = args.work or Path(tempfile.mkdtemp(prefix="arms-tiny-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -348,4 +353,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_recorded("arms_tiny", main))

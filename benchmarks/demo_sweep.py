@@ -24,7 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.support.results import run_recorded
 from evals.tau2.data import resolve_data_dir
+
+QUESTION = "Which τ²-bench tasks does repair visibly change on the embedded model?"
 
 COUNTS = re.compile(
     r"agent answers (?P<turns>\d+); caught by the proxy: (?P<caught_by>.*?); promoted "
@@ -102,7 +105,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=QUESTION)
     parser.add_argument("--domain", default="retail", choices=["retail", "telecom"])
     chosen = parser.add_mutually_exclusive_group()
     chosen.add_argument("--tasks", type=int, default=8, help="the N shortest gold trajectories")
@@ -148,4 +151,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_recorded("demo_sweep", main))

@@ -17,11 +17,18 @@ import time
 
 from hypothesis import HealthCheck, given, settings
 
+from benchmarks.support.results import run_recorded
 from tests.support import fuzzing
+
+QUESTION = (
+    "Does any generated request make the proxy answer other than a clean status, or cross clients?"
+)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=f"{QUESTION}\n\n{__doc__}", formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--cases", type=int, default=10_000)
     args = parser.parse_args(argv)
     outcomes: collections.Counter[tuple[int, str]] = collections.Counter()
@@ -79,4 +86,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_recorded("fuzz", main))

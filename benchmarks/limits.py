@@ -15,6 +15,7 @@ Run it on today's tree and on an older checkout to compare (``PYTHONPATH=/path/t
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import functools
 import os
@@ -24,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from benchmarks.support.results import run_recorded
 from repairproxy.asgi.gate import SSEParser, ToolCallGate
 from repairproxy.repair import RepairPolicy, escalated_tool_choice
 from repairproxy.types import RepairMode
@@ -31,6 +33,8 @@ from repairproxy.upstream.client import UpstreamTimer, timed
 from repairproxy.validation import CompiledTools, ToolsCache
 
 __all__ = ["main"]
+
+QUESTION = "What does one hostile request cost the event loop and the tools cache?"
 
 
 def _event(text: str) -> bytes:
@@ -122,7 +126,8 @@ def _compiled_factor(lists: int = 8, tools: int = 200) -> tuple[float, int]:
     return (_rss() - before) / json_bytes, json_bytes
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=QUESTION).parse_args(argv)
     for label, first in (
         ("prose", "Sure, "),
         ("call as text", '{"name": "get_order", "arguments": "'),
@@ -144,4 +149,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_recorded("limits", main))

@@ -31,8 +31,11 @@ import httpx
 import openai
 
 from benchmarks.support.agent_prompts import DEFAULT_DATA_DIR, Prompt, build_prompts
+from benchmarks.support.results import run_recorded
 from repairproxy.local import start_embedded_upstream
 from repairproxy.validation import ToolsCache
+
+QUESTION = "How often does the embedded model make each kind of tool-call error, per precision arm?"
 
 CHANNELS = (
     "valid",
@@ -184,7 +187,7 @@ def proxy(upstream: str) -> Iterator[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=QUESTION)
     parser.add_argument("--arms", nargs="+", default=["q4_k_m", "q3_k_m-requant"])
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -244,4 +247,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_recorded("local_channels", main))

@@ -22,9 +22,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks.support.results import run_recorded
 from repairproxy.local import ensure_model
 from repairproxy.local.engine import Engine, EngineConfig, Generation, SamplingParams
 from repairproxy.local.prompt import render_prompt
+
+QUESTION = "How fast is the embedded CPU model per arm: prefill, decode, the first agent turn?"
 
 OPENING = (
     "Hi, I'd like to cancel an order I placed last week. My email is noah.brown7922@example.com."
@@ -130,7 +133,7 @@ def bench_arm(arm: str, data_dir: Path, threads: int) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     from evals.tau2.data import resolve_data_dir
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=QUESTION)
     parser.add_argument("--arms", nargs="+", default=["q4_k_m", "q3_k_m-requant"])
     parser.add_argument("--tau2-data", type=Path, default=None)
     parser.add_argument("--fetch", action="store_true", help="also time a fresh fetch")
@@ -147,4 +150,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_recorded("local_model", main))

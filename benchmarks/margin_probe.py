@@ -19,15 +19,18 @@ from pathlib import Path
 import httpx
 
 from benchmarks.support.agent_prompts import DEFAULT_DATA_DIR, build_prompts
+from benchmarks.support.results import run_recorded
 from repairproxy.local import start_embedded_upstream
 from repairproxy.margin import tool_name_margins, with_probe
 from repairproxy.textcalls import find_text_calls
+
+QUESTION = "How close does the embedded model come to writing another tool's name, per arm?"
 
 THIN = 0.5
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=QUESTION)
     parser.add_argument("--arms", nargs="+", default=["q4_k_m", "q3_k_m-requant"])
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--limit", type=int, default=12, help="first N prompts")
@@ -92,4 +95,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_recorded("margin_probe", main))

@@ -29,7 +29,11 @@ from typing import Any
 import httpx
 import orjson
 
+from benchmarks.support.results import run_recorded
+
 __all__ = ["main"]
+
+QUESTION = "Does any one kind of hostile request grow the proxy's memory or hold its event loop?"
 
 MIB = 1 << 20
 _STREAM_EVENT = b"data: " + orjson.dumps(
@@ -221,7 +225,7 @@ def _max_healthz_delay(base: str, during: Callable[[], Any]) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=f"{QUESTION}\n\n{__doc__}", formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seconds", type=float, default=600.0, help="length of the mixed run")
     parser.add_argument("--per-shape", type=int, default=40, help="requests per shape, measured")
@@ -338,4 +342,4 @@ def _caps(settings: Any) -> dict[str, int]:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_recorded("memory", main))

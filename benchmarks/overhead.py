@@ -50,8 +50,11 @@ from benchmarks.support.load import (
     rss_mib,
     wait_port,
 )
+from benchmarks.support.results import run_recorded
 
 __all__ = ["main"]
+
+QUESTION = "What latency and CPU does the proxy add per request over calling the upstream directly?"
 
 
 def _family(pid: int) -> list[int]:
@@ -228,7 +231,7 @@ def _start_proxy(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=f"{QUESTION}\n\n{__doc__}", formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument(
@@ -338,4 +341,4 @@ def _run(args: argparse.Namespace, variants: list[_Variant]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_recorded("overhead", main))

@@ -25,9 +25,14 @@ from typing import Any
 
 import httpx
 
+from benchmarks.support.results import run_recorded
 from repairproxy.validation import ToolsCache
 
 __all__ = ["main"]
+
+QUESTION = (
+    "What reaches the agent on a real model with repair off, promote, reflexive, constrained?"
+)
 
 
 def _tool(name: str, description: str, **properties: str) -> dict[str, Any]:
@@ -249,7 +254,7 @@ def _run_arm(label: str, upstream: str, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=f"{QUESTION}\n\n{__doc__}", formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--upstream", help="OpenAI-compatible base URL (default: embedded model)")
     parser.add_argument("--model", default="local")
@@ -273,4 +278,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_recorded("repair_real_model", main))

@@ -20,9 +20,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.support.results import run_recorded
 from tests.evals.fixtures_tau2 import Call, Turn, episode, not_found, results, write
 
 __all__ = ["MODELS", "MODES", "PRECISIONS", "main", "png_size", "write_grid"]
+
+QUESTION = "How long and how large is the study's report at the paper grid's size?"
 
 MODELS = ("gemma4-dense", "gemma4-moe", "qwen36-dense", "qwen35-moe")
 PRECISIONS = ("bf16", "fp8", "int4")
@@ -138,7 +141,11 @@ def _cpu_seconds() -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.report_scale", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.report_scale",
+        description=f"{QUESTION}\n\n{__doc__}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--models", type=int, default=len(MODELS))
     parser.add_argument("--tasks", type=int, default=114)
     parser.add_argument("--trials", type=int, default=4)
@@ -194,4 +201,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_recorded("report_scale", main))

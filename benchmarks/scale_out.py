@@ -29,12 +29,15 @@ import orjson
 import uvloop
 
 from benchmarks.support.load import REQUEST_BODY, Target, free_port, http_request, wait_port
+from benchmarks.support.results import run_recorded
 from repairproxy.episodes.budget import ErrorBudget
 from repairproxy.episodes.memory_store import MemoryEpisodeStore
 from repairproxy.episodes.redis_store import RedisChainIndex, RedisEpisodeStore, redis_client
 from repairproxy.validation import CallVerdict, Channel, MessageVerdict
 
 __all__ = ["main"]
+
+QUESTION = "What does the Redis store add per request, and what does --workers 2 buy?"
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -149,7 +152,7 @@ def _start(command: list[str]) -> subprocess.Popen[bytes]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=f"{QUESTION}\n\n{__doc__}", formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--redis", default=None, help="a running Redis (default: start one)")
     parser.add_argument("--rounds", type=int, default=6)
@@ -217,4 +220,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_recorded("scale_out", main))

@@ -25,6 +25,11 @@ import httpx
 import orjson
 
 from benchmarks.support.load import free_port, rss_mib, wait_port
+from benchmarks.support.results import run_recorded
+
+QUESTION = (
+    "Do the proxy's memory, descriptors and answers hold under hours of steady mixed traffic?"
+)
 
 _TOOLS = [
     {
@@ -200,7 +205,9 @@ def verdict(series: list[tuple[float, float]], warmup: float) -> tuple[bool, str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=f"{QUESTION}\n\n{__doc__}", formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--rate", type=float, default=40.0, help="requests per second")
     parser.add_argument("--warmup", type=float, default=60.0, help="seconds before judging")
@@ -259,4 +266,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_recorded("soak", main))

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.support.results import run_recorded
 from repairproxy.asgi.gate import SSEEvent, ToolCallGate
 from repairproxy.native import opening_markers
 from repairproxy.repair import promote
@@ -40,6 +41,8 @@ from repairproxy.validation import CallRules, Channel, ToolsCache, text_calls_al
 from repairproxy.wire.openai import message_text
 
 __all__ = ["Promotion", "main", "promote_answer", "stream_answer"]
+
+QUESTION = "How many calls written as text does promotion read exactly, per family; how many false?"
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "textcalls"
 
@@ -555,7 +558,7 @@ def run_real_answers(docs: Path, verbose: bool) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(description=QUESTION)
     parser.add_argument("--verbose", action="store_true", help="list every case that misses")
     parser.add_argument("--family", help="only this native family (file stem)")
     parser.add_argument("--corpus", choices=("native", "hostile", "real", "all"), default="all")
@@ -579,4 +582,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_recorded("textcalls", main))

@@ -27,9 +27,14 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from benchmarks.support.results import run_recorded
 from evals.analysis.stats import ALPHA, EQUIVALENCE_MARGIN, Z90, tost_arrays
 
 __all__ = ["Cell", "Row", "cells", "main", "run_cell", "simulate_sums"]
+
+QUESTION = (
+    "Does the equivalence test keep its 5% size at the margin on the grids τ²-bench produces?"
+)
 
 TASKS = (10, 25, 114)
 TRIALS = 4
@@ -157,7 +162,7 @@ def report(rows: list[Row], replicates: int, seed: int, seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=QUESTION)
     parser.add_argument("--replicates", type=int, default=REPLICATES)
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--out", type=Path, help="also write the table to this file")
@@ -177,4 +182,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_recorded("tost_calibration", main))

@@ -69,8 +69,11 @@ from benchmarks.support.host import (
 )
 from benchmarks.support.interpreters import interpreter_build
 from benchmarks.support.load import REQUEST_BODY
+from benchmarks.support.results import run_recorded
 
 __all__ = ["main"]
+
+QUESTION = "How much CPU and latency does repairproxy add beside LiteLLM, Portkey and the floor?"
 
 LITELLM_REQUIREMENT = "litellm[proxy]==1.82.6"  # the project's pin; 1.82.7/1.82.8 were compromised
 PORTKEY_PACKAGE = "@portkey-ai/gateway@1.15.2"
@@ -630,7 +633,7 @@ def _servers(args: argparse.Namespace, upstream_port: int, workdir: Path) -> lis
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=f"{QUESTION}\n\n{__doc__}", formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         "--seconds",
@@ -808,4 +811,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_recorded("vs_peers", main))

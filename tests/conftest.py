@@ -1,8 +1,14 @@
 """Shared pytest configuration: async tests run on asyncio through anyio's plugin."""
 
+import os
+import tempfile
 from typing import Any
 
 import pytest
+
+# A benchmark run from a test (its main, or `python -m benchmarks.X` in a subprocess) writes its
+# figures here, never over the measurements in benchmarks/results/.
+os.environ["BENCHMARK_RESULTS_DIR"] = tempfile.mkdtemp(prefix="benchmark-results-")
 
 
 @pytest.fixture
