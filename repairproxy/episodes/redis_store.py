@@ -15,6 +15,11 @@ nothing writes nothing (one round trip: the common request without a new tool er
 that meet a new episode at once, exactly one hears "absent", so the episode is counted as started
 once (``repairproxy_episodes_total``).
 
+A request through the proxy spends one round trip when nothing changed and two when something
+did (``read`` before the upstream call: the claim and the state in one script;
+``write`` after it: one compare-and-set of everything the request and its answer changed, which
+``ErrorBudget`` computed in Python, replayed on the winner's state after a lost race).
+
 A conversation link is ``<prefix>ch:<digest hex>`` = ``<0|1>:<episode id>`` (1: ambiguous), set by
 one script so that two replicas linking one digest to two episodes both see it ambiguous.
 """
@@ -33,7 +38,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
-from repairproxy.episodes.budget import EpisodeState
+from repairproxy.episodes.budget import EpisodeState, Reading
 from repairproxy.episodes.chaining import ChainLink
 
 __all__ = [
@@ -75,6 +80,18 @@ return 0
 _READ = """
 local current = redis.call('GET', KEYS[1])
 if not current then return false end
+return {current, redis.call('PTTL', KEYS[1])}
+"""
+
+# KEYS[1] the episode; ARGV: the empty state (version 0), TTL in ms. What a request reads before
+# its upstream call, in one round trip: {value, TTL left in ms}, or nil when absent until now
+# (then claimed: of two readers exactly one hears it). The TTL is not touched here (``_READ``).
+_READ_OR_CLAIM = """
+local current = redis.call('GET', KEYS[1])
+if not current then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return false
+end
 return {current, redis.call('PTTL', KEYS[1])}
 """
 
@@ -197,6 +214,7 @@ class RedisEpisodeStore:
         self._cas = client.register_script(_CAS)
         self._claim = client.register_script(_CLAIM)
         self._read = client.register_script(_READ)
+        self._read_or_claim = client.register_script(_READ_OR_CLAIM)
         self._empty = b"0::" + encode_state(EpisodeState())
         self.conflicts = 0  # compare-and-set attempts lost (for tests and benchmarks)
 
@@ -225,6 +243,51 @@ class RedisEpisodeStore:
             self.conflicts += 1
             # Someone else wrote first: read again after a short jittered pause.
             await asyncio.sleep(random.uniform(0, 0.0005 * min(attempt + 1, 10)))
+        raise StoreConflictError(
+            f"episode {episode_id}: {self.max_attempts} concurrent updates won over this one"
+        )
+
+    async def read(self, episode_id: str) -> Reading:
+        """The episode as a request finds it before its upstream call (one round trip; claims
+        an absent one, pushes the idle TTL back). ``write`` later sets against it."""
+        key = self.key(episode_id)
+        read = await self._read_or_claim(keys=[key], args=[self._empty, self._ttl_ms])
+        if not read:
+            return Reading(EpisodeState(), (b"0", None), absent=True)
+        version, body = _split(read[0])
+        state = _load(version, body)[1] if body is not None else EpisodeState()
+        if int(read[1]) < self._ttl_ms * 0.9:
+            # A readable episode's idle TTL, pushed back once a tenth of it has passed (one more
+            # round trip, rarely: every few minutes of an hour's TTL).
+            await self.client.pexpire(key, self._ttl_ms)
+        return Reading(state, (version, body))
+
+    async def write(
+        self, episode_id: str, reading: Reading, mutate: Callable[[EpisodeState], T]
+    ) -> T | None:
+        """``mutate`` on the state ``reading`` found, set if nobody wrote since (one round trip);
+        else read again and mutate that, like ``update``. Nothing is written when nothing
+        changed."""
+        key = self.key(episode_id)
+        version, body = reading.version if reading.version is not None else (b"0", None)
+        base = reading.state
+        for attempt in range(self.max_attempts):
+            state = EpisodeState()
+            state.copy_from(base)
+            number = int(version)
+            result = mutate(state)
+            encoded = encode_state(state)
+            if encoded == body:
+                return result
+            token = secrets.token_hex(6).encode()
+            value = b"%d:%s:%s" % (number + 1, token, encoded)
+            if await self._cas(keys=[key], args=[version, value, self._ttl_ms, token]):
+                return result
+            self.conflicts += 1
+            await asyncio.sleep(random.uniform(0, 0.0005 * min(attempt + 1, 10)))
+            read = await self._read(keys=[key])
+            version, body = _split(read[0] if read else None)
+            base = _load(version, body)[1] if body is not None else EpisodeState()
         raise StoreConflictError(
             f"episode {episode_id}: {self.max_attempts} concurrent updates won over this one"
         )
