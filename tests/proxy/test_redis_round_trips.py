@@ -55,7 +55,7 @@ def proxy(redis: RedisServer, upstream: ScriptedUpstream) -> Iterator[ProxyProce
 def _per_request(monitor: CommandMonitor) -> dict[str, int]:
     """The commands sent since the last reset, less the gauge's SCAN (every 15 s, not per
     request)."""
-    sent = _per_request(monitor)
+    sent = monitor.settle()
     sent.pop("scan", None)
     return dict(sent)
 
