@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -372,3 +373,23 @@ def test_every_written_module_path_imports() -> None:
                 missing.append(dotted)
     assert checked > 10
     assert not missing, f"paths written in the repository that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("package", ["evals", "benchmarks"])
+def test_the_committed_import_graph_is_current(package: str, tmp_path: Path) -> None:
+    """docs/architecture/<package>-imports-after.dot is what scripts/import_graph.py draws of the
+    tree today (grimp, every import): a move that changes the rooms' arrows redraws it."""
+    pytest.importorskip("grimp")
+    out = tmp_path / package
+    subprocess.run(
+        [sys.executable, "scripts/import_graph.py", package, "--depth", "2", "--out", str(out)],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+        env={**os.environ, "PATH": "/nonexistent"},  # the .dot only, no Graphviz
+    )
+    committed = ROOT / "docs" / "architecture" / f"{package}-imports-after.dot"
+    assert out.with_suffix(".dot").read_text() == committed.read_text(), (
+        f"redraw it: python scripts/import_graph.py {package} --depth 2 "
+        f"--out docs/architecture/{package}-imports-after"
+    )
