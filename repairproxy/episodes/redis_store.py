@@ -61,6 +61,8 @@ DEFAULT_PREFIX = "repairproxy:"
 # 16 clients of one episode on 2 processes need a handful at most; the jittered pause grows.
 MAX_ATTEMPTS = 64
 _FIELDS = tuple(f.name for f in dataclasses.fields(EpisodeState))
+# Seconds a batch of reads may wait for Redis at most (each caller gives up at its own timeout).
+BATCH_TIMEOUT = 5.0
 
 # KEYS[1] the episode; ARGV: expected version, new value (with its version and token), TTL in
 # ms, the token. 1: written (or written already by this very call, resent after a lost reply).
@@ -225,11 +227,14 @@ class _Batched:
 
     async def _send(self, batch: list[tuple[list[Any], asyncio.Future[Any]]]) -> None:
         try:
-            if len(batch) == 1:
-                words = batch[0][0]
-                results: list[Any] = [await self.script(keys=words[:1], args=words[1:])]
-            else:
-                results = await self._pipelined([words for words, _ in batch])
+            # The callers' own timeouts (the guard's) do not reach this task: a Redis that never
+            # answers must not keep it, and its connection, for ever.
+            async with asyncio.timeout(BATCH_TIMEOUT):
+                if len(batch) == 1:
+                    words = batch[0][0]
+                    results: list[Any] = [await self.script(keys=words[:1], args=words[1:])]
+                else:
+                    results = await self._pipelined([words for words, _ in batch])
         except BaseException as exc:  # every caller hears it (the guard counts it)
             for _, future in batch:
                 if not future.done():
