@@ -11,6 +11,13 @@ latency is noisy on shared cores, CPU time much less so.
     python -m benchmarks.overhead [--rounds 6] [--requests 500] [--repair reflexive] [--stream]
     python -m benchmarks.overhead --episode-store redis://127.0.0.1:6379/0   # every proxy on Redis
     python -m benchmarks.overhead --floor   # + a byte relay, + the proxy on an unjudged route
+    python -m benchmarks.overhead --redis   # the in-process store beside Redis, one run
+
+``--redis`` starts a ``redis-server``, measures the proxy twice in one interleaved run (the
+in-process episode store, and ``--episode-store redis://``), every request with an episode header
+(the common request: a valid answer, no new tool error), prints the CPU ratio (the median of each
+repetition's same-run ratio) and the Redis commands each request sent (counted with MONITOR:
+commands that the store's scripts run inside Redis are not round trips and are shown apart).
 
 ``--floor`` splits the proxy's CPU per request into the floor any proxy process pays (a uvloop
 relay: the loop and four socket calls), the HTTP layers (the proxy on a route it relays without
@@ -27,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 
 import orjson
@@ -50,6 +58,7 @@ from benchmarks.support.load import (
     rss_mib,
     wait_port,
 )
+from benchmarks.support.redis_probe import CommandMonitor, redis_process
 from benchmarks.support.results import run_recorded
 
 __all__ = ["main"]
@@ -207,6 +216,17 @@ async def _measure(
                 f"(min {min(values):.1f}, max {max(values):.1f})",
                 flush=True,
             )
+        base = proxies[0][0].name
+        for proxy, _ in proxies[1:]:
+            ratios = [a / b for a, b in zip(cpu[proxy.name], cpu[base], strict=True) if b > 0]
+            if ratios:
+                print(
+                    f"{proxy.name:>12}: {statistics.median(ratios):.2f}x {base}'s CPU per request "
+                    f"(median of {len(ratios)} same-run ratios; "
+                    f"min {min(ratios):.2f}, max {max(ratios):.2f})"
+                )
+    if args.redis_port:
+        await _count_redis_commands(args, proxies)
     seq_d = direct.latencies.get(1)
     for proxy, _ in proxies:
         seq_p = proxy.latencies.get(1)
@@ -214,6 +234,40 @@ async def _measure(
             print(
                 f"{proxy.name}: sequential mean added "
                 f"{(statistics.mean(seq_p) - statistics.mean(seq_d)) * 1e3:.3f} ms"
+            )
+
+
+async def _count_redis_commands(
+    args: argparse.Namespace, proxies: list[tuple[Target, int]]
+) -> None:
+    """Round trips to Redis per request of each proxy on it, counted with MONITOR."""
+    requests = 1000
+    with CommandMonitor(args.redis_port) as monitor:
+        for target, _ in proxies:
+            if not target.name.startswith("redis"):
+                continue
+            monitor.reset()
+            await target.round(args.cpu_concurrency, requests, record=False)
+            sent = monitor.settle()
+            scripted = dict(monitor.scripted)
+            requests_sent = max(1, requests // args.cpu_concurrency) * args.cpu_concurrency
+            total = sum(sent.values())
+            named = ", ".join(f"{name} {count / requests_sent:.2f}" for name, count in sent.items())
+            inside = ", ".join(f"{k} {v / requests_sent:.2f}" for k, v in sorted(scripted.items()))
+            with urllib.request.urlopen(f"http://127.0.0.1:{target.port}/metrics") as reply:
+                metrics = reply.read().decode()
+            errors = sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in metrics.splitlines()
+                if line.startswith("repairproxy_store_errors_total{")
+            )
+            print(
+                f"{target.name:>12}: store calls failed or skipped over the whole run: {errors:.0f}"
+            )
+            print(
+                f"{target.name:>12}: {total / requests_sent:.2f} Redis commands (round trips) per "
+                f"request ({named}; inside its scripts: {inside}; {requests_sent} requests at "
+                f"concurrency {args.cpu_concurrency}, one episode header)"
             )
 
 
@@ -268,15 +322,42 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--episode-store", default=None, help="passed to every proxy (e.g. redis://HOST:PORT/DB)"
     )
+    parser.add_argument(
+        "--redis",
+        action="store_true",
+        help="start a redis-server and measure each proxy on the in-process store and on Redis "
+        "in one run (an episode header on every request), with Redis commands per request",
+    )
     add_halt_polling_flag(parser)
     args = parser.parse_args(argv)
     variants: list[_Variant] = args.variant or [_Variant("proxy")]
     if args.episode_store:
         for variant in variants:
             variant.extra += ["--episode-store", args.episode_store]
+    args.redis_port = 0
+    args.header = b""
 
     with contextlib.ExitStack() as host:
         enter_halt_polling(host, args.guest_halt_poll_ns, parser)
+        if args.redis:
+            args.redis_port = host.enter_context(redis_process())
+            url = f"redis://127.0.0.1:{args.redis_port}/0"
+            variants = [
+                *(
+                    _Variant(f"memory:{v.label}"[:12], v.source, v.extra, v.python)
+                    for v in variants
+                ),
+                *(
+                    _Variant(
+                        f"redis:{v.label}"[:12],
+                        v.source,
+                        [*v.extra, "--episode-store", url],
+                        v.python,
+                    )
+                    for v in variants
+                ),
+            ]
+            args.header = b"x-episode-id: bench-episode\r\n"
         _run(args, variants)
 
 
@@ -309,7 +390,7 @@ def _run(args: argparse.Namespace, variants: list[_Variant]) -> None:
         body = orjson.dumps({**REQUEST_BODY, "stream": True} if args.stream else REQUEST_BODY)
         direct = Target("direct", upstream_port, http_request(upstream_port, body))
         proxies = [
-            (Target(v.label, port, http_request(port, body)), process.pid)
+            (Target(v.label, port, http_request(port, body, extra=args.header)), process.pid)
             for v, port, process in zip(variants, ports, processes, strict=False)
         ]
         if args.floor:

@@ -32,6 +32,13 @@ and the command line and environment each server ran with. Everything listens on
     python -m benchmarks.vs_peers [--seconds 2] [--warmup 5] [--rounds 4] [--clients 1 16]
         [--requests N] [--peers litellm portkey] [--json-out FILE] [--python PATH]
     python -m benchmarks.vs_peers --pool-only   # upstream clients: our pool vs aiohttp vs httpx
+    python -m benchmarks.vs_peers --peers --floors nginx relay   # the floor only
+
+Beside the peers, the floor (``--floors``): nginx as a reverse proxy (``proxy_pass`` with upstream
+keep-alive, one worker, no access log) and the byte relay (``benchmarks.support.relay_floor``),
+so each run shows how far repairproxy is from what a proxy process costs at all. Every same-run
+ratio is also printed as the median of its rounds' ratios, with their range. A peer that is not
+installed here is named and left out (``--install-peers`` installs it first).
 
 The interpreter changes the two Python servers' CPU by ~20% (``benchmarks.support.interpreters``):
 an optimised build (the Docker image's is configured ``--enable-optimizations --with-lto``; Debian's
@@ -48,6 +55,7 @@ import hashlib
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -81,6 +89,39 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "repair
 DEFAULT_LITELLM_VENV = CACHE / "bench-venvs" / "litellm-1.82.6"
 DEFAULT_PORTKEY_DIR = CACHE / "portkey-gateway-1.15.2"
 PEERS = ("litellm", "portkey")
+# The floor beside the peers: nginx (C, proxy_pass with upstream keep-alive, one worker) and a
+# byte relay that parses nothing (benchmarks.support.relay_floor): what no proxy goes below.
+FLOORS = ("nginx", "relay")
+
+# nginx as a plain reverse proxy: one worker, keep-alive to the upstream, no logs, no buffering
+# of the answer (as the proxy streams it).
+_NGINX_CONF = """\
+daemon off;
+master_process on;
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log error;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body;
+  proxy_temp_path {dir}/proxy;
+  fastcgi_temp_path {dir}/fastcgi;
+  uwsgi_temp_path {dir}/uwsgi;
+  scgi_temp_path {dir}/scgi;
+  upstream fast_upstream {{ server 127.0.0.1:{upstream}; keepalive 64; }}
+  server {{
+    listen 127.0.0.1:{port};
+    keepalive_requests 1000000;
+    location / {{
+      proxy_pass http://fast_upstream;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+"""
 REQUEST_TIMEOUT = 30.0  # one answer; a stuck server fails the run instead of hanging it
 NODE_MAJOR_MIN = 18
 
@@ -373,7 +414,8 @@ def _print_tables(results: dict[str, Any], names: list[str]) -> None:
                 f"{r['cpu_sched_us_per_request']:,.0f}" for r in figures[name]["rounds"]
             )
             print(f"  {cell:9} {name:11} {rounds}")
-    peers = [n for n in names if n != "repairproxy"]
+    _print_round_ratios(results, names)
+    peers = [n for n in names if n != "repairproxy" and n not in FLOORS]
     if not peers:
         return
     print(
@@ -395,6 +437,49 @@ def _print_tables(results: dict[str, Any], names: list[str]) -> None:
                 f"| {mode} | {clients} | {name} | {p50:.1f}× | {p99:.1f}× | {rate:.1f}× "
                 f"| {cpu:.1f}× |"
             )
+
+
+def round_ratios(ours: dict[str, Any], theirs: dict[str, Any], figure: str) -> list[float]:
+    """``theirs ÷ ours`` of one per-round figure, round by round (the rounds of a cell ran
+    rotated, each target once per round: a ratio of one round is a same-run ratio)."""
+    return [
+        b[figure] / a[figure]
+        for a, b in zip(ours["rounds"], theirs["rounds"], strict=False)
+        if a[figure] > 0
+    ]
+
+
+def _print_round_ratios(results: dict[str, Any], names: list[str]) -> None:
+    """Every same-run ratio as the median of its rounds' ratios (min-max beside it): the peers
+    ÷ repairproxy, and repairproxy ÷ each floor (nginx, the byte relay)."""
+    others = [n for n in names if n != "repairproxy"]
+    if "repairproxy" not in names or not others:
+        return
+    print(
+        "\nsame-run ratios, the median over the rounds of each round's ratio (min-max): "
+        "peer ÷ repairproxy, and repairproxy ÷ floor\n"
+    )
+    print("| mode | clients | ratio | CPU (schedstat) | p99 |")
+    print("|---|---|---|---|---|")
+    for cell, figures in results.items():
+        mode, clients = cell.split("/")
+        ours = figures["repairproxy"]
+        for name in others:
+            theirs = figures[name]
+            if name in FLOORS:
+                label, pair = f"repairproxy ÷ {name}", (theirs, ours)
+            else:
+                label, pair = f"{name} ÷ repairproxy", (ours, theirs)
+            cells = []
+            for figure in ("cpu_sched_us_per_request", "p99_ms"):
+                ratios = round_ratios(*pair, figure)
+                cells.append(
+                    f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}-{max(ratios):.2f}, "
+                    f"{len(ratios)} rounds)"
+                    if ratios
+                    else "-"
+                )
+            print(f"| {mode} | {clients} | {label} | {cells[0]} | {cells[1]} |")
 
 
 # -- upstream clients: repairproxy's pool vs aiohttp vs httpx -------------------------------------
@@ -578,6 +663,41 @@ class _Server:
     headers: bytes = b""
 
 
+def missing_peers(args: argparse.Namespace) -> dict[str, str]:
+    """The peers asked for that are not installed here (and ``--install-peers`` not given):
+    name -> what is missing. The run measures the rest and says so."""
+    if args.install_peers:
+        return {}
+    missing = {}
+    venv = args.litellm_venv or litellm_venv_for(args.python)
+    if "litellm" in args.peers and not (venv / "bin" / "litellm").exists():
+        missing["litellm"] = f"no virtualenv at {venv}"
+    script = args.portkey_dir / "node_modules" / "@portkey-ai" / "gateway" / "build"
+    if "portkey" in args.peers and not (script / "start-server.js").exists():
+        missing["portkey"] = f"not installed in {args.portkey_dir}"
+    if "nginx" in args.floors and shutil.which("nginx") is None:
+        missing["nginx"] = "no nginx on PATH (apt-get install nginx)"
+    return missing
+
+
+def _floors(args: argparse.Namespace, upstream_port: int, workdir: Path) -> list[_Server]:
+    servers = []
+    if "nginx" in args.floors:
+        port = _free_port()
+        conf = workdir / "nginx.conf"
+        conf.write_text(_NGINX_CONF.format(dir=workdir, upstream=upstream_port, port=port))
+        nginx = shutil.which("nginx") or "nginx"
+        argv = [nginx, "-e", str(workdir / "error.log"), "-c", str(conf), "-p", str(workdir)]
+        servers.append(_Server("nginx", argv, {}, port, 20))
+    if "relay" in args.floors:
+        port = _free_port()
+        argv = [sys.executable, "-m", "benchmarks.support.relay_floor", "--port", str(port)]
+        servers.append(
+            _Server("relay", [*argv, "--upstream-port", str(upstream_port)], {}, port, 20)
+        )
+    return servers
+
+
 def _servers(args: argparse.Namespace, upstream_port: int, workdir: Path) -> list[_Server]:
     upstream = f"http://127.0.0.1:{upstream_port}/v1"
     port = _free_port()
@@ -657,6 +777,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--peers", nargs="*", choices=PEERS, default=list(PEERS))
+    parser.add_argument(
+        "--floors",
+        nargs="*",
+        choices=FLOORS,
+        default=list(FLOORS),
+        help="the floor rows beside the peers: nginx (proxy_pass, upstream keep-alive, one "
+        "worker) and the byte relay",
+    )
+    parser.add_argument(
+        "--install-peers",
+        action="store_true",
+        help="install the peers that are missing (LiteLLM's venv, Portkey with npm: minutes, "
+        "network); without it a missing peer is left out of the run and named",
+    )
     parser.add_argument("--json-out", type=Path, help="write every figure and flag here")
     parser.add_argument("--repair", default="reflexive")
     parser.add_argument(
@@ -711,7 +845,12 @@ def main(argv: list[str] | None = None) -> None:
             return
         targets = [_Target("direct", upstream_port)]
         readers: dict[str, _LogReader] = {}
-        servers = _servers(args, upstream_port, workdir)
+        missing = missing_peers(args)
+        for name, why in missing.items():
+            print(f"missing: {name} ({why}); its rows are left out of this run", flush=True)
+        args.peers = [p for p in args.peers if p not in missing]
+        args.floors = [f for f in args.floors if f not in missing]
+        servers = _servers(args, upstream_port, workdir) + _floors(args, upstream_port, workdir)
         for server in servers:
             process = subprocess.Popen(
                 server.argv,
@@ -794,6 +933,7 @@ def main(argv: list[str] | None = None) -> None:
                             for s in servers
                         },
                         "results": results,
+                        "missing": missing,
                     },
                     option=orjson.OPT_INDENT_2,
                 ).decode()

@@ -422,6 +422,30 @@ class ChatPipeline:
             )
         record.snapshot = snapshot
 
+    async def settle(self, request: ChatRequest | None, record: Record) -> None:
+        """Write the episode's changes to a shared store, once, after the upstream call (the
+        route calls it however the request ended). A racing request may have written first:
+        the record then takes the counts as the store took them, so each ladder rung is still
+        crossed once across processes."""
+        if request is None or request.episode is None:
+            return
+        txn = await self.episodes.settle(request.episode)
+        if txn is None or record.episode is None:
+            return
+        first = txn.request or txn.answer
+        last = txn.answer or txn.request
+        assert first is not None and last is not None
+        record.episode = replace(
+            record.episode,
+            errors_before=first.errors_before,
+            errors_after=last.errors,
+            budget=last.budget,
+            exhausted=last.exhausted,
+        )
+        if txn.request is not None:
+            record.env_errors = list(txn.request.new_env_errors)
+        record.snapshot = last
+
     async def episode_of_response(
         self, headers: Mapping[str, str], previous_response_id: Any
     ) -> EpisodeRef | None:

@@ -64,6 +64,7 @@ class PipelineCall:
         self.query: bytes = scope["query_string"]
         self.out_headers = upstream.outbound_headers(scope["headers"], keep_encoding=False)
         self.request: ChatRequest | None = None
+        self._admitted: ChatRequest | None = None
         ex.record.api = self.api  # before the body is read: a 400 is logged under its API
 
     # -- the preamble -----------------------------------------------------------------------------
@@ -81,9 +82,14 @@ class PipelineCall:
         record = self.ex.record
         request = self.pipeline.parse_body(chat_body, raw, self.headers, record)
         linked = await episode() if episode is not None else None
+        self._admitted = request  # settled however admission ends (a rejection included)
         await self.pipeline.admit(request, self.headers, record, episode=linked)
         self.request = request
         return request
+
+    async def settle(self) -> None:
+        """After the upstream call, however it ended: the episode's one write to a shared store."""
+        await self.pipeline.settle(self._admitted, self.ex.record)
 
     # -- the verdict ------------------------------------------------------------------------------
 

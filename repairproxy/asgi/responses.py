@@ -449,6 +449,7 @@ class ResponsesCall(PipelineCall):
         rewrite = gated or self.rebuilt
         parser = SSEParser()
         held: list[tuple[dict[str, Any], Any]] = []  # (event, its output index)
+        held_at: set[Any] = set()  # the output indices of the held events (one test a delta)
         final: dict[str, Any] | None = None
         failed = False
         prose: set[int] = set()  # output indices whose events flow (plain prose)
@@ -479,6 +480,7 @@ class ResponsesCall(PipelineCall):
                 failed = failed or kind in _FAILED
                 if hold_all:
                     held.append((payload, payload.get("output_index")))
+                    held_at.add(_held_key(payload.get("output_index")))
                     continue
                 if not gated or kind in _PREAMBLE:
                     await release(payload, event.raw)
@@ -488,7 +490,7 @@ class ResponsesCall(PipelineCall):
                     not failed
                     and kind == "response.output_text.delta"
                     and isinstance(index, int)
-                    and all(h[1] == index for h in held)  # no earlier item still held
+                    and held_at <= {index}  # no earlier item still held
                 ):
                     text = texts.setdefault(index, _ItemText(payload.get("item_id"), tool_names))
                     if text.feed(str(payload.get("delta", ""))):
@@ -496,6 +498,7 @@ class ResponsesCall(PipelineCall):
                         for earlier, _ in held:
                             await release(earlier, b"")
                         held = []
+                        held_at.clear()
                     else:
                         prose.discard(index)  # held from here on, until its text decides
                 if isinstance(index, int) and index in prose and not failed:
@@ -504,6 +507,7 @@ class ResponsesCall(PipelineCall):
                     await release(payload, event.raw)
                     continue
                 held.append((payload, index))
+                held_at.add(_held_key(index))
         leftovers = [event.raw for event in parser.flush()]
         if not gated:
             if final is not None and not failed:
@@ -552,6 +556,14 @@ class ResponsesCall(PipelineCall):
         await responder.body(b"".join(tail), more=False)
 
 
+_UNHASHABLE = object()  # an output index sent as a list or an object: equal to no int
+
+
+def _held_key(index: Any) -> Any:
+    """An event's output index as ``held_at`` keeps it (any JSON value may arrive there)."""
+    return index if isinstance(index, int | float | str) or index is None else _UNHASHABLE
+
+
 def _unknown_previous(previous: str) -> NotFoundError:
     return NotFoundError(
         f"Previous response with id '{previous[:128]}' not found.", param="previous_response_id"
@@ -565,14 +577,15 @@ class _ItemText:
     text waits for the verdict (again up to ``MAX_HELD_CONTENT_CHARS``)."""
 
     __slots__ = (
+        "_said",
+        "_unsaid",
+        "_unsaid_chars",
         "calling",
         "item_id",
         "length",
         "opening",
-        "said",
         "start",
         "tool_names",
-        "unsaid",
         "watch",
     )
 
@@ -580,8 +593,11 @@ class _ItemText:
         self.item_id = item_id
         # The declared tools: a name at a line start may open a call written without a marker.
         self.tool_names = tool_names
-        self.said = ""  # the text the client has
-        self.unsaid = ""  # the text held since
+        # The text the client has, and the text held since, as pieces: joining a growing string
+        # on every delta would copy it whole each time (quadratic in a long answer's deltas).
+        self._said: list[str] = []
+        self._unsaid: list[str] = []
+        self._unsaid_chars = 0
         self.start = ""  # read while its start is undecided (short or blank: linear overall)
         self.length = 0
         self.opening: bool | None = None  # its start opens a call, once that is decided
@@ -591,7 +607,8 @@ class _ItemText:
     def feed(self, delta: str) -> bool:
         """Whether the item's held text, ``delta`` last, may go out now."""
         self.length += len(delta)
-        self.unsaid += delta
+        self._unsaid.append(delta)
+        self._unsaid_chars += len(delta)
         watch = self.watch
         if watch is None:
             if self.opening is None:
@@ -604,7 +621,7 @@ class _ItemText:
                 return self._flows()  # too long to hold: it goes, and is read from here on
             return self._settle(watch.feed(self.start))
         if self.calling:
-            if len(self.unsaid) <= MAX_HELD_CONTENT_CHARS:
+            if self._unsaid_chars <= MAX_HELD_CONTENT_CHARS:
                 return False
             self.calling, watch.pending = False, ""  # too long to hold: it goes after all
             return self._flows()
@@ -617,8 +634,16 @@ class _ItemText:
         return False
 
     def _flows(self) -> bool:
-        self.said, self.unsaid = self.said + self.unsaid, ""
+        self._said += self._unsaid
+        self._unsaid, self._unsaid_chars = [], 0
         return True
+
+    @property
+    def said(self) -> str:
+        """The text the client has (joined once, when asked: after the stream)."""
+        if len(self._said) > 1:
+            self._said = ["".join(self._said)]
+        return self._said[0] if self._said else ""
 
 
 def _item_text(item: Any) -> str:

@@ -216,20 +216,30 @@ class Proxy:
     ) -> None:
         headers, raw = await self._validated_request(scope, receive, ex)
         call = ChatCall(self.upstream, self.pipeline, ex, scope, headers)
-        request = await call.prepare(raw)
-        await cancel_on_disconnect(
-            call.stream(responder) if request.stream else call.buffered(responder), receive, scope
-        )
+        try:
+            request = await call.prepare(raw)
+            await cancel_on_disconnect(
+                call.stream(responder) if request.stream else call.buffered(responder),
+                receive,
+                scope,
+            )
+        finally:
+            await call.settle()
 
     async def _responses(
         self, scope: Scope, receive: Receive, responder: Responder, ex: Exchange
     ) -> None:
         headers, raw = await self._validated_request(scope, receive, ex)
         call = ResponsesCall(self.upstream, self.pipeline, ex, scope, headers, self.responses_store)
-        request = await call.prepare(raw)
-        await cancel_on_disconnect(
-            call.stream(responder) if request.stream else call.buffered(responder), receive, scope
-        )
+        try:
+            request = await call.prepare(raw)
+            await cancel_on_disconnect(
+                call.stream(responder) if request.stream else call.buffered(responder),
+                receive,
+                scope,
+            )
+        finally:
+            await call.settle()
 
     async def _messages(
         self, scope: Scope, receive: Receive, responder: Responder, ex: Exchange
@@ -237,12 +247,15 @@ class Proxy:
         headers, raw = await self._validated_request(scope, receive, ex)
         native = "messages" in self.settings.native_apis()
         call = MessagesCall(self.upstream, self.pipeline, ex, scope, headers, native=native)
-        await call.prepare(raw)
-        await cancel_on_disconnect(
-            call.stream_answer(responder) if call.stream else call.buffered(responder),
-            receive,
-            scope,
-        )
+        try:
+            await call.prepare(raw)
+            await cancel_on_disconnect(
+                call.stream_answer(responder) if call.stream else call.buffered(responder),
+                receive,
+                scope,
+            )
+        finally:
+            await call.settle()
 
     async def _stored_response(
         self, scope: Scope, receive: Receive, responder: Responder, ex: Exchange

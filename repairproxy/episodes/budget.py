@@ -37,7 +37,7 @@ import os
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import orjson
 
@@ -70,7 +70,10 @@ __all__ = [
     "EpisodeState",
     "EpisodeStore",
     "ErrorBudget",
+    "Reading",
+    "SharedEpisodeStore",
     "TenantKeys",
+    "Transaction",
     "episode_id_for",
 ]
 
@@ -165,6 +168,7 @@ class EpisodeRef:
     conversation: ConversationKeys | None = None
     warn_missing_header: bool = False
     tenant: str = ""  # TenantKeys.tenant_of the request; "" without client keys
+    txn: Transaction | None = None  # a shared store's read, written once after the upstream
 
     @property
     def key(self) -> str:
@@ -279,6 +283,70 @@ class EpisodeStore(Protocol):
     async def get(self, episode_id: str) -> EpisodeState | None: ...
 
 
+@dataclass(slots=True)
+class Reading:
+    """One read of a shared store's episode: its state, and what a later write compares against.
+
+    ``absent``: the read found nothing (and claimed the episode: one reader hears it);
+    ``unknown``: the store did not answer (a blank state, never written back).
+    """
+
+    state: EpisodeState
+    version: Any = None
+    absent: bool = False
+    unknown: bool = False
+
+
+@runtime_checkable
+class SharedEpisodeStore(EpisodeStore, Protocol):
+    """A store across processes, where each round trip counts: ``read`` before the upstream call
+    (claiming an absent episode), ``write`` after it (compare-and-set against the reading; on a
+    lost race ``mutate`` runs again on what the winner wrote). The counting rules stay in the
+    mutations (Python); the store only compares and sets."""
+
+    async def read(self, episode_id: str) -> Reading: ...
+
+    async def write(
+        self, episode_id: str, reading: Reading, mutate: Callable[[EpisodeState], T]
+    ) -> T | None: ...
+
+
+@dataclass(slots=True)
+class Transaction:
+    """A request's episode on a shared store: read once before the upstream call, its mutations
+    (the request's results, the answer's charge) applied here as they come and written together
+    once after it (``ErrorBudget.settle``). ``request`` / ``answer``: their snapshots, as
+    computed, then as the store took them."""
+
+    reading: Reading
+    working: EpisodeState
+    # ("request" | "answer", the mutation), in the order they came.
+    mutations: list[tuple[str, Callable[[EpisodeState], BudgetSnapshot]]] = field(
+        default_factory=list
+    )
+    request: BudgetSnapshot | None = None
+    answer: BudgetSnapshot | None = None
+    settled: bool = False
+
+    @classmethod
+    def of(cls, reading: Reading) -> Transaction:
+        working = EpisodeState()
+        working.copy_from(reading.state)
+        return cls(reading, working)
+
+    def changed(self) -> bool:
+        """Whether the mutations changed what the store keeps. ``result_counts`` alone is not a
+        change: it is read only by the answer of the request that set it, which is replayed
+        with it (the common request, a new successful result, then writes nothing)."""
+        base, now = self.reading.state, self.working
+        return (
+            now.by_channel != base.by_channel
+            or now.silent_by_channel != base.silent_by_channel
+            or list(now.seen) != list(base.seen)
+            or list(now.pending) != list(base.pending)
+        )
+
+
 def _text(content: Any) -> str:
     """A result's text as ``wire.content_text`` reads it; any other value as its ``str()`` (a
     client that sends a result as an object still carries its error text)."""
@@ -361,6 +429,8 @@ class ErrorBudget:
         self._scopes: dict[tuple[str, str | None], bytes] = {}  # chain_scope's, remembered
         self._warned_missing_header = False
         self.tenants = tenants  # None: one namespace (no client keys)
+        # A shared store: one read before the upstream call, one write after (``settle``).
+        self.shared = store if isinstance(store, SharedEpisodeStore) else None
 
     def tenant_of(self, headers: Mapping[str, str]) -> str:
         return self.tenants.tenant_of(headers) if self.tenants is not None else ""
@@ -387,6 +457,15 @@ class ErrorBudget:
         tenant = self.tenant_of(headers)
         explicit = _header(headers, self.episode_header)
         if explicit is not None:
+            if self.shared is not None:  # the claim is the read the request is counted on
+                reading = await self.shared.read(scoped(tenant, explicit))
+                return EpisodeRef(
+                    explicit,
+                    explicit=True,
+                    new=reading.absent,
+                    tenant=tenant,
+                    txn=Transaction.of(reading),
+                )
             new = await self.store.get(scoped(tenant, explicit)) is None
             return EpisodeRef(explicit, explicit=True, new=new, tenant=tenant)
         warn = not self._warned_missing_header
@@ -542,6 +621,10 @@ class ErrorBudget:
             state.result_counts = results.counts
             return self._snapshot(episode_id, state, budget, before, new_env_errors=tuple(new))
 
+        if isinstance(episode, EpisodeRef) and self.shared is not None:
+            txn = await self._transaction(episode)
+            txn.request = self._apply(txn, "request", apply)
+            return txn.request
         return await self.store.update(store_key, apply)
 
     async def observe_answer(
@@ -574,7 +657,60 @@ class ErrorBudget:
                 state.expect(f"{call_key}#{state.result_counts.get(call_key, 0) + offset}")
             return self._snapshot(episode_id, state, budget, before, new_silent=silent)
 
+        if isinstance(episode, EpisodeRef) and self.shared is not None:
+            txn = await self._transaction(episode)
+            txn.answer = self._apply(txn, "answer", apply)
+            return txn.answer
         return await self.store.update(store_key, apply)
+
+    # -- a shared store: one read before the upstream call, one write after ------------------------
+
+    async def _transaction(self, episode: EpisodeRef) -> Transaction:
+        """The request's reading of its episode: the header's claim, else read now (nothing to
+        read for a chained episode just drawn: its random id was never stored)."""
+        if episode.txn is None:
+            assert self.shared is not None
+            if episode.new and not episode.explicit:
+                reading = Reading(EpisodeState(), absent=True)
+            else:
+                reading = await self.shared.read(episode.key)
+            episode.txn = Transaction.of(reading)
+        return episode.txn
+
+    @staticmethod
+    def _apply(
+        txn: Transaction, kind: str, mutate: Callable[[EpisodeState], BudgetSnapshot]
+    ) -> BudgetSnapshot:
+        txn.mutations.append((kind, mutate))
+        snapshot = mutate(txn.working)
+        return _unknown(snapshot) if txn.reading.unknown else snapshot
+
+    async def settle(self, episode: EpisodeRef | None) -> Transaction | None:
+        """Write what the request and its answer changed, in one compare-and-set (none when
+        nothing changed; another when a racing request wrote first, the mutations replayed on
+        its state). The transaction comes back with the snapshots as the store took them; None
+        when there was nothing to write."""
+        txn = episode.txn if episode is not None else None
+        if txn is None or txn.settled or self.shared is None:
+            return None
+        txn.settled = True
+        if txn.reading.unknown or not txn.changed():
+            return None
+        assert episode is not None
+        mutations = tuple(txn.mutations)
+
+        def replay(state: EpisodeState) -> list[BudgetSnapshot]:
+            return [mutate(state) for _, mutate in mutations]
+
+        snapshots = await self.shared.write(episode.key, txn.reading, replay)
+        if snapshots is None:  # the store did not answer: counted and logged by its guard
+            return None
+        for (kind, _), snapshot in zip(mutations, snapshots, strict=True):
+            if kind == "request":
+                txn.request = snapshot
+            else:
+                txn.answer = snapshot
+        return txn
 
     async def snapshot(
         self, episode: EpisodeRef | str, budget: int | None = None
@@ -604,6 +740,12 @@ class ErrorBudget:
             new_env_errors,
             new_silent,
         )
+
+
+def _unknown(snapshot: BudgetSnapshot) -> BudgetSnapshot:
+    """A snapshot computed on a blank state (the store did not answer): nothing to trust."""
+    snapshot.errors_before, snapshot.unknown = snapshot.errors, True
+    return snapshot
 
 
 def _chain_scope(tenant: str, model: Any) -> bytes:

@@ -300,8 +300,10 @@ class CanonicalCache:
             raise ValueError("max_bytes must be >= 0")
         self.max_bytes = max_bytes
         self.size = 0  # bytes held: keys and forms
-        # (with call ids?, content, id, name, arguments, ...) -> the form. Oldest first.
-        self._forms: dict[tuple[Any, ...], bytes] = {}
+        # (with call ids?, content, id, name, arguments, ...) -> the form. Oldest first. An
+        # OrderedDict: a dict's ``next(iter())`` walks the slots its evictions left at the front,
+        # so evicting from a full dict cost a walk each (quadratic in a long history's turns).
+        self._forms: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._forms)
@@ -327,8 +329,8 @@ class CanonicalCache:
         forms[key] = form
         self.size += cost
         while self.size > self.max_bytes:
-            old_key = next(iter(forms))
-            self.size -= _key_bytes(old_key) + len(forms.pop(old_key))
+            old_key, old_form = forms.popitem(last=False)
+            self.size -= _key_bytes(old_key) + len(old_form)
 
 
 Canonical = Callable[..., bytes]

@@ -25,7 +25,13 @@ from typing import Any, TypeVar, cast
 
 from redis.exceptions import RedisError
 
-from repairproxy.episodes.budget import BudgetSnapshot, EpisodeState, EpisodeStore
+from repairproxy.episodes.budget import (
+    BudgetSnapshot,
+    EpisodeState,
+    EpisodeStore,
+    Reading,
+    SharedEpisodeStore,
+)
 from repairproxy.episodes.chaining import ChainIndex, ChainLink
 from repairproxy.episodes.redis_store import StoreConflictError, StoreDataError
 
@@ -151,6 +157,22 @@ class GuardedEpisodeStore:
         state = await self.health.attempt("get", lambda: self.inner.get(episode_id))
         # Unknown, not absent: an episode is not counted as started again while Redis is away.
         return EpisodeState() if isinstance(state, _Failed) else state
+
+    async def read(self, episode_id: str) -> Reading:
+        """The shared store's reading; an unknown one (blank, never written back) when away."""
+        inner = cast(SharedEpisodeStore, self.inner)
+        reading = await self.health.attempt("get", lambda: inner.read(episode_id))
+        return Reading(EpisodeState(), unknown=True) if isinstance(reading, _Failed) else reading
+
+    async def write(
+        self, episode_id: str, reading: Reading, mutate: Callable[[EpisodeState], T]
+    ) -> T | None:
+        """The write after the upstream call; None when the store did not take it."""
+        inner = cast(SharedEpisodeStore, self.inner)
+        result = await self.health.attempt(
+            "update", lambda: inner.write(episode_id, reading, mutate)
+        )
+        return None if isinstance(result, _Failed) else result
 
 
 class GuardedChainIndex:

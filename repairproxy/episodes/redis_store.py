@@ -15,6 +15,11 @@ nothing writes nothing (one round trip: the common request without a new tool er
 that meet a new episode at once, exactly one hears "absent", so the episode is counted as started
 once (``repairproxy_episodes_total``).
 
+A request through the proxy spends one round trip when nothing changed and two when something
+did (``read`` before the upstream call: the claim and the state in one script;
+``write`` after it: one compare-and-set of everything the request and its answer changed, which
+``ErrorBudget`` computed in Python, replayed on the winner's state after a lost race).
+
 A conversation link is ``<prefix>ch:<digest hex>`` = ``<0|1>:<episode id>`` (1: ambiguous), set by
 one script so that two replicas linking one digest to two episodes both see it ambiguous.
 """
@@ -32,8 +37,9 @@ import orjson
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import NoScriptError
 
-from repairproxy.episodes.budget import EpisodeState
+from repairproxy.episodes.budget import EpisodeState, Reading
 from repairproxy.episodes.chaining import ChainLink
 
 __all__ = [
@@ -55,6 +61,8 @@ DEFAULT_PREFIX = "repairproxy:"
 # 16 clients of one episode on 2 processes need a handful at most; the jittered pause grows.
 MAX_ATTEMPTS = 64
 _FIELDS = tuple(f.name for f in dataclasses.fields(EpisodeState))
+# Seconds a batch of reads may wait for Redis at most (each caller gives up at its own timeout).
+BATCH_TIMEOUT = 5.0
 
 # KEYS[1] the episode; ARGV: expected version, new value (with its version and token), TTL in
 # ms, the token. 1: written (or written already by this very call, resent after a lost reply).
@@ -75,6 +83,18 @@ return 0
 _READ = """
 local current = redis.call('GET', KEYS[1])
 if not current then return false end
+return {current, redis.call('PTTL', KEYS[1])}
+"""
+
+# KEYS[1] the episode; ARGV: the empty state (version 0), TTL in ms. What a request reads before
+# its upstream call, in one round trip: {value, TTL left in ms}, or nil when absent until now
+# (then claimed: of two readers exactly one hears it). The TTL is not touched here (``_READ``).
+_READ_OR_CLAIM = """
+local current = redis.call('GET', KEYS[1])
+if not current then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return false
+end
 return {current, redis.call('PTTL', KEYS[1])}
 """
 
@@ -106,18 +126,23 @@ class StoreDataError(RuntimeError):
     """A key under the prefix does not hold what this store writes (another program's)."""
 
 
-def redis_client(url: str, *, max_connections: int = 64, timeout: float = 1.0) -> Redis:
+def redis_client(
+    url: str, *, max_connections: int = 64, timeout: float = 1.0, guarded: bool = False
+) -> Redis:
     """An asyncio client with its own connection pool for ``redis://`` / ``rediss://`` URLs
     (password and database number in the URL). Connects lazily: a proxy starts without Redis.
 
     Two quick retries on a broken connection (a restarted Redis leaves stale ones in the pool),
-    not redis-py's ten: while Redis is away a request must not wait seconds for it.
+    not redis-py's ten: while Redis is away a request must not wait seconds for it. ``guarded``:
+    every call is cut by the guard's timeout (``--store-timeout``), so the socket has none of its
+    own (redis-py's wraps each send in a task, ``asyncio.wait_for``, and each read in a timer: a
+    fifth of a round trip's CPU). The reply parser is hiredis's when it is installed.
     """
     client: Redis = Redis.from_url(
         url,
         max_connections=max_connections,
         socket_connect_timeout=min(timeout, 0.25),
-        socket_timeout=timeout,
+        socket_timeout=None if guarded else timeout,
         health_check_interval=30,
         retry=Retry(ExponentialWithJitterBackoff(base=0.005, cap=0.05), retries=2),
     )
@@ -178,6 +203,65 @@ def _split(value: bytes | str | None) -> tuple[bytes, bytes | None]:
     return version, rest.partition(b":")[2]
 
 
+class _Batched:
+    """One script's calls from one turn of the event loop, sent as one pipeline: one write and
+    one read of the socket for every request that read its episode in that turn (16 concurrent
+    requests share a round trip instead of paying one each). Alone, a call goes as it is."""
+
+    def __init__(self, client: Redis, script: Any) -> None:
+        self.client = client
+        self.script = script
+        self._waiting: list[tuple[list[Any], asyncio.Future[Any]]] = []
+
+    async def __call__(self, *, keys: list[str], args: list[Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._waiting.append(([*keys, *args], future))
+        if len(self._waiting) == 1:
+            loop.call_soon(self._flush, loop)
+        return await future
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        batch, self._waiting = self._waiting, []
+        loop.create_task(self._send(batch))
+
+    async def _send(self, batch: list[tuple[list[Any], asyncio.Future[Any]]]) -> None:
+        try:
+            # The callers' own timeouts (the guard's) do not reach this task: a Redis that never
+            # answers must not keep it, and its connection, for ever.
+            async with asyncio.timeout(BATCH_TIMEOUT):
+                if len(batch) == 1:
+                    words = batch[0][0]
+                    results: list[Any] = [await self.script(keys=words[:1], args=words[1:])]
+                else:
+                    results = await self._pipelined([words for words, _ in batch])
+        except BaseException as exc:  # every caller hears it (the guard counts it)
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, future), result in zip(batch, results, strict=True):
+            if future.done():
+                continue  # the caller gave up (its timeout)
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+    async def _pipelined(self, calls: list[list[Any]]) -> list[Any]:
+        for _ in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            for words in calls:
+                pipe.evalsha(self.script.sha, 1, *words)
+            results = await pipe.execute(raise_on_error=False)
+            if not any(isinstance(r, NoScriptError) for r in results):
+                return list(results)
+            await self.client.script_load(self.script.script)  # Redis restarted: load it again
+        return list(results)
+
+
 class RedisEpisodeStore:
     """``EpisodeStore`` on Redis: atomic per episode across processes, idle keys expire."""
 
@@ -197,6 +281,7 @@ class RedisEpisodeStore:
         self._cas = client.register_script(_CAS)
         self._claim = client.register_script(_CLAIM)
         self._read = client.register_script(_READ)
+        self._read_or_claim = _Batched(client, client.register_script(_READ_OR_CLAIM))
         self._empty = b"0::" + encode_state(EpisodeState())
         self.conflicts = 0  # compare-and-set attempts lost (for tests and benchmarks)
 
@@ -225,6 +310,51 @@ class RedisEpisodeStore:
             self.conflicts += 1
             # Someone else wrote first: read again after a short jittered pause.
             await asyncio.sleep(random.uniform(0, 0.0005 * min(attempt + 1, 10)))
+        raise StoreConflictError(
+            f"episode {episode_id}: {self.max_attempts} concurrent updates won over this one"
+        )
+
+    async def read(self, episode_id: str) -> Reading:
+        """The episode as a request finds it before its upstream call (one round trip; claims
+        an absent one, pushes the idle TTL back). ``write`` later sets against it."""
+        key = self.key(episode_id)
+        read = await self._read_or_claim(keys=[key], args=[self._empty, self._ttl_ms])
+        if not read:
+            return Reading(EpisodeState(), (b"0", None), absent=True)
+        version, body = _split(read[0])
+        state = _load(version, body)[1] if body is not None else EpisodeState()
+        if int(read[1]) < self._ttl_ms * 0.9:
+            # A readable episode's idle TTL, pushed back once a tenth of it has passed (one more
+            # round trip, rarely: every few minutes of an hour's TTL).
+            await self.client.pexpire(key, self._ttl_ms)
+        return Reading(state, (version, body))
+
+    async def write(
+        self, episode_id: str, reading: Reading, mutate: Callable[[EpisodeState], T]
+    ) -> T | None:
+        """``mutate`` on the state ``reading`` found, set if nobody wrote since (one round trip);
+        else read again and mutate that, like ``update``. Nothing is written when nothing
+        changed."""
+        key = self.key(episode_id)
+        version, body = reading.version if reading.version is not None else (b"0", None)
+        base = reading.state
+        for attempt in range(self.max_attempts):
+            state = EpisodeState()
+            state.copy_from(base)
+            number = int(version)
+            result = mutate(state)
+            encoded = encode_state(state)
+            if encoded == body:
+                return result
+            token = secrets.token_hex(6).encode()
+            value = b"%d:%s:%s" % (number + 1, token, encoded)
+            if await self._cas(keys=[key], args=[version, value, self._ttl_ms, token]):
+                return result
+            self.conflicts += 1
+            await asyncio.sleep(random.uniform(0, 0.0005 * min(attempt + 1, 10)))
+            read = await self._read(keys=[key])
+            version, body = _split(read[0] if read else None)
+            base = _load(version, body)[1] if body is not None else EpisodeState()
         raise StoreConflictError(
             f"episode {episode_id}: {self.max_attempts} concurrent updates won over this one"
         )

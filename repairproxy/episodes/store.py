@@ -75,7 +75,8 @@ class Stores:
         count = store.count
         while True:
             with contextlib.suppress(Exception):  # Redis away: keep the last count
-                self._counted = await count()
+                async with asyncio.timeout(COUNT_INTERVAL):  # the client has no socket timeout
+                    self._counted = await count()
             await asyncio.sleep(COUNT_INTERVAL)
 
     async def aclose(self) -> None:
@@ -127,7 +128,7 @@ def open_stores(
     from repairproxy.episodes.redis_store import RedisChainIndex, RedisEpisodeStore, redis_client
     from repairproxy.episodes.responses_store import GuardedResponsesStore, RedisResponsesStore
 
-    client = redis_client(spec, max_connections=max(settings.max_connections, 16))
+    client = redis_client(spec, max_connections=max(settings.max_connections, 16), guarded=True)
     health = StoreHealth(
         log=log,
         count_error=count_error or (lambda operation: None),

@@ -200,6 +200,28 @@ def test_a_hung_redis_costs_one_bounded_call_and_is_counted(hung_port: int) -> N
     assert counted == 2
 
 
+def test_a_hung_redis_leaves_no_batched_read_behind(
+    hung_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proxy's client has no socket timeout (the guard cuts each call): the batched read a
+    request gave up on still ends, so no task and connection wait for a silent Redis for ever."""
+    monkeypatch.setattr(redis_store, "BATCH_TIMEOUT", 0.2)
+
+    async def main() -> tuple[bool, int, int]:
+        client = redis_client(f"redis://127.0.0.1:{hung_port}", guarded=True)
+        health = StoreHealth(timeout=0.05)
+        store = GuardedEpisodeStore(RedisEpisodeStore(client), health)
+        reading = await store.read("e1")
+        await asyncio.sleep(0.5)
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        await client.aclose()
+        return reading.unknown, health.timeouts, len(left)
+
+    unknown, timeouts, left = asyncio.run(main())
+    assert unknown and timeouts == 1  # the request went on without the store
+    assert left == 0  # and the read it left behind ended too
+
+
 def test_wrong_typed_state_in_a_real_redis_is_unknown_and_keeps_its_ttl() -> None:
     async def main(url: str) -> tuple[bool, int, int, int]:
         client = redis_client(url)
