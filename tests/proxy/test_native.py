@@ -31,7 +31,7 @@ from repairproxy.native import (
     opening_markers,
     promoted_format,
 )
-from repairproxy.native.registry import GATES
+from repairproxy.native.registry import GATES, VARIANT_OF
 from repairproxy.observe.metrics import Metrics
 from repairproxy.observe.record import RequestRecord
 from repairproxy.settings import Settings
@@ -168,7 +168,8 @@ def test_values_written_as_text_are_typed_by_the_schema(text: str) -> None:
 
 def test_registry_labels_are_bounded_and_markers_known() -> None:
     assert "other" in FAMILIES
-    assert set(RECOGNISERS) - {"qwen3_xml_bare"} <= set(FAMILIES)
+    assert {VARIANT_OF.get(family, family) for family in RECOGNISERS} <= set(FAMILIES)
+    assert not set(VARIANT_OF) & set(FAMILIES)
     markers = opening_markers()
     for marker in ("[TOOL_CALLS]", "<|tool_call>", "<minimax:tool_call>", "<|python_start|>"):
         assert marker in markers
