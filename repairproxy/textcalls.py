@@ -68,6 +68,7 @@ from repairproxy.textcall_shapes import (
     fresh_call_id,
     json_value_end,
 )
+from repairproxy.textcall_taint import QuotedCalls
 from repairproxy.wire.openai import message_text
 
 __all__ = [
@@ -85,6 +86,7 @@ __all__ = [
     "fresh_call_id",
     "json_value_end",
     "promote_calls",
+    "quoted_calls",
     "quoted_texts",
     "read_text_calls",
     "reasoning_spans",
@@ -401,17 +403,22 @@ def _call_key(name: str | None, arguments: Any) -> tuple[str, str]:
     return str(name), canonical
 
 
-def _quoted(calls: Sequence[TextCall], quoted: Sequence[str]) -> set[int]:
-    """Indices of ``calls`` that repeat a call written in a tool result or user message."""
-    if not quoted:
+def quoted_calls(conversation: Any) -> QuotedCalls:
+    """The request's non-assistant content indexed for taint (``textcall_taint``): a
+    ``QuotedCalls`` already built for the request is used as it is."""
+    if isinstance(conversation, QuotedCalls):
+        return conversation
+    return QuotedCalls(conversation, find_text_calls)
+
+
+def _quoted(calls: Sequence[TextCall], quoted: QuotedCalls) -> set[int]:
+    """Indices of ``calls`` whose name and arguments the request's tool results, user turns or
+    system documents already hold (an injection, echoed), or whose text they hold verbatim."""
+    if quoted.empty:
         return set()
-    copied = {i for i, call in enumerate(calls) if any(_core(call) in text for text in quoted)}
-    if len(copied) < len(calls):
-        keys = {_call_key(c.name, c.arguments) for text in quoted for c in find_text_calls(text)}
-        copied.update(
-            i for i, call in enumerate(calls) if _call_key(call.name, call.arguments) in keys
-        )
-    return copied
+    return {
+        i for i, call in enumerate(calls) if quoted.holds(call.name, call.arguments, _core(call))
+    }
 
 
 def _core(call: TextCall) -> str:
@@ -464,7 +471,7 @@ def read_text_calls(
             prose.append((call, NotACall.CUT_OFF))
         else:
             candidates.append(call)
-    copied = _quoted(candidates, quoted_texts(conversation)) if candidates else None
+    copied = _quoted(candidates, quoted_calls(conversation)) if candidates else None
     if copied:
         prose.extend((call, NotACall.QUOTED) for i, call in enumerate(candidates) if i in copied)
         candidates = [call for i, call in enumerate(candidates) if i not in copied]
