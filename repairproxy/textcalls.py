@@ -603,7 +603,13 @@ def _standing_reason(rest: str, start: int, end: int, *, opened: bool) -> NotACa
     line_start = rest.rfind("\n", 0, start) + 1
     line_end = rest.find("\n", end)
     before = rest[line_start:start].strip()
-    if before and (before[-1] in _QUOTING or (before[-1] not in ".!?:" and not opened)):
+    # Glued to a template's markup (``to=NAME<|message|>``, ``</think>``): no sentence.
+    markup = before.endswith(">") and _TAG_AT_END.search(before) is not None
+    if (
+        before
+        and not markup
+        and (before[-1] in _QUOTING or (before[-1] not in ".!?:" and not opened))
+    ):
         return NotACall.IN_SENTENCE
     after = rest[end : len(rest) if line_end < 0 else line_end].strip()
     if after and not (opened and not _continues(after)) and not _closing_remark(after):
@@ -636,9 +642,11 @@ def _standing_reason(rest: str, start: int, end: int, *, opened: bool) -> NotACa
 # ``<tool_call>`` is one too, an added token in the Qwen and Hermes tokenizers.
 _SPECIAL_OPENER = re.compile(
     r"\s*(?:<\|[A-Za-z_]+\|?>|<｜[^｜<>\n]{1,40}｜>|\[TOOL_CALLS\]|<tool_call>|<TOOLCALL>"
-    r"|<minimax:tool_call>|<seed:tool_call>|<start_function_call>|<function_calls>"
+    r"|<[a-z]+:(?:tool_call|function_calls)>|<start_function_call>|<function_calls>"
     r"|<steptml:invoke|<\|message_sep\|>)"
 )
+# A tag (or a special token) closing the prose before a call: markup, not a sentence.
+_TAG_AT_END = re.compile(r"<[^<>\s]{1,60}(?:\s[^<>]{0,200})?>\Z")
 # A call right after one of these is quoted, in a parenthesis or a block quote, however it opens.
 _QUOTING = frozenset("\"'`\u201c\u2018\u00ab>(")
 _QUOTED_END = ('"', "'", "`", "\u201d", "\u2019", "\u00bb", ")")

@@ -34,6 +34,7 @@ from repairproxy.native.templated import (
     llama_python_tag,
     minicpm,
     nemotron,
+    solar_open,
     wrapped_json,
 )
 from repairproxy.native.tokens import (
@@ -142,6 +143,13 @@ RECOGNISERS: Mapping[str, Recogniser] = MappingProxyType(
         "llama3_python_tag": llama_python_tag,
         "functionary_v32": functionary_v32,
         "hermes_wrapped": wrapped_json,
+        "solar_open": solar_open,
+        "muse_glimmer": invoke_format(
+            "muse_glimmer",
+            "atem:",
+            (("<atem:function_calls>", "</atem:function_calls>"),),
+            bare=False,
+        ),
         "qwen3_xml_bare": bare_function_xml,
         "fenced_json": fenced_json,
         "pythonic": pythonic_bare,
@@ -240,6 +248,8 @@ GATES: Mapping[str, Gate] = MappingProxyType(
         "llama3_python_tag": _has(PYTHON_TAG),
         "functionary_v32": _gate(_needs("{", check=functionary_v32_may)),
         "hermes_wrapped": _gate(*(_needs(f"<{tag}>", f"</{tag}>") for tag in _WRAPPER_TAGS)),
+        "solar_open": _has("<|tool_call:name|>"),
+        "muse_glimmer": _has("<atem:invoke"),
         "qwen3_xml_bare": _has("<function="),
         "fenced_json": _has("```"),
         "pythonic": _gate(_needs("[", "(", check=pythonic_may)),
@@ -358,6 +368,8 @@ _OPENING_MARKERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "llama3_python_tag": (PYTHON_TAG,),
         "functionary_v32": (">>>",),
         "hermes_wrapped": tuple(f"<{tag}>" for tag in _WRAPPER_TAGS),
+        "solar_open": ("<|tool_calls|>", "<|tool_call:begin|>"),
+        "muse_glimmer": ("<atem:function_calls>", "<atem:invoke"),
     }
 )
 

@@ -39,6 +39,7 @@ __all__ = [
     "llama_python_tag",
     "minicpm",
     "nemotron",
+    "solar_open",
     "wrapped_json",
 ]
 
@@ -154,7 +155,11 @@ def minicpm(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
                 if value_end < 0 or text[position : param.start()].strip():
                     ok = False
                     break
-                raw[param.group(1)] = text[param.end() : value_end]
+                value = text[param.end() : value_end]
+                # The template wraps a value holding ``<``, ``&`` or a newline in CDATA.
+                if value.startswith("<![CDATA[") and value.endswith("]]>"):
+                    value = value[len("<![CDATA[") : -len("]]>")]
+                raw[param.group(1)] = value
                 position = value_end + len("</param>")
             if not ok:
                 continue
@@ -312,3 +317,42 @@ def wrapped_json(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]
             )
         )
     return matches
+
+
+# Upstage Solar Open: ``<|tool_calls|><|tool_call:begin|>ID<|tool_call:name|>NAME``
+# ``<|tool_call:args|>{...}<|tool_call:end|>``... ``<|calls|>`` (the call id is the model's).
+_SOLAR_CALL = re.compile(
+    r"<\|tool_call:begin\|>[^<]{0,100}<\|tool_call:name\|>([^<\s]{1,200})<\|tool_call:args\|>"
+)
+_SOLAR_END = "<|tool_call:end|>"
+
+
+def solar_open(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
+    del schemas
+    text = scanner.text
+    calls: list[NativeCall] = []
+    spans: list[tuple[int, int]] = []
+    for head in scanner.finditer(_SOLAR_CALL):
+        if len(calls) >= MAX_MATCHES or (spans and head.start() < spans[-1][1]):
+            continue
+        body = skip_space(scanner, head.end())
+        read = json_at(scanner, body) if text.startswith("{", body) else None
+        if read is None or not isinstance(read[0], dict):
+            continue
+        after = skip_space(scanner, read[1])
+        if not text.startswith(_SOLAR_END, after):
+            continue  # cut off before the call closed
+        calls.append(NativeCall(head.group(1), read[0], head.start(), after + len(_SOLAR_END)))
+        spans.append((head.start(), after + len(_SOLAR_END)))
+    matches = _adjacent("solar_open", text, calls, spans)
+    widened = []
+    for match in matches:
+        start, end = match.start, match.end
+        before = text[:start].rstrip()
+        if before.endswith("<|tool_calls|>"):
+            start = len(before) - len("<|tool_calls|>")
+        after = skip_space(scanner, end)
+        if text.startswith("<|calls|>", after):
+            end = after + len("<|calls|>")
+        widened.append(NativeMatch(match.family, start, end, match.calls))
+    return widened
