@@ -169,7 +169,7 @@ def _turn(template: Any, content: str, calls: list[tuple[str, dict[str, Any]]]) 
         stops = [found for token in STOP_TOKENS if (found := turn.find(token, lead + 1)) >= 0]
         if stops:
             turn = turn[: min(stops)]
-        return turn.rstrip()
+        return str(turn).rstrip()
     return None
 
 
