@@ -29,6 +29,7 @@ from repairproxy.native.templated import (
     functionary_v32,
     functionary_v32_may,
     gigachat,
+    kimi_k3,
     lfm2_json,
     lfm2_unopened,
     llama_python_tag,
@@ -144,6 +145,7 @@ RECOGNISERS: Mapping[str, Recogniser] = MappingProxyType(
         "functionary_v32": functionary_v32,
         "hermes_wrapped": wrapped_json,
         "solar_open": solar_open,
+        "kimi_k3": kimi_k3,
         "muse_glimmer": invoke_format(
             "muse_glimmer",
             "atem:",
@@ -249,6 +251,7 @@ GATES: Mapping[str, Gate] = MappingProxyType(
         "functionary_v32": _gate(_needs("{", check=functionary_v32_may)),
         "hermes_wrapped": _gate(*(_needs(f"<{tag}>", f"</{tag}>") for tag in _WRAPPER_TAGS)),
         "solar_open": _has("<|tool_call:name|>"),
+        "kimi_k3": _has("<|open|>tools<|sep|>"),
         "muse_glimmer": _has("<atem:invoke"),
         "qwen3_xml_bare": _has("<function="),
         "fenced_json": _has("```"),
@@ -369,6 +372,7 @@ _OPENING_MARKERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "functionary_v32": (">>>",),
         "hermes_wrapped": tuple(f"<{tag}>" for tag in _WRAPPER_TAGS),
         "solar_open": ("<|tool_calls|>", "<|tool_call:begin|>"),
+        "kimi_k3": ("<|open|>tools", "<|open|>response"),
         "muse_glimmer": ("<atem:function_calls>", "<atem:invoke"),
     }
 )

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+import orjson
+
 from repairproxy.native.base import (
     MAX_MATCHES,
     NativeCall,
@@ -34,6 +36,7 @@ __all__ = [
     "functionary_v32",
     "functionary_v32_may",
     "gigachat",
+    "kimi_k3",
     "lfm2_json",
     "lfm2_unopened",
     "llama_python_tag",
@@ -356,3 +359,76 @@ def solar_open(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
             end = after + len("<|calls|>")
         widened.append(NativeMatch(match.family, start, end, match.calls))
     return widened
+
+
+# Kimi K3: ``<|open|>tools<|sep|>`` then per call ``<|open|>call tool="N" index="I"<|sep|>``,
+# its arguments ``<|open|>argument key="K" type="T"<|sep|>VALUE<|close|>argument<|sep|>``, then
+# ``<|close|>call<|sep|>``; ``<|close|>tools<|sep|>`` ends them. ``type="string"`` values are
+# text as written, the others JSON.
+_K3_TOOLS = ("<|open|>tools<|sep|>", "<|close|>tools<|sep|>")
+_K3_CALL = re.compile(r'<\|open\|>call tool="([^"<>]{1,200})"(?: index="\d{1,6}")?<\|sep\|>')
+_K3_ARGUMENT = re.compile(r'<\|open\|>argument key="([^"<>]{1,200})" type="(\w{1,20})"<\|sep\|>')
+_K3_ARGUMENT_END = "<|close|>argument<|sep|>"
+_K3_CALL_END = "<|close|>call<|sep|>"
+_K3_AROUND = ("<|open|>response<|sep|><|close|>response<|sep|>", "<|close|>message<|sep|>")
+
+
+def kimi_k3(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
+    del schemas
+    text = scanner.text
+    matches: list[NativeMatch] = []
+    position = 0
+    while len(matches) < MAX_MATCHES:
+        start = scanner.find(_K3_TOOLS[0], position)
+        if start < 0:
+            break
+        close = scanner.find(_K3_TOOLS[1], start)
+        if close < 0:
+            break  # cut off before the calls closed
+        position = close + len(_K3_TOOLS[1])
+        calls = _k3_calls(scanner, start + len(_K3_TOOLS[0]), close)
+        if not calls:
+            continue
+        begin, end = start, position
+        if text.endswith(_K3_AROUND[0], 0, begin):
+            begin -= len(_K3_AROUND[0])
+        if text.startswith(_K3_AROUND[1], end):
+            end += len(_K3_AROUND[1])
+        matches.append(NativeMatch("kimi_k3", begin, end, tuple(calls)))
+    return matches
+
+
+def _k3_calls(scanner: Scanner, begin: int, stop: int) -> list[NativeCall] | None:
+    text = scanner.text
+    calls: list[NativeCall] = []
+    position = begin
+    while True:
+        head = _K3_CALL.match(text, position, stop)
+        if head is None:
+            return calls if not text[position:stop].strip() else None
+        scanner.count(head.end() - position)
+        end = scanner.find(_K3_CALL_END, head.end(), stop)
+        if end < 0:
+            return None
+        arguments: dict[str, object] = {}
+        cursor = head.end()
+        while cursor < end:
+            argument = _K3_ARGUMENT.match(text, cursor, end)
+            if argument is None:
+                if text[cursor:end].strip():
+                    return None
+                break
+            value_end = scanner.find(_K3_ARGUMENT_END, argument.end(), end)
+            if value_end < 0:
+                return None
+            raw = text[argument.end() : value_end]
+            if argument.group(2) == "string":
+                arguments[argument.group(1)] = raw
+            else:
+                try:
+                    arguments[argument.group(1)] = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    return None
+            cursor = value_end + len(_K3_ARGUMENT_END)
+        calls.append(NativeCall(head.group(1), arguments, head.start(), end + len(_K3_CALL_END)))
+        position = end + len(_K3_CALL_END)
