@@ -214,6 +214,8 @@ def run_native(family: str | None, verbose: bool, folder: str = "native") -> Non
     _print_family("ALL", total)
     families_at_goal = sum(1 for _, s in rows if s.cases and s.exact / s.cases >= 0.9)
     print(f"families with >= 90% exact: {families_at_goal}/{len(rows)}")
+    below = [name for name, s in rows if s.cases >= 5 and s.exact / s.cases < 0.9]
+    print(f"families with >= 5 calls below 90% exact: {len(below)} {' '.join(below)}".rstrip())
     if verbose:
         print("\n".join(failures))
 
@@ -326,6 +328,8 @@ def run_native_streamed(family: str | None, verbose: bool, folder: str = "native
     _print_family("ALL", total)
     families_at_goal = sum(1 for _, s in rows if s.cases and s.exact / s.cases >= 0.9)
     print(f"families with >= 90% exact: {families_at_goal}/{len(rows)}")
+    below = [name for name, s in rows if s.cases >= 5 and s.exact / s.cases < 0.9]
+    print(f"families with >= 5 calls below 90% exact: {len(below)} {' '.join(below)}".rstrip())
     print(f"streamed decision differs from the buffered one: {len(differ)}")
     print(
         "same calls, but the client's text differs from the buffered content (part of a call's "

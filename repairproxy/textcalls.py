@@ -641,7 +641,7 @@ def _standing_reason(rest: str, start: int, end: int, *, opened: bool) -> NotACa
 # A family's special token, spelled as the servers write it when they keep it in the text.
 # ``<tool_call>`` is one too, an added token in the Qwen and Hermes tokenizers.
 _SPECIAL_OPENER = re.compile(
-    r"\s*(?:<\|[A-Za-z_]+\|?>|<｜[^｜<>\n]{1,40}｜>|\[TOOL_CALLS\]|<tool_call>|<TOOLCALL>"
+    r"\s*(?:<\|[A-Za-z_]+\|?>|<｜[^｜<>\n]{1,40}｜>|\[TOOL_CALLS\]|<tool_calls?>|<TOOLCALL>"
     r"|<[a-z]+:(?:tool_call|function_calls)>|<start_function_call>|<function_calls>"
     r"|<steptml:invoke|<\|message_sep\|>)"
 )

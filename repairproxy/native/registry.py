@@ -36,6 +36,8 @@ from repairproxy.native.templated import (
     minicpm,
     nemotron,
     solar_open,
+    tool_call_pythonic,
+    tool_call_recipient,
     wrapped_json,
 )
 from repairproxy.native.tokens import (
@@ -96,7 +98,10 @@ RECOGNISERS: Mapping[str, Recogniser] = MappingProxyType(
         ),
         "minimax_m3": minimax_m3,
         "minimax_m2": invoke_format(
-            "minimax_m2", "", (("<minimax:tool_call>", "</minimax:tool_call>"),), bare=True
+            "minimax_m2",
+            "",
+            (("<minimax:tool_call>", "</minimax:tool_call>"), ("<tool_calls>", "</tool_calls>")),
+            bare=True,
         ),
         "gemma4": gemma_format(
             "gemma4",
@@ -146,6 +151,8 @@ RECOGNISERS: Mapping[str, Recogniser] = MappingProxyType(
         "hermes_wrapped": wrapped_json,
         "solar_open": solar_open,
         "kimi_k3": kimi_k3,
+        "tool_call_recipient": tool_call_recipient,
+        "tool_call_pythonic": tool_call_pythonic,
         "muse_glimmer": invoke_format(
             "muse_glimmer",
             "atem:",
@@ -171,6 +178,8 @@ VARIANT_OF = MappingProxyType(
         "lfm2_json": "lfm2",
         "lfm2_unopened": "lfm2",
         "hermes_wrapped": "hermes",
+        "tool_call_pythonic": "hermes",
+        "tool_call_recipient": "openai_harmony",
     }
 )
 
@@ -252,6 +261,8 @@ GATES: Mapping[str, Gate] = MappingProxyType(
         "hermes_wrapped": _gate(*(_needs(f"<{tag}>", f"</{tag}>") for tag in _WRAPPER_TAGS)),
         "solar_open": _has("<|tool_call:name|>"),
         "kimi_k3": _has("<|open|>tools<|sep|>"),
+        "tool_call_recipient": _has("<tool_call>", "to=functions."),
+        "tool_call_pythonic": _has("<tool_call>", "("),
         "muse_glimmer": _has("<atem:invoke"),
         "qwen3_xml_bare": _has("<function="),
         "fenced_json": _has("```"),

@@ -43,6 +43,8 @@ __all__ = [
     "minicpm",
     "nemotron",
     "solar_open",
+    "tool_call_pythonic",
+    "tool_call_recipient",
     "wrapped_json",
 ]
 
@@ -432,3 +434,72 @@ def _k3_calls(scanner: Scanner, begin: int, stop: int) -> list[NativeCall] | Non
             cursor = value_end + len(_K3_ARGUMENT_END)
         calls.append(NativeCall(head.group(1), arguments, head.start(), end + len(_K3_CALL_END)))
         position = end + len(_K3_CALL_END)
+
+
+# Calls other templates write inside Hermes' ``<tool_call>`` tag: Python's call syntax
+# (``<tool_call>get_weather(city="NYC")</tool_call>``), and harmony's recipient header
+# (``<tool_call>assistant to=functions.NAME json\n{...}\n</tool_call>``).
+_TOOL_CALL = ("<tool_call>", "</tool_call>")
+_PYTHONIC_HEAD = re.compile(r"\s*\[?\s*[A-Za-z_][\w.]*\(")
+_RECIPIENT = re.compile(r"\s*(?:assistant\s+)?to=functions\.([^\s<{]{1,200})(?:\s+json)?\s*")
+
+
+def tool_call_pythonic(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
+    del schemas
+    text = scanner.text
+    matches: list[NativeMatch] = []
+    position = 0
+    while len(matches) < MAX_MATCHES:
+        start = scanner.find(_TOOL_CALL[0], position)
+        if start < 0:
+            break
+        body = start + len(_TOOL_CALL[0])
+        close = scanner.find(_TOOL_CALL[1], body)
+        if close < 0:
+            break
+        position = close + len(_TOOL_CALL[1])
+        if _PYTHONIC_HEAD.match(text, body, close) is None:
+            continue
+        source = text[body:close].strip()
+        calls = tolerant_calls(source if source.startswith("[") else "[" + source + "]")
+        if calls is None:
+            continue
+        matches.append(
+            NativeMatch(
+                "hermes",
+                start,
+                position,
+                make_calls((n, a, start, position, False) for n, a in calls),
+            )
+        )
+    return matches
+
+
+def tool_call_recipient(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
+    del schemas
+    text = scanner.text
+    matches: list[NativeMatch] = []
+    position = 0
+    while len(matches) < MAX_MATCHES:
+        start = scanner.find(_TOOL_CALL[0], position)
+        if start < 0:
+            break
+        body = start + len(_TOOL_CALL[0])
+        position = body
+        head = _RECIPIENT.match(text, body)
+        if head is None or not text.startswith("{", head.end()):
+            continue
+        read = json_at(scanner, head.end())
+        if read is None or not isinstance(read[0], dict):
+            continue
+        after = skip_space(scanner, read[1])
+        if not text.startswith(_TOOL_CALL[1], after):
+            continue
+        end = after + len(_TOOL_CALL[1])
+        matches.append(
+            NativeMatch(
+                "openai_harmony", start, end, (NativeCall(head.group(1), read[0], start, end),)
+            )
+        )
+        position = end
+    return matches
