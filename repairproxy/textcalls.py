@@ -604,7 +604,7 @@ def _standing_reason(rest: str, start: int, end: int, *, opened: bool) -> NotACa
     line_end = rest.find("\n", end)
     before = rest[line_start:start].strip()
     # Glued to a template's markup (``to=NAME<|message|>``, ``</think>``): no sentence.
-    markup = before.endswith(">") and _TAG_AT_END.search(before) is not None
+    markup = before.endswith(">") and _TAG_AT_END.search(before[-_TAG_CHARS:]) is not None
     if (
         before
         and not markup
@@ -647,6 +647,7 @@ _SPECIAL_OPENER = re.compile(
 )
 # A tag (or a special token) closing the prose before a call: markup, not a sentence.
 _TAG_AT_END = re.compile(r"<[^<>\s]{1,60}(?:\s[^<>]{0,200})?>\Z")
+_TAG_CHARS = 263  # the longest tag _TAG_AT_END reads: only that much of the line is searched
 # A call right after one of these is quoted, in a parenthesis or a block quote, however it opens.
 _QUOTING = frozenset("\"'`\u201c\u2018\u00ab>(")
 _QUOTED_END = ('"', "'", "`", "\u201d", "\u2019", "\u00bb", ")")

@@ -134,10 +134,12 @@ def minicpm(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
     text = scanner.text
     calls: list[NativeCall] = []
     spans: list[tuple[int, int]] = []
+    close = -1
     for opened in scanner.finditer(_MINICPM_OPEN):
         if len(calls) >= MAX_MATCHES or (spans and opened.start() < spans[-1][1]):
             continue
-        close = scanner.find("</function>", opened.end())
+        if close < opened.end():  # the next closer, searched for once per closer
+            close = scanner.find("</function>", opened.end())
         if close < 0:
             break  # cut off before the call closed: no call
         name = opened.group(1)

@@ -68,11 +68,12 @@ def test_a_request_conflict_is_never_charged() -> None:
     ],
     ids=["named tool_choice", "parallel false"],
 )
-async def test_reflexive_re_asks_naming_the_constraint_and_reports_it(
-    options: dict[str, Any], first: list[dict[str, Any]], constraint: str
+@pytest.mark.parametrize("mode", ["reflexive", "constrained"])
+async def test_a_conflict_is_re_asked_naming_the_constraint_and_reported(
+    options: dict[str, Any], first: list[dict[str, Any]], constraint: str, mode: str
 ) -> None:
     transport = MockTransport(completion(tool_calls=first), completion(tool_calls=[LOOKUP]))
-    settings = Settings(upstream="http://mock/v1", repair="reflexive")
+    settings = Settings(upstream="http://mock/v1", repair=mode)
     async with in_process_proxy(settings, transport) as proxy:
         raw = await proxy.client().chat.completions.with_raw_response.create(
             model="scripted-model", messages=MESSAGES, tools=TOOLS, **options
@@ -90,6 +91,7 @@ async def test_reflexive_re_asks_naming_the_constraint_and_reports_it(
     assert "request_conflict" in raw.headers["x-repairproxy-tool-errors"]
     assert lines[-1]["channels"] == ["request_conflict"]
     assert 'channel="request_conflict"' in metrics
+    assert lines[-1]["episode_errors"] == 0  # never charged to the budget
 
 
 async def test_a_text_call_to_another_tool_stays_tool_call_in_content() -> None:
@@ -103,3 +105,21 @@ async def test_a_text_call_to_another_tool_stays_tool_call_in_content() -> None:
         (line,) = [line for line in proxy.log_lines() if line.get("event") == "request"][-1:]
     assert answer.choices[0].message.tool_calls is None
     assert line["channels"] == ["tool_call_in_content"]
+
+
+async def test_a_streamed_conflict_is_re_asked_before_anything_reaches_the_client() -> None:
+    transport = MockTransport(completion(tool_calls=[CANCEL]), completion(tool_calls=[LOOKUP]))
+    settings = Settings(upstream="http://mock/v1", repair="reflexive")
+    names: list[str] = []
+    async with in_process_proxy(settings, transport) as proxy:
+        events = await proxy.client().chat.completions.create(
+            model="scripted-model", messages=MESSAGES, tools=TOOLS, tool_choice=FORCED, stream=True
+        )
+        async for chunk in events:
+            for part in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                if part.function and part.function.name:
+                    names.append(part.function.name)
+        lines = [line for line in proxy.log_lines() if line.get("event") == "request"]
+    assert names == ["get_order_details"]
+    assert len(transport.chat_requests) == 2
+    assert lines[-1]["channels"] == ["request_conflict"]
