@@ -92,6 +92,7 @@ STOP_TOKENS = (
     "<end_of_sentence>",
     "<|role_end|>",
     "<|end_of_message|>",
+    "<｜hy_eos:opensource｜>",
 )
 
 

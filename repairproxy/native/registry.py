@@ -29,6 +29,7 @@ from repairproxy.native.templated import (
     functionary_v32,
     functionary_v32_may,
     gigachat,
+    hunyuan_v3_opensource,
     kimi_k3,
     lfm2_json,
     lfm2_unopened,
@@ -151,6 +152,7 @@ RECOGNISERS: Mapping[str, Recogniser] = MappingProxyType(
         "hermes_wrapped": wrapped_json,
         "solar_open": solar_open,
         "kimi_k3": kimi_k3,
+        "hunyuan_v3_opensource": hunyuan_v3_opensource,
         "tool_call_recipient": tool_call_recipient,
         "tool_call_pythonic": tool_call_pythonic,
         "muse_glimmer": invoke_format(
@@ -179,6 +181,7 @@ VARIANT_OF = MappingProxyType(
         "lfm2_unopened": "lfm2",
         "hermes_wrapped": "hermes",
         "tool_call_pythonic": "hermes",
+        "hunyuan_v3_opensource": "hunyuan_v3",
         "tool_call_recipient": "openai_harmony",
     }
 )
@@ -261,6 +264,7 @@ GATES: Mapping[str, Gate] = MappingProxyType(
         "hermes_wrapped": _gate(*(_needs(f"<{tag}>", f"</{tag}>") for tag in _WRAPPER_TAGS)),
         "solar_open": _has("<|tool_call:name|>"),
         "kimi_k3": _has("<|open|>tools<|sep|>"),
+        "hunyuan_v3_opensource": _has("<tool_call:opensource>"),
         "tool_call_recipient": _has("<tool_call>", "to=functions."),
         "tool_call_pythonic": _has("<tool_call>", "("),
         "muse_glimmer": _has("<atem:invoke"),
@@ -351,7 +355,7 @@ FAMILIES: tuple[str, ...] = tuple(sorted({VARIANT_OF.get(f, f) for f in RECOGNIS
 # Each family's opening markers: a stream whose text may still open one is held (the gate).
 _OPENING_MARKERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
-        "openai_harmony": ("<|channel|>", "<|start|>"),
+        "openai_harmony": ("<|channel|>", "<|start|>", "to=functions."),
         "deepseek": (DS_CALLS_BEGIN, DS_CALL_BEGIN),
         "deepseek_dsml": ("<｜DSML｜function_calls>", "<｜DSML｜tool_calls>"),
         "kimi_k2": (KIMI_SECTION[0], "<|tool_call_begin|>", "functions."),
@@ -384,6 +388,7 @@ _OPENING_MARKERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "hermes_wrapped": tuple(f"<{tag}>" for tag in _WRAPPER_TAGS),
         "solar_open": ("<|tool_calls|>", "<|tool_call:begin|>"),
         "kimi_k3": ("<|open|>tools", "<|open|>response"),
+        "hunyuan_v3_opensource": ("<tool_calls:opensource>", "<tool_call:opensource>"),
         "muse_glimmer": ("<atem:function_calls>", "<atem:invoke"),
     }
 )

@@ -16,12 +16,14 @@ import orjson
 
 from repairproxy.native.base import (
     MAX_MATCHES,
+    SPACE,
     NativeCall,
     NativeMatch,
     Scanner,
     Schemas,
     call_objects,
     declared,
+    grouped,
     json_at,
     make_calls,
     skip_space,
@@ -36,6 +38,7 @@ __all__ = [
     "functionary_v32",
     "functionary_v32_may",
     "gigachat",
+    "hunyuan_v3_opensource",
     "kimi_k3",
     "lfm2_json",
     "lfm2_unopened",
@@ -505,3 +508,57 @@ def tool_call_recipient(scanner: Scanner, schemas: Schemas | None) -> list[Nativ
         )
         position = end
     return matches
+
+
+# Tencent Hunyuan 3 (``Hy3``): Hunyuan v3's markers with ``:opensource`` in each tag:
+# ``<tool_calls:opensource><tool_call:opensource>NAME<tool_sep:opensource>``
+# ``<arg_key:opensource>K</arg_key:opensource><arg_value:opensource>V</arg_value:opensource>``
+# ``</tool_call:opensource></tool_calls:opensource>``.
+_HY3_CALL = ("<tool_call:opensource>", "</tool_call:opensource>")
+_HY3_CALLS = ("<tool_calls:opensource>", "</tool_calls:opensource>")
+_HY3_SEP = "<tool_sep:opensource>"
+_HY3_ARGUMENT = re.compile(
+    r"\s*<arg_key:opensource>(.*?)</arg_key:opensource>\s*<arg_value:opensource>",
+    re.DOTALL,
+)
+_HY3_VALUE_END = "</arg_value:opensource>"
+
+
+def hunyuan_v3_opensource(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
+    text = scanner.text
+    calls: list[NativeCall] = []
+    spans: list[tuple[int, int]] = []
+    position = 0
+    while len(calls) < MAX_MATCHES:
+        start = scanner.find(_HY3_CALL[0], position)
+        if start < 0:
+            break
+        close = scanner.find(_HY3_CALL[1], start)
+        if close < 0:
+            break  # cut off before the call closed
+        position = close + len(_HY3_CALL[1])
+        body = start + len(_HY3_CALL[0])
+        separator = scanner.find(_HY3_SEP, body, close)
+        name = text[body : separator if separator >= 0 else close].strip()
+        if not re.fullmatch(r"[A-Za-z_][\w.\-]{0,200}", name):
+            continue
+        raw: dict[str, str] = {}
+        cursor = separator + len(_HY3_SEP) if separator >= 0 else close
+        complete = True
+        while cursor < close:
+            argument = _HY3_ARGUMENT.match(text, cursor, close)
+            if argument is None:
+                complete = not text[cursor:close].strip()
+                break
+            value_end = scanner.find(_HY3_VALUE_END, argument.end(), close)
+            if value_end < 0:
+                complete = False
+                break
+            raw[argument.group(1).strip()] = text[argument.end() : value_end]
+            cursor = SPACE.match(text, value_end + len(_HY3_VALUE_END)).end()  # type: ignore[union-attr]
+        if not complete:
+            continue
+        arguments, untyped = typed_arguments(name, raw, schemas)
+        calls.append(NativeCall(name, arguments, start, position, untyped))
+        spans.append((start, position))
+    return grouped(scanner, "hunyuan_v3", calls, spans, _HY3_CALLS)

@@ -27,13 +27,7 @@ CASES = [
     if line.strip()
 ]
 
-_HY3 = "Hunyuan 3's ':opensource' marker spelling is not read yet"
 KNOWN_MISSES = {
-    "tencent_hy3-call_integer": _HY3,
-    "tencent_hy3-call_string": _HY3,
-    "tencent_hy3-call_multiline": _HY3,
-    "tencent_hy3-two_calls": _HY3,
-    "tencent_hy3-prose_then_call": _HY3,
     "llamacpp_cohereforai_c4ai_command_r_plus_tool_use-002-line5895": (
         "Command R+'s 'Action:' fence with tool_name keys is not read yet"
     ),
