@@ -161,13 +161,22 @@ def minicpm(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
                 if param is None:
                     ok = not text[position:close].strip()
                     break
-                value_end = text.find("</param>", param.end(), close)
+                # The template wraps a value holding ``<``, ``&`` or a newline in CDATA, which
+                # may hold ``</param>`` itself: such a value ends at its ``]]>``.
+                value_start = param.end()
+                cdata = text.startswith("<![CDATA[", value_start)
+                if cdata:
+                    cdata_end = text.find("]]>", value_start + len("<![CDATA["), close)
+                    value_end = cdata_end + len("]]>") if cdata_end >= 0 else -1
+                    if not text.startswith("</param>", value_end):
+                        value_end = -1
+                else:
+                    value_end = text.find("</param>", value_start, close)
                 if value_end < 0 or text[position : param.start()].strip():
                     ok = False
                     break
-                value = text[param.end() : value_end]
-                # The template wraps a value holding ``<``, ``&`` or a newline in CDATA.
-                if value.startswith("<![CDATA[") and value.endswith("]]>"):
+                value = text[value_start:value_end]
+                if cdata:
                     value = value[len("<![CDATA[") : -len("]]>")]
                 raw[param.group(1)] = value
                 position = value_end + len("</param>")

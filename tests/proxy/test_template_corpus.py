@@ -40,7 +40,6 @@ KNOWN_MISSES = {
     "llamacpp_minimax_m3-013-line5717": "MiniMax-M3 union-typed array values",
     "llamacpp_minimax_m3-015-line5755": "MiniMax-M3 union-typed object values",
     "llamacpp_minimax_m3-017-line5793": "MiniMax-M3 markup kept inside a string value",
-    "llamacpp_openbmb_minicpm5_1b-004-line6903": "a '</param>' inside a MiniCPM value",
 }
 
 
