@@ -244,7 +244,10 @@ ADVERSARIAL = {
     "gigachat": "<|function_call|>{ function call<|role_sep|>[",
     "wrappers": "<tool>{<json>[<response>{",
     "solar": "<|tool_call:begin|>1<|tool_call:name|>f<|tool_call:args|>{",
-    "kimi k3": '<|open|>tools<|sep|><|open|>call tool="f"<|sep|><|open|>argument key="k" type="string"<|sep|>',
+    "kimi k3": (
+        '<|open|>tools<|sep|><|open|>call tool="f"<|sep|><|open|>argument key="k" type="string"'
+        "<|sep|>"
+    ),
     "tool_call pythonic": "<tool_call>f(a='x</tool_call><tool_call>to=functions.f json {",
     "lfm2 unopened": "[f(a='x)]<|tool_call_end|>",
     "nemotron": "<TOOLCALL>[{",
