@@ -380,8 +380,13 @@ def build_repair_turn(
 
     # A conflict with the request that no call carries ("required" and no call) is answered
     # like a call written as text: in the user turn.
-    structured = [v for v in verdict.calls if v.text_call is None and v.conflict is None]
-    in_text = [v for v in verdict.calls if v.text_call is not None or v.conflict is not None]
+    # A structured call that conflicts (``request_conflict``) is answered in its own tool turn.
+    structured = [
+        v
+        for v in verdict.calls
+        if v.text_call is None and (v.conflict is None or v.channel is Channel.REQUEST_CONFLICT)
+    ]
+    in_text = [v for v in verdict.calls if v not in structured]
     replies: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
     if "tool_calls" in turn:

@@ -68,6 +68,7 @@ from repairproxy.textcall_shapes import (
     fresh_call_id,
     json_value_end,
 )
+from repairproxy.textcall_taint import QuotedCalls
 from repairproxy.wire.openai import message_text
 
 __all__ = [
@@ -85,6 +86,7 @@ __all__ = [
     "fresh_call_id",
     "json_value_end",
     "promote_calls",
+    "quoted_calls",
     "quoted_texts",
     "read_text_calls",
     "reasoning_spans",
@@ -260,7 +262,7 @@ def stopped_by_length(completion: Any) -> bool:
 def reasoning_spans(text: str) -> list[tuple[int, int]]:
     """Where the text's reasoning blocks are; a closing tag with no opening one (the chat
     template opened the block in the prompt) makes everything before it reasoning."""
-    if "<" not in text:
+    if "<" not in text and "[THINK]" not in text and "[/THINK]" not in text:
         return []
     spans = [match.span() for match in _REASONING.finditer(text)]
     close = _REASONING_CLOSE.search(text)
@@ -268,7 +270,59 @@ def reasoning_spans(text: str) -> list[tuple[int, int]]:
         opening = _REASONING_OPEN.search(text, 0, close.start())
         if opening is None:
             spans = [(0, close.end()), *(s for s in spans if s[0] >= close.end())]
+    spans = _section_ends_reasoning(text, spans)
+    for opener, closer in _FAMILY_REASONING:
+        if closer in text or opener in text:
+            spans.extend(_marker_blocks(text, opener, closer))
     return spans
+
+
+# The reasoning channels families' templates write with their own markers (Command R7B, Apertus,
+# Gemma 4, Mistral's Magistral): like ``<think>``, a closer with no opener before it (the
+# template opened the block in the prompt) makes everything before it reasoning.
+_FAMILY_REASONING = (
+    ("<|START_THINKING|>", "<|END_THINKING|>"),
+    ("<|inner_prefix|>", "<|inner_suffix|>"),
+    ("<|channel>thought", "<channel|>"),
+    ("[THINK]", "[/THINK]"),
+)
+# Kimi K2's call-section token ends an unclosed reasoning block (its template emits it in place
+# of ``</think>``).
+_SECTION_ENDS_REASONING = "<|tool_calls_section_begin|>"
+
+
+def _marker_blocks(text: str, opener: str, closer: str) -> list[tuple[int, int]]:
+    """The blocks ``opener ... closer`` of ``text`` (one unclosed runs to the end; a first closer
+    with no opener before it closes a block opened at the start), one pass."""
+    blocks: list[tuple[int, int]] = []
+    position = 0
+    while True:
+        start = text.find(opener, position)
+        close = text.find(closer, position)
+        if close >= 0 and (start < 0 or close < start):
+            if not blocks and position == 0:
+                blocks.append((0, close + len(closer)))
+            position = close + len(closer)
+            continue
+        if start < 0:
+            return blocks
+        close = text.find(closer, start + len(opener))
+        end = close + len(closer) if close >= 0 else len(text)
+        blocks.append((start, end))
+        if close < 0:
+            return blocks
+        position = end
+
+
+def _section_ends_reasoning(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """An unclosed reasoning block that runs to the end stops at Kimi K2's call-section token."""
+    if not spans or spans[-1][1] != len(text) or _SECTION_ENDS_REASONING not in text:
+        return spans
+    start, end = spans[-1]
+    section = text.find(_SECTION_ENDS_REASONING, start)
+    if section < 0 or _REASONING_CLOSE.search(text, start, end) is not None:
+        return spans
+    return [*spans[:-1], (start, section)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +366,15 @@ def _ends_inside_a_value(text: str, after: int) -> bool:
     )
 
 
+def _unclosed(call: TextCall) -> bool:
+    """Whether a function-XML call ran to the end of the text with neither ``</function>`` nor
+    its tag's ``</tool_call>``: cut off inside its values (no server strips those as stop
+    tokens), so whatever finish reason came with it, its arguments are not known."""
+    if call.shape not in (Shape.XML, Shape.TAGGED) or "<function=" not in call.source:
+        return False
+    return "</function>" not in call.source and "</tool_call>" not in call.source
+
+
 def _inside(call: TextCall, spans: Sequence[tuple[int, int]]) -> bool:
     return any(start <= call.start and call.end <= end for start, end in spans)
 
@@ -340,17 +403,22 @@ def _call_key(name: str | None, arguments: Any) -> tuple[str, str]:
     return str(name), canonical
 
 
-def _quoted(calls: Sequence[TextCall], quoted: Sequence[str]) -> set[int]:
-    """Indices of ``calls`` that repeat a call written in a tool result or user message."""
-    if not quoted:
+def quoted_calls(conversation: Any) -> QuotedCalls:
+    """The request's non-assistant content indexed for taint (``textcall_taint``): a
+    ``QuotedCalls`` already built for the request is used as it is."""
+    if isinstance(conversation, QuotedCalls):
+        return conversation
+    return QuotedCalls(conversation, find_text_calls)
+
+
+def _quoted(calls: Sequence[TextCall], quoted: QuotedCalls) -> set[int]:
+    """Indices of ``calls`` whose name and arguments the request's tool results, user turns or
+    system documents already hold (an injection, echoed), or whose text they hold verbatim."""
+    if quoted.empty:
         return set()
-    copied = {i for i, call in enumerate(calls) if any(_core(call) in text for text in quoted)}
-    if len(copied) < len(calls):
-        keys = {_call_key(c.name, c.arguments) for text in quoted for c in find_text_calls(text)}
-        copied.update(
-            i for i, call in enumerate(calls) if _call_key(call.name, call.arguments) in keys
-        )
-    return copied
+    return {
+        i for i, call in enumerate(calls) if quoted.holds(call.name, call.arguments, _core(call))
+    }
 
 
 def _core(call: TextCall) -> str:
@@ -399,11 +467,11 @@ def read_text_calls(
             # A JSON fence that is not itself one call value lists several (alternatives, a
             # commented sample): a listing, not an act.
             prose.append((call, NotACall.EXAMPLE))
-        elif cut_off:
+        elif cut_off or _unclosed(call):
             prose.append((call, NotACall.CUT_OFF))
         else:
             candidates.append(call)
-    copied = _quoted(candidates, quoted_texts(conversation)) if candidates else None
+    copied = _quoted(candidates, quoted_calls(conversation)) if candidates else None
     if copied:
         prose.extend((call, NotACall.QUOTED) for i, call in enumerate(candidates) if i in copied)
         candidates = [call for i, call in enumerate(candidates) if i not in copied]
@@ -535,7 +603,13 @@ def _standing_reason(rest: str, start: int, end: int, *, opened: bool) -> NotACa
     line_start = rest.rfind("\n", 0, start) + 1
     line_end = rest.find("\n", end)
     before = rest[line_start:start].strip()
-    if before and (before[-1] in _QUOTING or (before[-1] not in ".!?:" and not opened)):
+    # Glued to a template's markup (``to=NAME<|message|>``, ``</think>``): no sentence.
+    markup = before.endswith(">") and _TAG_AT_END.search(before[-_TAG_CHARS:]) is not None
+    if (
+        before
+        and not markup
+        and (before[-1] in _QUOTING or (before[-1] not in ".!?:" and not opened))
+    ):
         return NotACall.IN_SENTENCE
     after = rest[end : len(rest) if line_end < 0 else line_end].strip()
     if after and not (opened and not _continues(after)) and not _closing_remark(after):
@@ -567,8 +641,13 @@ def _standing_reason(rest: str, start: int, end: int, *, opened: bool) -> NotACa
 # A family's special token, spelled as the servers write it when they keep it in the text.
 # ``<tool_call>`` is one too, an added token in the Qwen and Hermes tokenizers.
 _SPECIAL_OPENER = re.compile(
-    r"\s*(?:<\|[A-Za-z_]+\|?>|<｜[^｜<>\n]{1,40}｜>|\[TOOL_CALLS\]|<tool_call>)"
+    r"\s*(?:<\|[A-Za-z_]+\|?>|<｜[^｜<>\n]{1,40}｜>|\[TOOL_CALLS\]|<tool_calls?>|<TOOLCALL>"
+    r"|<[a-z]+:(?:tool_call|function_calls)>|<start_function_call>|<function_calls>"
+    r"|<steptml:invoke|<\|message_sep\|>)"
 )
+# A tag (or a special token) closing the prose before a call: markup, not a sentence.
+_TAG_AT_END = re.compile(r"<[^<>\s]{1,60}(?:\s[^<>]{0,200})?>\Z")
+_TAG_CHARS = 263  # the longest tag _TAG_AT_END reads: only that much of the line is searched
 # A call right after one of these is quoted, in a parenthesis or a block quote, however it opens.
 _QUOTING = frozenset("\"'`\u201c\u2018\u00ab>(")
 _QUOTED_END = ('"', "'", "`", "\u201d", "\u2019", "\u00bb", ")")
@@ -597,7 +676,13 @@ def _continues(after: str) -> bool:
     if after.startswith(("?", ",", ";", "\u2014", "\u2013", " - ", *_QUOTED_END)):
         return True
     word = _WORD.match(after)
-    return word is not None and word.group() in _CONTINUING
+    # A joining word carries the sentence on only when words follow it ("after" alone is a
+    # remark of its own: DeepSeek V3.1's template writes content after the call section).
+    return (
+        word is not None
+        and word.group() in _CONTINUING
+        and _WORD.search(after.lower(), word.end()) is not None
+    )
 
 
 def _closing_remark(sentence: str) -> bool:

@@ -21,9 +21,11 @@ import jsonschema_rs
 import orjson
 
 from repairproxy.errors import InvalidToolsError
+from repairproxy.textcall_taint import QuotedCalls
 from repairproxy.textcalls import (
     TextCall,
     find_call_in_text,
+    quoted_calls,
     read_text_calls,
 )
 from repairproxy.wire.openai import message_text
@@ -61,6 +63,10 @@ class Channel(enum.StrEnum):
     SCHEMA_VIOLATION = "schema_violation"
     TOOL_CALL_IN_CONTENT = "tool_call_in_content"
     EMPTY_OUTPUT = "empty_output"
+    # Not one of the study's six: a structured call that breaks the request's constraints
+    # (``tool_choice`` names another function; more calls than ``parallel_tool_calls: false``
+    # allows). Reported and re-asked like the text calls that do, never charged.
+    REQUEST_CONFLICT = "request_conflict"
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +179,16 @@ class CallRules:
     required: bool = False
     single: bool = False
     conversation: Any = None
+    _quoted: QuotedCalls | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def quoted_calls(self) -> QuotedCalls | None:
+        """The conversation's non-assistant content indexed for taint, built once per request
+        (on first use); None without a conversation."""
+        if self.conversation is None:
+            return None
+        if self._quoted is None:
+            self._quoted = quoted_calls(self.conversation)
+        return self._quoted
 
     @classmethod
     def of_request(cls, body: Mapping[str, Any]) -> CallRules:
@@ -380,7 +396,7 @@ class CompiledTools:
     def _check_text(self, text: str, rules: CallRules, cut_off: bool) -> tuple[CallVerdict, ...]:
         verdicts = []
         reading = read_text_calls(
-            text, conversation=rules.conversation, tools=self._schemas, cut_off=cut_off
+            text, conversation=rules.quoted_calls(), tools=self._schemas, cut_off=cut_off
         )
         for index, call in enumerate(reading.calls):
             arguments = call.arguments
@@ -542,7 +558,20 @@ def _with_rules(verdict: MessageVerdict, rules: CallRules) -> MessageVerdict:
         )
         return MessageVerdict(tuple(calls))
     several = rules.single and len(calls) > 1
+    structured_seen = 0
     for position, call in enumerate(calls):
+        if call.text_call is None and call.channel is Channel.VALID:
+            structured_seen += 1
+            broken = _structured_conflict(call, rules, structured_seen, several)
+            if broken is not None:
+                calls[position] = dataclasses.replace(
+                    call,
+                    channel=Channel.REQUEST_CONFLICT,
+                    conflict=broken,
+                    diagnosis=f"The call to {_short(str(call.name))!r} conflicts with the "
+                    f"request: {broken}.",
+                )
+            continue
         if call.text_call is None or call.channel is not Channel.TOOL_CALL_IN_CONTENT:
             continue
         conflict: str | None = None
@@ -557,6 +586,19 @@ def _with_rules(verdict: MessageVerdict, rules: CallRules) -> MessageVerdict:
                 diagnosis=f"{call.diagnosis} It conflicts with the request: {conflict}.",
             )
     return MessageVerdict(tuple(calls))
+
+
+def _structured_conflict(
+    call: CallVerdict, rules: CallRules, seen: int, several: bool
+) -> str | None:
+    """The constraint a valid structured call breaks (the ``seen``-th of its message), if any:
+    a named ``tool_choice`` other than its tool; under ``parallel_tool_calls: false``, every
+    call after the first."""
+    if rules.forced is not None and call.name != rules.forced:
+        return f"tool_choice names {_short(rules.forced)!r}"
+    if several and seen > 1:
+        return "parallel_tool_calls is false: at most one call"
+    return None
 
 
 def _canonical(arguments: Any) -> str:

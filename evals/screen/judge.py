@@ -53,6 +53,9 @@ _CHANNEL_NAMES = {
     Channel.SCHEMA_VIOLATION: "schema_violation",
     Channel.TOOL_CALL_IN_CONTENT: "tool_call_in_content",
     Channel.EMPTY_OUTPUT: "empty",
+    # Not a study channel: a structured call the request's constraints forbid (the screen's
+    # requests set none, so it never occurs there); as a call it is well-formed.
+    Channel.REQUEST_CONFLICT: "valid",
 }
 
 

@@ -82,7 +82,12 @@ T = TypeVar("T")
 # Channels of the first answer that cost one unit each, and those that are only reported.
 CHARGED_CHANNELS = frozenset({Channel.UNKNOWN_TOOL, Channel.SCHEMA_VIOLATION})
 SILENT_CHANNELS = frozenset(
-    {Channel.TOOL_CALL_IN_CONTENT, Channel.INVALID_JSON, Channel.EMPTY_OUTPUT}
+    {
+        Channel.TOOL_CALL_IN_CONTENT,
+        Channel.INVALID_JSON,
+        Channel.EMPTY_OUTPUT,
+        Channel.REQUEST_CONFLICT,
+    }
 )
 
 # Client-chosen episode ids longer than this are hashed: ids live in memory and in log lines.

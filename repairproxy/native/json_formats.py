@@ -136,7 +136,7 @@ def fenced_json(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
         read = json_at(scanner, body) if body < close and text[body] in "[{" else None
         if read is None or text[read[1] : close].strip():
             continue
-        calls = call_objects(read[0])
+        calls = call_objects(read[0], ("name", "tool_name"))  # Command R+ writes tool_name
         if calls is None:
             continue
         matches.append(

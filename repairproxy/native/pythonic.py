@@ -32,6 +32,7 @@ __all__ = [
     "pythonic_list",
     "pythonic_may",
     "pythonic_wrapped",
+    "tolerant_calls",
 ]
 
 _PY_LIST_START = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
@@ -101,6 +102,15 @@ def _siblings(source: str) -> list[tuple[str, dict[str, Any]]] | None:
         except (SyntaxError, ValueError, RecursionError, MemoryError, Malformed):
             continue
     return calls or None
+
+
+def tolerant_calls(source: str) -> list[tuple[str, dict[str, Any]]] | None:
+    """``[f(k=literal), ...]`` read by the tolerant reader (any keyword name, commas between the
+    calls optional: one call per line reads too); None when it is not that."""
+    try:
+        return _TolerantPythonic(source.strip()).calls()
+    except (Malformed, IndexError, RecursionError):
+        return None
 
 
 def lfm2_list(source: str) -> list[tuple[str, dict[str, Any]]] | None:
@@ -268,7 +278,8 @@ def pythonic_lines(source: str) -> list[tuple[str, dict[str, Any]]] | None:
     try:
         tree = ast.parse(source.strip(), mode="exec")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
+        # Keyword names Python reserves (``from="SFO"``) are still argument names.
+        return tolerant_calls("[" + source.strip() + "]")
     calls = []
     for statement in tree.body:
         if not isinstance(statement, ast.Expr) or not isinstance(statement.value, ast.Call):

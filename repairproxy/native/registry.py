@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -21,6 +22,24 @@ from repairproxy.native.pythonic import (
     pythonic_list,
     pythonic_may,
     pythonic_wrapped,
+)
+from repairproxy.native.templated import (
+    LFM2_END,
+    PYTHON_TAG,
+    functionary_v32,
+    functionary_v32_may,
+    gigachat,
+    hunyuan_v3_opensource,
+    kimi_k3,
+    lfm2_json,
+    lfm2_unopened,
+    llama_python_tag,
+    minicpm,
+    nemotron,
+    solar_open,
+    tool_call_pythonic,
+    tool_call_recipient,
+    wrapped_json,
 )
 from repairproxy.native.tokens import (
     DS_CALL_BEGIN,
@@ -48,6 +67,7 @@ __all__ = [
     "FAMILIES",
     "GATES",
     "RECOGNISERS",
+    "VARIANT_OF",
     "Gate",
     "Recogniser",
     "find_native_calls",
@@ -79,7 +99,10 @@ RECOGNISERS: Mapping[str, Recogniser] = MappingProxyType(
         ),
         "minimax_m3": minimax_m3,
         "minimax_m2": invoke_format(
-            "minimax_m2", "", (("<minimax:tool_call>", "</minimax:tool_call>"),), bare=True
+            "minimax_m2",
+            "",
+            (("<minimax:tool_call>", "</minimax:tool_call>"), ("<tool_calls>", "</tool_calls>")),
+            bare=True,
         ),
         "gemma4": gemma_format(
             "gemma4",
@@ -98,7 +121,11 @@ RECOGNISERS: Mapping[str, Recogniser] = MappingProxyType(
         "hunyuan_v3": glm_format("hunyuan_v3", "<tool_sep>", ("<tool_calls>", "</tool_calls>")),
         "glm": glm_format("glm", "", None),
         "seed_oss": tagged_xml(
-            "seed_oss", "<seed:tool_call>", "</seed:tool_call>", ("<seed:think>", "</seed:think>")
+            "seed_oss",
+            "<seed:tool_call>",
+            "</seed:tool_call>",
+            ("<seed:think>", "</seed:think>"),
+            exact=True,
         ),
         "qwen3_xml": tagged_xml("qwen3_xml", "<tool_call>", "</tool_call>"),
         "hermes": marker_json("hermes", "<tool_call>", "</tool_call>"),
@@ -114,7 +141,26 @@ RECOGNISERS: Mapping[str, Recogniser] = MappingProxyType(
             "llama4_pythonic", "<|python_start|>", "<|python_end|>", pythonic_list
         ),
         "lfm2": pythonic_wrapped("lfm2", "<|tool_call_start|>", "<|tool_call_end|>", lfm2_list),
+        "lfm2_json": lfm2_json,
+        "lfm2_unopened": lfm2_unopened,
         "olmo3": pythonic_wrapped("olmo3", "<function_calls>", "</function_calls>", pythonic_lines),
+        "nemotron_v2": nemotron,
+        "gigachat": gigachat,
+        "minicpm": minicpm,
+        "llama3_python_tag": llama_python_tag,
+        "functionary_v32": functionary_v32,
+        "hermes_wrapped": wrapped_json,
+        "solar_open": solar_open,
+        "kimi_k3": kimi_k3,
+        "hunyuan_v3_opensource": hunyuan_v3_opensource,
+        "tool_call_recipient": tool_call_recipient,
+        "tool_call_pythonic": tool_call_pythonic,
+        "muse_glimmer": invoke_format(
+            "muse_glimmer",
+            "atem:",
+            (("<atem:function_calls>", "</atem:function_calls>"),),
+            bare=False,
+        ),
         "qwen3_xml_bare": bare_function_xml,
         "fenced_json": fenced_json,
         "pythonic": pythonic_bare,
@@ -124,6 +170,21 @@ RECOGNISERS: Mapping[str, Recogniser] = MappingProxyType(
 )
 
 Check = Callable[[str, "Schemas | None"], bool]
+
+# The Hermes-style wrappers ``hermes_wrapped`` reads (templated.wrapped_json).
+_WRAPPER_TAGS = ("tool", "tools", "response", "json", "xml")
+# Recognisers that read another variant of a family: their matches carry the family's label.
+VARIANT_OF = MappingProxyType(
+    {
+        "qwen3_xml_bare": "qwen3_xml",
+        "lfm2_json": "lfm2",
+        "lfm2_unopened": "lfm2",
+        "hermes_wrapped": "hermes",
+        "tool_call_pythonic": "hermes",
+        "hunyuan_v3_opensource": "hunyuan_v3",
+        "tool_call_recipient": "openai_harmony",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +253,21 @@ GATES: Mapping[str, Gate] = MappingProxyType(
         "mistral": _gate(_needs(MISTRAL), _needs("{", check=mistral_may)),
         "llama4_pythonic": _has("<|python_start|>"),
         "lfm2": _has("<|tool_call_start|>"),
+        "lfm2_json": _has("<|tool_call_start|>"),
+        "lfm2_unopened": _has(LFM2_END),
         "olmo3": _has("<function_calls>"),
+        "nemotron_v2": _has("<TOOLCALL>"),
+        "gigachat": _gate(_needs("<|function_call|>"), _needs("function call<|role_sep|>")),
+        "minicpm": _has("<function name="),
+        "llama3_python_tag": _has(PYTHON_TAG),
+        "functionary_v32": _gate(_needs("{", check=functionary_v32_may)),
+        "hermes_wrapped": _gate(*(_needs(f"<{tag}>", f"</{tag}>") for tag in _WRAPPER_TAGS)),
+        "solar_open": _has("<|tool_call:name|>"),
+        "kimi_k3": _has("<|open|>tools<|sep|>"),
+        "hunyuan_v3_opensource": _has("<tool_call:opensource>"),
+        "tool_call_recipient": _has("<tool_call>", "to=functions."),
+        "tool_call_pythonic": _has("<tool_call>", "("),
+        "muse_glimmer": _has("<atem:invoke"),
         "qwen3_xml_bare": _has("<function="),
         "fenced_json": _has("```"),
         "pythonic": _gate(_needs("[", "(", check=pythonic_may)),
@@ -275,14 +350,12 @@ def _present(scanner: Scanner) -> frozenset[str]:
 
 
 # The labels a promotion's format can carry (metrics, log, header): the families and "other".
-FAMILIES: tuple[str, ...] = tuple(
-    sorted({"qwen3_xml" if f == "qwen3_xml_bare" else f for f in RECOGNISERS} | {"other"})
-)
+FAMILIES: tuple[str, ...] = tuple(sorted({VARIANT_OF.get(f, f) for f in RECOGNISERS} | {"other"}))
 
 # Each family's opening markers: a stream whose text may still open one is held (the gate).
 _OPENING_MARKERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
-        "openai_harmony": ("<|channel|>", "<|start|>"),
+        "openai_harmony": ("<|channel|>", "<|start|>", "to=functions."),
         "deepseek": (DS_CALLS_BEGIN, DS_CALL_BEGIN),
         "deepseek_dsml": ("<｜DSML｜function_calls>", "<｜DSML｜tool_calls>"),
         "kimi_k2": (KIMI_SECTION[0], "<|tool_call_begin|>", "functions."),
@@ -307,6 +380,16 @@ _OPENING_MARKERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "llama4_pythonic": ("<|python_start|>",),
         "lfm2": ("<|tool_call_start|>",),
         "olmo3": ("<function_calls>",),
+        "nemotron_v2": ("<TOOLCALL>",),
+        "gigachat": ("<|function_call|>", "<|message_sep|>"),
+        "minicpm": ("<function name=",),
+        "llama3_python_tag": (PYTHON_TAG,),
+        "functionary_v32": (">>>",),
+        "hermes_wrapped": tuple(f"<{tag}>" for tag in _WRAPPER_TAGS),
+        "solar_open": ("<|tool_calls|>", "<|tool_call:begin|>"),
+        "kimi_k3": ("<|open|>tools", "<|open|>response"),
+        "hunyuan_v3_opensource": ("<tool_calls:opensource>", "<tool_call:opensource>"),
+        "muse_glimmer": ("<atem:function_calls>", "<atem:invoke"),
     }
 )
 
@@ -336,7 +419,7 @@ def promoted_format(shape: str, source: str, family: str | None = None) -> str:
     if family is None:
         matches = find_native_calls(source)
         family = matches[0].family if matches else "other"
-    family = "qwen3_xml" if family == "qwen3_xml_bare" else family
+    family = VARIANT_OF.get(family, family)
     return family if family in FAMILIES else "other"
 
 
@@ -369,6 +452,19 @@ def _candidates(
     )
 
 
+# DeepSeek's markers as models and servers also write them: the bars ASCII or fullwidth, the
+# angle brackets ASCII or a guillemet (``‹|tool▁calls▁begin|>``). One character each way, so
+# the canonical spelling keeps every offset.
+_DS_MARKER = re.compile(r"[<‹][|｜]((?:DSML[|｜])?tool▁[a-z▁]{1,24})[|｜][>›]")
+
+
+def canonical_bars(text: str) -> str:
+    """``text`` with DeepSeek's markers in their canonical spelling (same length)."""
+    if "▁" not in text:
+        return text
+    return _DS_MARKER.sub(lambda m: "<｜" + m.group(1).replace("|", "｜") + "｜>", text)
+
+
 def find_native_calls(
     text: str,
     tools: Schemas | Sequence[Mapping[str, Any]] | None = None,
@@ -385,7 +481,7 @@ def find_native_calls(
     not to run (a caller that reads those shapes itself). Only the recognisers whose gate's
     markers occur in the text run (one sweep finds them).
     """
-    scan = scanner if scanner is not None else Scanner(text)
+    scan = scanner if scanner is not None else Scanner(canonical_bars(text))
     schemas = tools if type(tools) is dict else _schemas_of(tools)
     taken: list[NativeMatch] = []
     text = scan.text

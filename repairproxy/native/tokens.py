@@ -19,6 +19,7 @@ from repairproxy.native.base import (
     json_at,
     loads,
     make_calls,
+    skip_space,
 )
 
 __all__ = [
@@ -186,7 +187,8 @@ _HARMONY_CALL = re.compile(
     r"(?:<\|constrain\|>\s*)?(?:json\s*)?<\|message\|>"
 )
 _HARMONY_MESSAGE = re.compile(
-    r"(?:<\|start\|>\s*assistant\s*)?<\|channel\|>\s*(?P<channel>analysis|final|commentary)\s*<\|message\|>"
+    r"\s*(?:<\|start\|>\s*assistant\s*)?"
+    r"(?:<\|channel\|>\s*(?P<channel>analysis|final|commentary)\s*)?<\|message\|>"
 )
 
 
@@ -216,12 +218,26 @@ def harmony(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
         if name is None:
             position = found.end()  # an analysis or final message, not a call
             continue
-        close = scanner.find("<|call|>", found.end())
-        if close < 0:
-            break
-        position = close + len("<|call|>")
-        body = text[found.end() : close].strip()
-        value = loads(body) if body else {}
+        # The call's value, then ``<|call|>``; servers strip ``<|call|>`` as a stop token, and
+        # a template writing ``<|end|>`` (a final message follows) ends it the same way.
+        body = skip_space(scanner, found.end())
+        if text.startswith("{", body):
+            read = json_at(scanner, body)
+            if read is None:
+                break  # cut off inside its value: no call
+            value, value_end = read
+        elif text.startswith("<|call|>", body):
+            value, value_end = {}, body
+        else:
+            position = body
+            continue
+        position = skip_space(scanner, value_end)
+        for closer in ("<|call|>", "<|end|>"):
+            if text.startswith(closer, position):
+                position += len(closer)
+                break
+        else:
+            position = value_end
         if not isinstance(value, dict):
             continue
         if first < 0:
@@ -231,7 +247,7 @@ def harmony(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
     if not calls:
         return []
     final = _HARMONY_MESSAGE.match(text, last)
-    if final is not None and final.group("channel") == "final":
+    if final is not None and final.group("channel") in ("final", None):
         end_marker = text.find("<|end|>", final.end())
         stop = end_marker if end_marker >= 0 else len(text)
         kept.append((final.end(), stop))
@@ -251,8 +267,11 @@ def _harmony_transcript_start(text: str, call_start: int) -> int:
 
 
 MISTRAL = "[TOOL_CALLS]"
-_MISTRAL_V11 = re.compile(r"\s*([A-Za-z_][\w.\-]{0,200})(?=\{)")
-_MISTRAL_STRIPPED = re.compile(r"\A\s*([A-Za-z_][\w.\-]{0,200})(?=\{)")
+# v11 ``NAME{...}``; v13 and Magistral/Devstral ``NAME[ARGS]{...}``; Mistral Small 3.2
+# ``NAME[CALL_ID]ID[ARGS]{...}`` (the call id is the model's, dropped: the proxy names calls).
+_MISTRAL_HEAD = r"([A-Za-z_][\w.\-]{0,200})(?:\[CALL_ID\][A-Za-z0-9_\-]{0,64})?(?:\[ARGS\])?\s*"
+_MISTRAL_V11 = re.compile(r"\s*" + _MISTRAL_HEAD + r"(?=\{)")
+_MISTRAL_STRIPPED = re.compile(r"\A\s*" + _MISTRAL_HEAD + r"(?=\{)")
 
 
 def mistral_may(text: str, schemas: Schemas | None) -> bool:

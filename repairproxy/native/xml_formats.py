@@ -214,9 +214,14 @@ _PARAMETER_OPEN = re.compile(r"<parameter=([^>\s]{1,200})>")
 
 
 def _function_xml_body(
-    scanner: Scanner, begin: int, stop: int, schemas: Schemas | None
+    scanner: Scanner, begin: int, stop: int, schemas: Schemas | None, *, exact: bool = False
 ) -> list[NativeCall] | None:
-    """``<function=N><parameter=K>v</parameter>...</function>`` calls in ``text[begin:stop]``."""
+    """``<function=N><parameter=K>v</parameter>...</function>`` calls in ``text[begin:stop]``.
+
+    ``exact``: the template writes each value right after its tag (Seed-OSS), so the value is
+    kept as written; otherwise (Qwen3-Coder) the one newline the template adds each side goes.
+    A call with neither ``</function>`` nor the wrapper's closer after it was cut off: None.
+    """
     text = scanner.text
     calls = []
     position = begin
@@ -229,6 +234,8 @@ def _function_xml_body(
             return None
         scanner.count(opened.end() - position)
         close = scanner.find("</function>", opened.end(), stop)
+        if close < 0 and stop >= len(text):
+            return None  # cut off inside the call: its values may be incomplete
         end = close if close >= 0 else stop
         raw: dict[str, str] = {}
         params = list(_PARAMETER_OPEN.finditer(text, opened.end(), end))
@@ -241,10 +248,13 @@ def _function_xml_body(
             value = text[param.end() : value_end if value_end >= 0 else limit]
             if value_end < 0:
                 value = value.rstrip()
-            if value.startswith("\n"):
-                value = value[1:]
-            if value.endswith("\n"):
-                value = value[:-1]
+            if exact and value_end >= 0:
+                pass
+            else:
+                if value.startswith("\n"):
+                    value = value[1:]
+                if value.endswith("\n"):
+                    value = value[:-1]
             raw[param.group(1)] = value
         name = opened.group(1)
         arguments, untyped = typed_arguments(name, raw, schemas)
@@ -265,7 +275,12 @@ def _inside(scanner: Scanner, position: int, block: tuple[str, str]) -> bool:
 
 
 def tagged_xml(
-    family: str, opener: str, closer: str, thinking: tuple[str, str] | None = None
+    family: str,
+    opener: str,
+    closer: str,
+    thinking: tuple[str, str] | None = None,
+    *,
+    exact: bool = False,
 ) -> Callable[[Scanner, Schemas | None], list[NativeMatch]]:
     """Qwen3-Coder / Qwen3 XML / Step-3.5 / Seed-OSS: function XML inside a tag.
 
@@ -284,7 +299,7 @@ def tagged_xml(
             close = scanner.find(closer, start + len(opener))
             stop = close if close >= 0 else len(text)
             position = stop
-            calls = _function_xml_body(scanner, start + len(opener), stop, schemas)
+            calls = _function_xml_body(scanner, start + len(opener), stop, schemas, exact=exact)
             if not calls or (thinking is not None and _inside(scanner, start, thinking)):
                 continue
             end = close + len(closer) if close >= 0 else len(text)

@@ -31,7 +31,7 @@ from repairproxy.native import (
     opening_markers,
     promoted_format,
 )
-from repairproxy.native.registry import GATES
+from repairproxy.native.registry import GATES, VARIANT_OF
 from repairproxy.observe.metrics import Metrics
 from repairproxy.observe.record import RequestRecord
 from repairproxy.settings import Settings
@@ -168,7 +168,8 @@ def test_values_written_as_text_are_typed_by_the_schema(text: str) -> None:
 
 def test_registry_labels_are_bounded_and_markers_known() -> None:
     assert "other" in FAMILIES
-    assert set(RECOGNISERS) - {"qwen3_xml_bare"} <= set(FAMILIES)
+    assert {VARIANT_OF.get(family, family) for family in RECOGNISERS} <= set(FAMILIES)
+    assert not set(VARIANT_OF) & set(FAMILIES)
     markers = opening_markers()
     for marker in ("[TOOL_CALLS]", "<|tool_call>", "<minimax:tool_call>", "<|python_start|>"):
         assert marker in markers
@@ -208,6 +209,11 @@ def test_the_marker_sweep_changes_no_reading() -> None:
     (native and hostile), with and without the tools, the matches are those of running every
     recogniser."""
     texts = [(c["text"], c["tools"]) for cases in _corpus().values() for c in cases]
+    for folder in ("templates", "outside"):  # what the families' templates and other suites write
+        for path in sorted((CORPUS.parent / folder).glob("*.jsonl")):
+            for line in path.read_text(encoding="utf-8").splitlines():
+                case = json.loads(line)
+                texts.append((case["text"], case["tools"]))
     with HOSTILE.open(encoding="utf-8") as handle:
         hostile = [json.loads(line) for line in handle if line.strip()]
     texts += [(c["content"], c["request"].get("tools", [])) for c in hostile]
@@ -232,6 +238,19 @@ ADVERSARIAL = {
     "gemma unclosed": "call:f{a:[b:{c:",
     "mistral markers": "[TOOL_CALLS]x ",
     "harmony": "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{",
+    "minicpm": '<function name="f"><param name="k">v <function name="g">{',
+    "functionary": '>>>f\n{"a": >>>all\nx ',
+    "python tag": "<|python_tag|>f.call(a='x <|python_tag|>{",
+    "gigachat": "<|function_call|>{ function call<|role_sep|>[",
+    "wrappers": "<tool>{<json>[<response>{",
+    "solar": "<|tool_call:begin|>1<|tool_call:name|>f<|tool_call:args|>{",
+    "kimi k3": (
+        '<|open|>tools<|sep|><|open|>call tool="f"<|sep|><|open|>argument key="k" type="string"'
+        "<|sep|>"
+    ),
+    "tool_call pythonic": "<tool_call>f(a='x</tool_call><tool_call>to=functions.f json {",
+    "lfm2 unopened": "[f(a='x)]<|tool_call_end|>",
+    "nemotron": "<TOOLCALL>[{",
 }
 
 

@@ -42,7 +42,7 @@ CASES = [json.loads(line) for line in CORPUS.read_text(encoding="utf-8").splitli
 def test_the_corpus_covers_every_outcome_and_category() -> None:
     assert len(CASES) >= 100
     assert {case["expected"] for case in CASES} == {"promoted", "not_a_call", "ambiguous"}
-    assert len({case["category"] for case in CASES}) == 16
+    assert len({case["category"] for case in CASES}) == 18
 
 
 async def _ask(proxy: InProcessProxy, case: dict[str, Any], stream: bool) -> dict[str, Any]:
