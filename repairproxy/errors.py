@@ -6,6 +6,7 @@
     │   ├── InvalidJSONBodyError      400 the request body is not JSON
     │   └── InvalidToolsError         400 a tool is not a valid JSON Schema (names it)
     ├── AuthenticationError           401 missing or wrong client API key
+    ├── PermissionDeniedError         403 a valid key that may not open this route
     ├── NotFoundError                 404 no such route
     ├── PayloadTooLargeError          413 body over the configured limit
     ├── BudgetExhaustedError          403 episode spent its budget (--on-budget-exhausted reject);
@@ -38,6 +39,7 @@ __all__ = [
     "InvalidToolsError",
     "NotFoundError",
     "PayloadTooLargeError",
+    "PermissionDeniedError",
     "RepairExhaustedError",
     "RepairProxyError",
     "UpstreamBadAnswerError",
@@ -123,6 +125,13 @@ class AuthenticationError(RepairProxyError):
     status_code = 401
     error_type = "authentication_error"
     code = "invalid_api_key"
+    outcome = Outcome.CLIENT_ERROR
+
+
+class PermissionDeniedError(RepairProxyError):
+    status_code = 403
+    error_type = "permission_error"
+    code = "permission_denied"
     outcome = Outcome.CLIENT_ERROR
 
 
