@@ -32,6 +32,13 @@ from repairproxy.asgi.chat_upstream import (
 from repairproxy.asgi.exchange import Exchange
 from repairproxy.asgi.gate import SSEEvent, SSEParser, ToolCallGate
 from repairproxy.asgi.responder import Responder
+from repairproxy.asgi.threads import (
+    MessageThreads,
+    ThreadTurn,
+    apply_tool_changes,
+    without_threads_beta,
+)
+from repairproxy.episodes.budget import EpisodeRef
 from repairproxy.errors import (
     BadRequestError,
     UpstreamStatusError,
@@ -150,9 +157,13 @@ class MessagesCall(PipelineCall):
         headers: Mapping[str, str],
         *,
         native: bool,
+        threads: MessageThreads | None = None,
     ) -> None:
         super().__init__(upstream, pipeline, ex, scope, headers)
         self.native = native
+        self.threads = threads  # the proxy's message threads (threads.py); None: not offered
+        self.thread: ThreadTurn | None = None  # this request's, when it sent ``thread``
+        self.tenant = ""
         if not native:  # Anthropic's headers mean nothing to a chat upstream
             self.out_headers = [
                 (n, v) for n, v in self.out_headers if not n.startswith(b"anthropic-")
@@ -175,11 +186,21 @@ class MessagesCall(PipelineCall):
                 raise BadRequestError(f"'{name}' has the wrong type", param=name)
         if not isinstance(body.get("messages"), list):
             raise BadRequestError("'messages' is required", param="messages")
+        stored_episode = await self._open_thread(body)
+        if self.thread is not None:
+            raw = orjson.dumps(body)  # the whole turn, without ``thread``
         self.body = body
         self.stream = body.get("stream") is True
         chat = to_chat_body(body)
         chat.pop("stream", None)  # re-asks and translated requests are answered whole
-        request = await self._open(chat, raw)
+
+        async def linked() -> EpisodeRef | None:
+            """The episode of the answer a thread continues (no header sent)."""
+            if stored_episode and pipeline.settings.episode_header not in self.headers:
+                return EpisodeRef(stored_episode, explicit=False, new=False, tenant=self.tenant)
+            return None
+
+        request = await self._open(chat, raw, episode=linked)
         ex.record.stream = self.stream
         if self.native:
             forward = body
@@ -194,6 +215,45 @@ class MessagesCall(PipelineCall):
             if request.forward_raw is raw:  # unchanged: still the Messages bytes, not chat's
                 request.forward_raw = orjson.dumps(request.body)
         return request
+
+    async def _open_thread(self, body: dict[str, Any]) -> str | None:
+        """A threaded request made whole (threads.py): ``thread`` taken out, the stored history,
+        ``system`` and ``tools`` put in, tool changes applied, the threads beta dropped from
+        what goes upstream. The episode id of the answer it continues, if any."""
+        if self.threads is None or "thread" not in body:
+            return None
+        self.tenant = self.pipeline.episodes.tenant_of(self.headers)
+        turn = await self.threads.open(self.tenant, body)
+        assert turn is not None  # "thread" is in body
+        self.thread = turn
+        tools, messages = apply_tool_changes(body.get("tools"), body["messages"])
+        body["messages"] = messages
+        if tools is not None:
+            body["tools"] = tools
+        headers: HeaderList = []
+        for name, value in self.out_headers:
+            if name == b"anthropic-beta":
+                kept = without_threads_beta(value)
+                if kept is None:
+                    continue
+                value = kept
+            headers.append((name, value))
+        self.out_headers = headers
+        return turn.previous.episode_id if turn.previous is not None else None
+
+    async def finish_thread(self, delivered: bool) -> None:
+        """After the answer left: keep it as the thread's latest message (when it was one)."""
+        turn, threads = self.thread, self.threads
+        if turn is None or threads is None:
+            return
+        try:
+            final = self._final
+            if delivered and final is not None and final.get("type", "message") == "message":
+                request = self.request
+                episode = request.episode.id if request is not None and request.episode else None
+                await threads.record(self.tenant, turn, self.body, final, episode)
+        finally:
+            threads.close(turn)
 
     async def _reask(self, chat_body: dict[str, Any]) -> dict[str, Any]:
         """The pipeline's re-ask: in Messages' shape to a native upstream, else as it is."""

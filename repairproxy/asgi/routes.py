@@ -38,6 +38,7 @@ from repairproxy.asgi.responder import (
 )
 from repairproxy.asgi.responses import RESPONSES_PATH, ResponsesCall, stored_response
 from repairproxy.asgi.responses import error_event as responses_error_event
+from repairproxy.asgi.threads import MessageThreads
 from repairproxy.credentials import presented_key
 from repairproxy.episodes.responses_store import MemoryResponsesStore, ResponsesStore
 from repairproxy.errors import (
@@ -118,6 +119,7 @@ class Proxy:
         *,
         dashboard: DashboardSource | None = None,
         responses_store: ResponsesStore | None = None,
+        threads_store: ResponsesStore | None = None,
     ) -> None:
         self.settings = settings
         # The Responses answers the proxy delivered (previous_response_id, GET/DELETE by id).
@@ -125,6 +127,12 @@ class Proxy:
         self.responses_store: ResponsesStore = (
             responses_store
             if responses_store is not None
+            else MemoryResponsesStore(settings.max_responses_memory, settings.episode_idle_ttl)
+        )
+        # Anthropic message threads (asgi/threads.py): the answers delivered to threaded turns.
+        self.threads = MessageThreads(
+            threads_store
+            if threads_store is not None
             else MemoryResponsesStore(settings.max_responses_memory, settings.episode_idle_ttl)
         )
         self.upstream = upstream
@@ -241,13 +249,20 @@ class Proxy:
     ) -> None:
         headers, raw = await self._validated_request(scope, receive, ex)
         native = "messages" in self.settings.native_apis()
-        call = MessagesCall(self.upstream, self.pipeline, ex, scope, headers, native=native)
-        await call.prepare(raw)
-        await cancel_on_disconnect(
-            call.stream_answer(responder) if call.stream else call.buffered(responder),
-            receive,
-            scope,
+        call = MessagesCall(
+            self.upstream, self.pipeline, ex, scope, headers, native=native, threads=self.threads
         )
+        delivered = False
+        try:
+            await call.prepare(raw)
+            await cancel_on_disconnect(
+                call.stream_answer(responder) if call.stream else call.buffered(responder),
+                receive,
+                scope,
+            )
+            delivered = 200 <= responder.status < 300
+        finally:
+            await call.finish_thread(delivered)
 
     async def _stored_response(
         self, scope: Scope, receive: Receive, responder: Responder, ex: Exchange

@@ -51,6 +51,7 @@ class Stores:
         client: Redis | None = None,
         responses: ResponsesStore | None = None,
         log: Any = None,
+        threads: ResponsesStore | None = None,
     ) -> None:
         self.episodes = episodes
         # Delivered Responses answers (responses_store.py); in the process unless given.
@@ -59,6 +60,8 @@ class Stores:
         self.responses: ResponsesStore = (
             responses if responses is not None else MemoryResponsesStore(64 * 1024 * 1024)
         )
+        # Anthropic message threads' delivered answers (asgi/threads.py); None: the proxy's own.
+        self.threads = threads
         self.chains = chains
         self.health = health  # guard.StoreHealth for a shared store
         self._count = count
@@ -159,7 +162,12 @@ def open_stores(
             settings.episode_idle_ttl,
             tenant_quota=settings.max_responses_memory // keys if keys > 1 else None,
         )
-        return Stores(memory, count=memory.__len__, responses=responses)
+        threads = MemoryResponsesStore(
+            settings.max_responses_memory,
+            settings.episode_idle_ttl,
+            tenant_quota=settings.max_responses_memory // keys if keys > 1 else None,
+        )
+        return Stores(memory, count=memory.__len__, responses=responses, threads=threads)
     if not is_redis_url(spec):
         raise ValueError(
             f"--episode-store must be memory or a redis://, rediss:// or unix:// URL, not {spec!r}"
@@ -188,6 +196,16 @@ def open_stores(
                 ttl,
                 max_record_bytes=settings.max_responses_memory,
                 tenant_quota=settings.max_responses_memory // keys if keys > 1 else None,
+            ),
+            health,
+        ),
+        threads=GuardedResponsesStore(
+            RedisResponsesStore(
+                client,
+                ttl,
+                max_record_bytes=settings.max_responses_memory,
+                tenant_quota=settings.max_responses_memory // keys if keys > 1 else None,
+                prefix="repairproxy:threads:",
             ),
             health,
         ),

@@ -1,0 +1,136 @@
+"""Anthropic message threads through the proxy (``repairproxy/asgi/threads.py``).
+
+The real ``anthropic`` SDK's default tool runner threads (``anthropic-beta:
+message-threads-2026-08-12``, ``thread: create`` then ``continue`` with only the new
+``tool_result``). Against a chat-only scripted upstream the proxy must send every turn whole
+(history, tools, system), never the ``thread`` field, repair an invented tool name on turn 1,
+and keep the run in one episode; an unknown or another tenant's ``previous_message_id`` is
+refused with ``error.details.error_code: "thread_not_found"``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.proxy.conftest import StartProxy
+from tests.support.proxy_server import RunningProxy
+from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
+
+anthropic = pytest.importorskip("anthropic")
+
+SYSTEM = "You help with orders."
+KEY_A, KEY_B = "sk-thread-a-0123456789", "sk-thread-b-9876543210"
+TOOL = {
+    "name": "get_order_details",
+    "description": "Get the status of an order.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"order_id": {"type": "string"}},
+        "required": ["order_id"],
+    },
+}
+
+
+def _runner_run(proxy: RunningProxy, key: str = "x") -> tuple[Any, list[str]]:
+    from anthropic import beta_tool
+
+    ran: list[str] = []
+
+    @beta_tool
+    def get_order_details(order_id: str) -> str:
+        """Get the status of an order.
+
+        Args:
+            order_id: The order's id.
+        """
+        ran.append(order_id)
+        return f"Order {order_id}: delivered"
+
+    client = anthropic.Anthropic(base_url=proxy.root_url, api_key=key, max_retries=0)
+    try:
+        runner = client.beta.messages.tool_runner(
+            model="m",
+            max_tokens=256,
+            system=SYSTEM,
+            tools=[get_order_details],
+            messages=[{"role": "user", "content": "Where is order #W1?"}],
+        )
+        final = runner.until_done()
+    finally:
+        client.close()
+    return final, ran
+
+
+def test_the_sdk_tool_runner_threads_through_a_chat_upstream_in_one_episode(
+    start_proxy: StartProxy, upstream: ScriptedUpstream
+) -> None:
+    proxy = start_proxy(repair="reflexive", upstream_apis=("chat",))
+    upstream.push(
+        completion(tool_calls=[tool_call("lookup_order", {"order_id": "#W1"})]),  # invented
+        completion(tool_calls=[tool_call("get_order_details", {"order_id": "#W1"})]),
+        completion(content="Your order #W1 was delivered."),
+    )
+    final, ran = _runner_run(proxy)
+    assert ran == ["#W1"]  # the repaired call ran on turn 1
+    assert "delivered" in final.content[0].text
+    sent = upstream.chat_requests
+    assert len(sent) == 3
+    last = sent[-1]
+    assert "thread" not in last
+    assert [t["function"]["name"] for t in last["tools"]] == ["get_order_details"]
+    roles = [m["role"] for m in last["messages"]]
+    assert roles[0] == "system" and SYSTEM in str(last["messages"][0]["content"])
+    assert roles.count("user") == 1 and "tool" in roles and "assistant" in roles
+    assert "lookup_order" not in orjson.dumps(last).decode()  # the repaired answer, not the first
+    lines = [line for line in proxy.log_lines() if line.get("path") == "/v1/messages"]
+    assert len(lines) == 2
+    assert len({line["episode_id"] for line in lines}) == 1, lines
+
+
+def _thread_post(proxy: RunningProxy, key: str, body: dict[str, Any]) -> httpx.Response:
+    headers = {"x-api-key": key, "anthropic-beta": "message-threads-2026-08-12"}
+    return httpx.post(proxy.base_url + "/messages", json=body, headers=headers, timeout=30)
+
+
+def test_an_unknown_or_foreign_previous_message_id_is_thread_not_found(
+    start_proxy: StartProxy, upstream: ScriptedUpstream
+) -> None:
+    proxy = start_proxy(api_keys=(KEY_A, KEY_B), upstream_apis=("chat",))
+    upstream.push(completion(content="Hello."), completion(content="Again."))
+    opening = {
+        "model": "m",
+        "max_tokens": 64,
+        "system": SYSTEM,
+        "tools": [TOOL],
+        "messages": [{"role": "user", "content": "Hi"}],
+        "thread": {"type": "create"},
+    }
+    created = _thread_post(proxy, KEY_A, opening)
+    assert created.status_code == 200, created.text
+    message_id = created.json()["id"]
+    turn = {
+        "model": "m",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "More?"}],
+        "thread": {"type": "continue", "previous_message_id": message_id},
+    }
+    for key, previous in ((KEY_A, "msg_made_up"), (KEY_B, message_id)):
+        refused = _thread_post(
+            proxy, key, {**turn, "thread": {"type": "continue", "previous_message_id": previous}}
+        )
+        assert refused.status_code == 404, refused.text
+        error = refused.json()["error"]
+        assert error["details"] == {"error_code": "thread_not_found"}
+    assert len(upstream.chat_requests) == 1  # refused before the upstream
+    continued = _thread_post(proxy, KEY_A, turn)
+    assert continued.status_code == 200, continued.text
+    sent = upstream.chat_requests[-1]
+    assert [m["content"] for m in sent["messages"] if m["role"] == "user"] == ["Hi", "More?"]
+    assert sent["tools"][0]["function"]["name"] == "get_order_details"
+    again = _thread_post(proxy, KEY_A, turn)
+    assert again.status_code == 409
+    assert again.json()["error"]["details"] == {"error_code": "thread_already_continued"}
