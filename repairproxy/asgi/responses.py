@@ -140,6 +140,7 @@ class ResponsesCall(PipelineCall):
         self.tenant = ""
         self.conversation: list[Any] = []  # the whole input of this turn, earlier turns included
         self.rebuilt = False  # previous_response_id came from the store: the input was rebuilt
+        self.injected = False  # the repair instruction went upstream inside ``instructions``
         self.translate = "responses" not in pipeline.settings.native_apis()
         self.response_id: str | None = None  # the id the client sees (a stream: its first)
         self._sequence = 0
@@ -194,6 +195,7 @@ class ResponsesCall(PipelineCall):
             if not (isinstance(current, str) and instruction in current):
                 text = f"{current}\n\n{instruction}" if isinstance(current, str) and current else ""
                 forward = {**upstream_body, "instructions": text or instruction}
+                self.injected = True  # the answer's ``instructions`` echo is put back as sent
         self.forward = forward
         request.forward_raw = raw if forward is body else orjson.dumps(forward)
         return request
@@ -270,6 +272,9 @@ class ResponsesCall(PipelineCall):
                 "previous_response_id": self.body.get("previous_response_id"),
                 "store": self.body.get("store", True),
             }
+        if self.injected and "instructions" in response:
+            # The repair instruction is the proxy's own: never echoed back, never stored.
+            response = {**response, "instructions": self.body.get("instructions")}
         return response
 
     async def _keep(self, final: Mapping[str, Any]) -> None:
@@ -305,7 +310,7 @@ class ResponsesCall(PipelineCall):
         content = reply.content
         if 200 <= reply.status_code < 300:
             final, changed = await self._judge(answer_of(reply, items="output", shape="Responses"))
-            if changed:
+            if changed or self.injected:
                 content = orjson.dumps(final)
         else:
             ex.record.outcome = Outcome.UPSTREAM_ERROR
