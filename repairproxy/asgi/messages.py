@@ -173,6 +173,7 @@ class MessagesCall(PipelineCall):
         self.stream = False
         self._first: dict[str, Any] | None = None  # the first upstream answer (id, thinking)
         self._final: dict[str, Any] | None = None  # the Messages answer delivered
+        self._reasked: list[dict[str, Any]] = []  # the re-asks' answers (native), in order
 
     # -- before the upstream ----------------------------------------------------------------------
 
@@ -267,8 +268,10 @@ class MessagesCall(PipelineCall):
             return cast(dict[str, Any], chat_completion_of(reply.content, reply.status_code))
         history = len(self.request.body.get("messages") or ())
         template = self.pipeline.policies[self.request.mode].template
+        # The answers the repair turns repeat, in order: the first, then each re-ask's.
+        repeated = [a for a in (self._first, *self._reasked) if a is not None]
         payload = messages_request(
-            self.forward, history, chat_body, template.render("valid_sibling")
+            self.forward, history, chat_body, template.render("valid_sibling"), repeated
         )
         reply = await self.upstream.request(
             "POST",
@@ -280,7 +283,9 @@ class MessagesCall(PipelineCall):
         )
         if not 200 <= reply.status_code < 300:
             raise UpstreamStatusError(reply)
-        return to_chat_completion(answer_of(reply, items="content", shape="Messages"))
+        answer = answer_of(reply, items="content", shape="Messages")
+        self._reasked.append(answer)
+        return to_chat_completion(answer)
 
     def _delivered(self, outcome: Decision) -> ChatCompletion:
         """The Messages answer to deliver (kept as ``_final``); remembered as what the client

@@ -16,8 +16,11 @@ import httpx
 import orjson
 import pytest
 
+from repairproxy.settings import Settings
+from repairproxy.types import RepairMode
 from tests.proxy.conftest import StartProxy
-from tests.support.proxy_server import RunningProxy
+from tests.support.messages_upstream import MessagesUpstream, text, thinking, tool_use
+from tests.support.proxy_server import RunningProxy, running_proxy
 from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
 
 anthropic = pytest.importorskip("anthropic")
@@ -35,7 +38,7 @@ TOOL = {
 }
 
 
-def _runner_run(proxy: RunningProxy, key: str = "x") -> tuple[Any, list[str]]:
+def _runner_run(proxy: RunningProxy, key: str = "x", **options: Any) -> tuple[Any, list[str]]:
     from anthropic import beta_tool
 
     ran: list[str] = []
@@ -54,10 +57,10 @@ def _runner_run(proxy: RunningProxy, key: str = "x") -> tuple[Any, list[str]]:
     try:
         runner = client.beta.messages.tool_runner(
             model="m",
-            max_tokens=256,
             system=SYSTEM,
             tools=[get_order_details],
             messages=[{"role": "user", "content": "Where is order #W1?"}],
+            **{"max_tokens": 256, **options},
         )
         final = runner.until_done()
     finally:
@@ -134,3 +137,44 @@ def test_an_unknown_or_foreign_previous_message_id_is_thread_not_found(
     again = _thread_post(proxy, KEY_A, turn)
     assert again.status_code == 409
     assert again.json()["error"]["details"] == {"error_code": "thread_already_continued"}
+
+
+@pytest.mark.parametrize("think", [False, True])
+def test_the_sdk_tool_runner_threads_through_a_native_upstream_with_thinking(think: bool) -> None:
+    """The native scripted upstream keeps no threads (it refuses ``thread`` and the beta) and,
+    with thinking on, refuses a tool_use turn that does not open with its thinking block, and a
+    forced tool_choice: the re-ask keeps the thinking block first, the run finishes."""
+    options: dict[str, Any] = {}
+    if think:
+        options = {"thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 2048}
+    with MessagesUpstream() as upstream:
+        settings = Settings(
+            upstream=upstream.base_url, repair=RepairMode.CONSTRAINED, upstream_apis=("messages",)
+        )
+        with running_proxy(settings) as proxy:
+            first = thinking("The user wants order #W1.")
+            upstream.push(
+                [first, tool_use("lookup_order", {"order_id": "#W1"})],  # invented name
+                [
+                    thinking("Use the declared tool."),
+                    tool_use("get_order_details", {"order_id": "#W1"}),
+                ],
+                [thinking("Done."), text("Your order #W1 was delivered.")],
+            )
+            final, ran = _runner_run(proxy, **options)
+            assert ran == ["#W1"]
+            assert final.content[-1].text == "Your order #W1 was delivered."
+            requests = upstream.requests
+            assert len(requests) == 3, [r.get("messages") for r in requests]
+            reask, last = requests[1], requests[2]
+            repeated = [m for m in reask["messages"] if m["role"] == "assistant"][-1]
+            assert repeated["content"][0] == first  # unmodified and first
+            assert "tool_choice" not in reask or reask["tool_choice"].get("type") not in (
+                ("any", "tool") if think else ()
+            )
+            assert "thread" not in last and last["tools"][0]["name"] == "get_order_details"
+            assert str(last["system"]).startswith(SYSTEM)  # + the repair instruction
+            delivered = next(m for m in last["messages"] if m["role"] == "assistant")
+            assert delivered["content"][0]["type"] == "thinking"
+            lines = [line for line in proxy.log_lines() if line.get("path") == "/v1/messages"]
+            assert len({line["episode_id"] for line in lines}) == 1, lines
