@@ -216,7 +216,9 @@ class ResponsesCall(PipelineCall):
         if self.translate:
             return await self.upstream.complete(chat_body, self.out_headers, self.ex.timer)
         history = len(self.request.body.get("messages") or ())
-        payload = orjson.dumps(responses_request(self.forward, history, chat_body))
+        # The answers the repair turns repeat, in order (the first, then each re-ask's).
+        repeated = list(self._answers.values())
+        payload = orjson.dumps(responses_request(self.forward, history, chat_body, repeated))
         reply = await self.upstream.request(
             "POST", RESPONSES_PATH, self.out_headers, payload, self.ex.timer, self.query
         )
