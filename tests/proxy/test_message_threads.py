@@ -178,3 +178,102 @@ def test_the_sdk_tool_runner_threads_through_a_native_upstream_with_thinking(thi
             assert delivered["content"][0]["type"] == "thinking"
             lines = [line for line in proxy.log_lines() if line.get("path") == "/v1/messages"]
             assert len({line["episode_id"] for line in lines}) == 1, lines
+
+
+_NODE_RUNNER = r"""
+const Anthropic = require("@anthropic-ai/sdk");
+const { betaTool } = require("@anthropic-ai/sdk/helpers/beta/json-schema");
+const client = new Anthropic({ baseURL: process.argv[1], apiKey: "x", maxRetries: 0 });
+const options = JSON.parse(process.argv[2]);
+const ran = [];
+const tool = betaTool({
+  name: "get_order_details",
+  description: "Get the status of an order.",
+  inputSchema: {
+    type: "object",
+    properties: { order_id: { type: "string" } },
+    required: ["order_id"],
+  },
+  run: async (input) => { ran.push(input.order_id); return `Order ${input.order_id}: delivered`; },
+});
+(async () => {
+  const final = await client.beta.messages.toolRunner({
+    model: "m",
+    max_tokens: 256,
+    system: "You help with orders.",
+    tools: [tool],
+    messages: [{ role: "user", content: "Where is order #W1?" }],
+    ...options,
+  });
+  console.log(JSON.stringify({ final, ran }));
+})().catch((error) => { console.error(String(error)); process.exit(1); });
+"""
+
+
+def _node_runner(proxy: RunningProxy, **options: Any) -> dict[str, Any]:
+    import os
+    import subprocess
+
+    from tests.support.npm import ANTHROPIC_SDK, node_modules
+
+    modules = node_modules(ANTHROPIC_SDK)
+    done = subprocess.run(
+        ["node", "-e", _NODE_RUNNER, "--", proxy.root_url, orjson.dumps(options).decode()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NODE_PATH": modules},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = orjson.loads(done.stdout)
+    return result
+
+
+def test_the_npm_sdk_tool_runner_threads_through_a_chat_upstream_in_one_episode(
+    start_proxy: StartProxy, upstream: ScriptedUpstream
+) -> None:
+    proxy = start_proxy(repair="reflexive", upstream_apis=("chat",))
+    upstream.push(
+        completion(tool_calls=[tool_call("lookup_order", {"order_id": "#W1"})]),  # invented
+        completion(tool_calls=[tool_call("get_order_details", {"order_id": "#W1"})]),
+        completion(content="Your order #W1 was delivered."),
+    )
+    result = _node_runner(proxy)
+    assert result["ran"] == ["#W1"]
+    assert "delivered" in result["final"]["content"][0]["text"]
+    last = upstream.chat_requests[-1]
+    assert "thread" not in last and last["tools"][0]["function"]["name"] == "get_order_details"
+    assert last["messages"][0]["role"] == "system"
+    lines = [line for line in proxy.log_lines() if line.get("path") == "/v1/messages"]
+    assert len(lines) == 2 and len({line["episode_id"] for line in lines}) == 1, lines
+
+
+@pytest.mark.parametrize("think", [False, True])
+def test_the_npm_sdk_tool_runner_threads_through_a_native_upstream(think: bool) -> None:
+    options: dict[str, Any] = {}
+    if think:
+        options = {"thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 2048}
+    with MessagesUpstream() as upstream:
+        settings = Settings(
+            upstream=upstream.base_url, repair=RepairMode.CONSTRAINED, upstream_apis=("messages",)
+        )
+        with running_proxy(settings) as proxy:
+            first = thinking("The user wants order #W1.")
+            upstream.push(
+                [first, tool_use("lookup_order", {"order_id": "#W1"})],
+                [
+                    thinking("Use the declared tool."),
+                    tool_use("get_order_details", {"order_id": "#W1"}),
+                ],
+                [thinking("Done."), text("Your order #W1 was delivered.")],
+            )
+            result = _node_runner(proxy, **options)
+            assert result["ran"] == ["#W1"]
+            assert result["final"]["content"][-1]["text"] == "Your order #W1 was delivered."
+            assert len(upstream.requests) == 3
+            assert [m for m in upstream.requests[1]["messages"] if m["role"] == "assistant"][-1][
+                "content"
+            ][0] == first
+            lines = [line for line in proxy.log_lines() if line.get("path") == "/v1/messages"]
+            assert len({line["episode_id"] for line in lines}) == 1, lines
