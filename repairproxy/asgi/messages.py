@@ -48,6 +48,7 @@ from repairproxy.pipeline import ChatPipeline, ChatRequest, Decision, instructs,
 from repairproxy.types import API, HeaderList, Outcome, Scope
 from repairproxy.upstream.client import Upstream, UpstreamReply, chat_completion_of
 from repairproxy.validation import text_calls_allowed
+from repairproxy.wire.fields import chat_only_fields
 from repairproxy.wire.messages import (
     error_body,
     from_chat_completion,
@@ -187,6 +188,8 @@ class MessagesCall(PipelineCall):
                 raise BadRequestError(f"'{name}' has the wrong type", param=name)
         if not isinstance(body.get("messages"), list):
             raise BadRequestError("'messages' is required", param="messages")
+        if not self.native:  # what a chat-only upstream cannot do: refused or named
+            self.ex.dropped = chat_only_fields("messages", body)
         stored_episode = await self._open_thread(body)
         if self.thread is not None:
             raw = orjson.dumps(body)  # the whole turn, without ``thread``

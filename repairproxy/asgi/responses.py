@@ -61,6 +61,7 @@ from repairproxy.errors import (
 from repairproxy.pipeline import ChatPipeline, ChatRequest, instructs, json_object
 from repairproxy.types import API, HeaderList, Outcome, Scope
 from repairproxy.upstream.client import Upstream, chat_completion_of
+from repairproxy.wire.fields import chat_only_fields
 from repairproxy.wire.openai import ChatCompletion, first_message
 from repairproxy.wire.responses import (
     from_chat_completion,
@@ -157,6 +158,8 @@ class ResponsesCall(PipelineCall):
         for name, kinds in (("input", (str, list)), ("tools", (list,))):
             if body.get(name) is not None and not isinstance(body[name], kinds):
                 raise BadRequestError(f"'{name}' has the wrong type", param=name)
+        if self.translate:  # what a chat-only upstream cannot do: refused or named
+            self.ex.dropped = chat_only_fields("responses", body)
         self.body = body
         self.tenant = tenant = pipeline.episodes.tenant_of(self.headers)
         previous = body.get("previous_response_id")
