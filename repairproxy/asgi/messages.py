@@ -165,6 +165,7 @@ class MessagesCall(PipelineCall):
         self.threads = threads  # the proxy's message threads (threads.py); None: not offered
         self.thread: ThreadTurn | None = None  # this request's, when it sent ``thread``
         self.tenant = ""
+        self._thread_whole: dict[str, Any] = {}  # the threaded turn, whole, as kept
         if not native:  # Anthropic's headers mean nothing to a chat upstream
             self.out_headers = [
                 (n, v) for n, v in self.out_headers if not n.startswith(b"anthropic-")
@@ -230,6 +231,9 @@ class MessagesCall(PipelineCall):
         turn = await self.threads.open(self.tenant, body)
         assert turn is not None  # "thread" is in body
         self.thread = turn
+        # Kept as the client would have sent it whole (tool changes in place, the tools it
+        # created the thread with), so a later reference resolves against those.
+        self._thread_whole = {**body, "messages": list(body["messages"])}
         tools, messages = apply_tool_changes(body.get("tools"), body["messages"])
         body["messages"] = messages
         if tools is not None:
@@ -255,7 +259,7 @@ class MessagesCall(PipelineCall):
             if delivered and final is not None and final.get("type", "message") == "message":
                 request = self.request
                 episode = request.episode.id if request is not None and request.episode else None
-                await threads.record(self.tenant, turn, self.body, final, episode)
+                await threads.record(self.tenant, turn, self._thread_whole, final, episode)
         finally:
             threads.close(turn)
 

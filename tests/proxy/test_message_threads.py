@@ -10,6 +10,7 @@ refused with ``error.details.error_code: "thread_not_found"``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -20,6 +21,7 @@ from repairproxy.settings import Settings
 from repairproxy.types import RepairMode
 from tests.proxy.conftest import StartProxy
 from tests.support.messages_upstream import MessagesUpstream, text, thinking, tool_use
+from tests.support.processes import RedisServer, redis_server
 from tests.support.proxy_server import RunningProxy, running_proxy
 from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
 
@@ -99,10 +101,23 @@ def _thread_post(proxy: RunningProxy, key: str, body: dict[str, Any]) -> httpx.R
     return httpx.post(proxy.base_url + "/messages", json=body, headers=headers, timeout=30)
 
 
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
 def test_an_unknown_or_foreign_previous_message_id_is_thread_not_found(
-    start_proxy: StartProxy, upstream: ScriptedUpstream
+    store: str,
+    start_proxy: StartProxy,
+    upstream: ScriptedUpstream,
+    request: pytest.FixtureRequest,
 ) -> None:
-    proxy = start_proxy(api_keys=(KEY_A, KEY_B), upstream_apis=("chat",))
+    extra: dict[str, Any] = {}
+    if store == "redis":
+        extra["episode_store"] = request.getfixturevalue("redis").url
+    proxy = start_proxy(api_keys=(KEY_A, KEY_B), upstream_apis=("chat",), **extra)
     upstream.push(completion(content="Hello."), completion(content="Again."))
     opening = {
         "model": "m",
@@ -277,3 +292,51 @@ def test_the_npm_sdk_tool_runner_threads_through_a_native_upstream(think: bool) 
             ][0] == first
             lines = [line for line in proxy.log_lines() if line.get("path") == "/v1/messages"]
             assert len({line["episode_id"] for line in lines}) == 1, lines
+
+
+# -- the thread store and tool changes, at the seam ------------------------------------------------
+
+
+def test_a_continue_in_flight_and_tool_changes() -> None:
+    import asyncio
+
+    from repairproxy.asgi.threads import MessageThreads, apply_tool_changes
+    from repairproxy.episodes.responses_store import MemoryResponsesStore
+    from repairproxy.errors import BadRequestError, ConflictError
+
+    async def main() -> None:
+        threads = MessageThreads(MemoryResponsesStore(1_000_000))
+        created = {"messages": [{"role": "user", "content": "Hi"}], "tools": [TOOL]}
+        turn = await threads.open("t", {**created, "thread": {"type": "create"}})
+        assert turn is not None
+        await threads.record("t", turn, created, {"id": "msg_1", "content": []}, "ep")
+        follow = {"type": "continue", "previous_message_id": "msg_1"}
+        running = await threads.open("t", {"messages": [], "thread": follow})
+        assert running is not None
+        with pytest.raises(ConflictError) as caught:
+            await threads.open("t", {"messages": [], "thread": follow})
+        assert caught.value.details == {"error_code": "thread_continue_in_flight"}
+        threads.close(running)
+
+    asyncio.run(main())
+    other = {"name": "cancel_order", "input_schema": {"type": "object"}}
+    change = [
+        {"type": "tool_removal", "tool": {"type": "tool_reference", "name": "get_order_details"}},
+        {"type": "tool_addition", "tool": {"type": "tool_definition", "definition": other}},
+        {"type": "text", "text": "Only cancellations now."},
+    ]
+    messages: list[Any] = [
+        {"role": "user", "content": "Hi"},
+        {"role": "system", "content": change},
+    ]
+    tools, sent = apply_tool_changes([TOOL], messages)
+    assert tools == [other]
+    assert sent[1] == {"role": "system", "content": [change[2]]}
+    back = [
+        {"type": "tool_addition", "tool": {"type": "tool_reference", "name": "get_order_details"}}
+    ]
+    tools, _ = apply_tool_changes([TOOL], [*messages, {"role": "system", "content": back}])
+    assert tools == [other, TOOL]  # removed, then added back by reference, in order
+    unknown = [{"type": "tool_addition", "tool": {"type": "tool_reference", "name": "nope"}}]
+    with pytest.raises(BadRequestError):
+        apply_tool_changes([TOOL], [{"role": "system", "content": unknown}])
