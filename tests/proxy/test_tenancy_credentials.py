@@ -155,6 +155,27 @@ def test_every_surface_is_the_tenants_whichever_header_carries_its_key(
         assert _post(proxy, "/responses", other(KEY_B), long).status_code == 200
     assert _stored(proxy, "GET", a, rid) == 200
 
+    # Message threads: A's thread is continued by A alone, whichever form either sends.
+    opening = {
+        "model": "m",
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "thread": {"type": "create"},
+    }
+    created = _post(proxy, "/messages", a, opening)
+    assert created.status_code == 200, created.text
+    turn = {
+        "model": "m",
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "More?"}],
+        "thread": {"type": "continue", "previous_message_id": created.json()["id"]},
+    }
+    for other in FORMS.values():
+        refused = _post(proxy, "/messages", other(KEY_B), turn)
+        assert refused.status_code == 404, refused.text
+        assert refused.json()["error"]["details"]["error_code"] == "thread_not_found"
+    assert _post(proxy, "/messages", list(FORMS.values())[-1](KEY_A), turn).status_code == 200
+
     # Redis: every key the run wrote is under A's or B's tenant, none under a keyless one.
     if store == "redis":
         tenants = TenantKeys(SECRET)
@@ -178,7 +199,7 @@ async def _flush(url: str) -> None:
 
 
 async def _tenants_in_redis(url: str) -> set[str]:
-    """The tenant part of every episode and Responses key (chain links are digests)."""
+    """The tenant part of every episode, Responses and thread key (chain links are digests)."""
     from repairproxy.episodes.redis_store import redis_client
 
     client = redis_client(url)
@@ -186,7 +207,7 @@ async def _tenants_in_redis(url: str) -> set[str]:
     try:
         async for raw in client.scan_iter(match="repairproxy:*"):
             key = raw.decode()
-            rest = key.removeprefix("repairproxy:")
+            rest = key.removeprefix("repairproxy:").removeprefix("threads:")
             kind, _, scoped = rest.partition(":")
             if kind == "ch":
                 continue
