@@ -156,13 +156,13 @@ def test_every_surface_is_the_tenants_whichever_header_carries_its_key(
     assert _stored(proxy, "GET", a, rid) == 200
 
     # Message threads: A's thread is continued by A alone, whichever form either sends.
-    opening = {
+    thread_opening: dict[str, Any] = {
         "model": "m",
         "max_tokens": 16,
         "messages": [{"role": "user", "content": "Hi"}],
         "thread": {"type": "create"},
     }
-    created = _post(proxy, "/messages", a, opening)
+    created = _post(proxy, "/messages", a, thread_opening)
     assert created.status_code == 200, created.text
     turn = {
         "model": "m",
