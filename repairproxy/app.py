@@ -145,6 +145,7 @@ class RepairProxyApp:
             # Several workers: the page sums them all, as /metrics does.
             dashboard=metrics.dashboard_view() if metrics is not None else None,
             responses_store=stores.responses,
+            threads_store=stores.threads,
         )
         proxy.draining = self.draining
         return proxy

@@ -6,7 +6,9 @@
     │   ├── InvalidJSONBodyError      400 the request body is not JSON
     │   └── InvalidToolsError         400 a tool is not a valid JSON Schema (names it)
     ├── AuthenticationError           401 missing or wrong client API key
+    ├── PermissionDeniedError         403 a valid key that may not open this route
     ├── NotFoundError                 404 no such route
+    ├── ConflictError                 409 e.g. a message thread already continued
     ├── PayloadTooLargeError          413 body over the configured limit
     ├── BudgetExhaustedError          403 episode spent its budget (--on-budget-exhausted reject);
     │                                     403, not 429: clients (the openai SDK) retry 429
@@ -34,10 +36,12 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "BudgetExhaustedError",
+    "ConflictError",
     "InvalidJSONBodyError",
     "InvalidToolsError",
     "NotFoundError",
     "PayloadTooLargeError",
+    "PermissionDeniedError",
     "RepairExhaustedError",
     "RepairProxyError",
     "UpstreamBadAnswerError",
@@ -61,12 +65,18 @@ ANTHROPIC_ERROR_TYPES: Mapping[int, str] = {
 }
 
 
-def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
-    """An error in Anthropic's shape: ``{"type": "error", "error": {"type", "message"}}``."""
+def anthropic_error_body(
+    status: int, message: str, details: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """An error in Anthropic's shape: ``{"type": "error", "error": {"type", "message"}}``, with
+    ``details`` (``{"error_code": ...}``, what the SDKs read to recover) when given."""
     kind = ANTHROPIC_ERROR_TYPES.get(status)
     if kind is None:
         kind = "api_error" if status >= 500 else "invalid_request_error"
-    return {"type": "error", "error": {"type": kind, "message": message}}
+    error: dict[str, Any] = {"type": kind, "message": message}
+    if details:
+        error["details"] = dict(details)
+    return {"type": "error", "error": error}
 
 
 class RepairProxyError(Exception):
@@ -74,18 +84,29 @@ class RepairProxyError(Exception):
     error_type: str = "server_error"
     code: str | None = None
     outcome: Outcome = Outcome.UPSTREAM_ERROR
+    details: Mapping[str, Any] | None = None  # Anthropic's ``error.details`` (error_code, ...)
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         if code is not None:
             self.code = code
+        if details is not None:
+            self.details = details
 
     def to_anthropic(self) -> dict[str, Any]:
         """The same error in Anthropic's shape, for ``/v1/messages``:
-        ``{"type": "error", "error": {"type", "message"}}`` (the type named by the status)."""
-        return anthropic_error_body(self.status_code, self.message)
+        ``{"type": "error", "error": {"type", "message", "details"?}}``: the type named by the
+        status, ``details`` when the error has them (``{"error_code": "thread_not_found"}``)."""
+        return anthropic_error_body(self.status_code, self.message, self.details)
 
     def to_openai(self) -> dict[str, Any]:
         """The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
@@ -126,10 +147,24 @@ class AuthenticationError(RepairProxyError):
     outcome = Outcome.CLIENT_ERROR
 
 
+class PermissionDeniedError(RepairProxyError):
+    status_code = 403
+    error_type = "permission_error"
+    code = "permission_denied"
+    outcome = Outcome.CLIENT_ERROR
+
+
 class NotFoundError(RepairProxyError):
     status_code = 404
     error_type = "invalid_request_error"
     code = "not_found"
+    outcome = Outcome.CLIENT_ERROR
+
+
+class ConflictError(RepairProxyError):
+    status_code = 409
+    error_type = "invalid_request_error"
+    code = "conflict"
     outcome = Outcome.CLIENT_ERROR
 
 

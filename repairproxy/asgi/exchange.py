@@ -68,6 +68,8 @@ class Exchange:
     path: str
     timer: UpstreamTimer = field(default_factory=UpstreamTimer)
     record: RequestRecord = field(default_factory=RequestRecord)
+    # Request fields a chat-only upstream answered without (wire/fields.py): header and log.
+    dropped: tuple[str, ...] = ()
 
     def overhead_ms(self) -> float:
         return max((time.perf_counter() - self.started - self.timer.seconds) * 1000.0, 0.0)
@@ -150,6 +152,8 @@ class Exchange:
                 out.append((b"x-repairproxy-budget-remaining", b"%d" % snapshot.remaining))
             if snapshot.exhausted:
                 out.append((b"x-repairproxy-budget-exhausted", b"true"))
+        if self.dropped:
+            out.append((b"x-repairproxy-dropped-fields", ",".join(self.dropped).encode()))
         out.append((b"x-repairproxy-overhead-ms", b"%.3f" % self.overhead_ms()))
         return out
 
@@ -197,6 +201,8 @@ class Exchange:
             "overhead_ms": round(self.overhead_ms(), 3),
             "upstream_calls": self.timer.calls,
         }
+        if self.dropped:
+            event["dropped_fields"] = self.dropped
         if record.caught_calls:
             event["caught"] = [
                 {"channel": c.channel, "form": c.form, "tool": c.tool, "detail": c.detail}

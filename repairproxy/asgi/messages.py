@@ -32,6 +32,13 @@ from repairproxy.asgi.chat_upstream import (
 from repairproxy.asgi.exchange import Exchange
 from repairproxy.asgi.gate import SSEEvent, SSEParser, ToolCallGate
 from repairproxy.asgi.responder import Responder
+from repairproxy.asgi.threads import (
+    MessageThreads,
+    ThreadTurn,
+    apply_tool_changes,
+    without_threads_beta,
+)
+from repairproxy.episodes.budget import EpisodeRef
 from repairproxy.errors import (
     BadRequestError,
     UpstreamStatusError,
@@ -41,6 +48,7 @@ from repairproxy.pipeline import ChatPipeline, ChatRequest, Decision, instructs,
 from repairproxy.types import API, HeaderList, Outcome, Scope
 from repairproxy.upstream.client import Upstream, UpstreamReply, chat_completion_of
 from repairproxy.validation import text_calls_allowed
+from repairproxy.wire.fields import chat_only_fields
 from repairproxy.wire.messages import (
     error_body,
     from_chat_completion,
@@ -150,9 +158,14 @@ class MessagesCall(PipelineCall):
         headers: Mapping[str, str],
         *,
         native: bool,
+        threads: MessageThreads | None = None,
     ) -> None:
         super().__init__(upstream, pipeline, ex, scope, headers)
         self.native = native
+        self.threads = threads  # the proxy's message threads (threads.py); None: not offered
+        self.thread: ThreadTurn | None = None  # this request's, when it sent ``thread``
+        self.tenant = ""
+        self._thread_whole: dict[str, Any] = {}  # the threaded turn, whole, as kept
         if not native:  # Anthropic's headers mean nothing to a chat upstream
             self.out_headers = [
                 (n, v) for n, v in self.out_headers if not n.startswith(b"anthropic-")
@@ -162,6 +175,7 @@ class MessagesCall(PipelineCall):
         self.stream = False
         self._first: dict[str, Any] | None = None  # the first upstream answer (id, thinking)
         self._final: dict[str, Any] | None = None  # the Messages answer delivered
+        self._reasked: list[dict[str, Any]] = []  # the re-asks' answers (native), in order
 
     # -- before the upstream ----------------------------------------------------------------------
 
@@ -175,11 +189,23 @@ class MessagesCall(PipelineCall):
                 raise BadRequestError(f"'{name}' has the wrong type", param=name)
         if not isinstance(body.get("messages"), list):
             raise BadRequestError("'messages' is required", param="messages")
+        if not self.native:  # what a chat-only upstream cannot do: refused or named
+            self.ex.dropped = chat_only_fields("messages", body)
+        stored_episode = await self._open_thread(body)
+        if self.thread is not None:
+            raw = orjson.dumps(body)  # the whole turn, without ``thread``
         self.body = body
         self.stream = body.get("stream") is True
         chat = to_chat_body(body)
         chat.pop("stream", None)  # re-asks and translated requests are answered whole
-        request = await self._open(chat, raw)
+
+        async def linked() -> EpisodeRef | None:
+            """The episode of the answer a thread continues (no header sent)."""
+            if stored_episode and pipeline.settings.episode_header not in self.headers:
+                return EpisodeRef(stored_episode, explicit=False, new=False, tenant=self.tenant)
+            return None
+
+        request = await self._open(chat, raw, episode=linked)
         ex.record.stream = self.stream
         if self.native:
             forward = body
@@ -195,6 +221,48 @@ class MessagesCall(PipelineCall):
                 request.forward_raw = orjson.dumps(request.body)
         return request
 
+    async def _open_thread(self, body: dict[str, Any]) -> str | None:
+        """A threaded request made whole (threads.py): ``thread`` taken out, the stored history,
+        ``system`` and ``tools`` put in, tool changes applied, the threads beta dropped from
+        what goes upstream. The episode id of the answer it continues, if any."""
+        if self.threads is None or "thread" not in body:
+            return None
+        self.tenant = self.pipeline.episodes.tenant_of(self.headers)
+        turn = await self.threads.open(self.tenant, body)
+        assert turn is not None  # "thread" is in body
+        self.thread = turn
+        # Kept as the client would have sent it whole (tool changes in place, the tools it
+        # created the thread with), so a later reference resolves against those.
+        self._thread_whole = {**body, "messages": list(body["messages"])}
+        tools, messages = apply_tool_changes(body.get("tools"), body["messages"])
+        body["messages"] = messages
+        if tools is not None:
+            body["tools"] = tools
+        headers: HeaderList = []
+        for name, value in self.out_headers:
+            if name == b"anthropic-beta":
+                kept = without_threads_beta(value)
+                if kept is None:
+                    continue
+                value = kept
+            headers.append((name, value))
+        self.out_headers = headers
+        return turn.previous.episode_id if turn.previous is not None else None
+
+    async def finish_thread(self, delivered: bool) -> None:
+        """After the answer left: keep it as the thread's latest message (when it was one)."""
+        turn, threads = self.thread, self.threads
+        if turn is None or threads is None:
+            return
+        try:
+            final = self._final
+            if delivered and final is not None and final.get("type", "message") == "message":
+                request = self.request
+                episode = request.episode.id if request is not None and request.episode else None
+                await threads.record(self.tenant, turn, self._thread_whole, final, episode)
+        finally:
+            threads.close(turn)
+
     async def _reask(self, chat_body: dict[str, Any]) -> dict[str, Any]:
         """The pipeline's re-ask: in Messages' shape to a native upstream, else as it is."""
         assert self.request is not None
@@ -207,8 +275,10 @@ class MessagesCall(PipelineCall):
             return cast(dict[str, Any], chat_completion_of(reply.content, reply.status_code))
         history = len(self.request.body.get("messages") or ())
         template = self.pipeline.policies[self.request.mode].template
+        # The answers the repair turns repeat, in order: the first, then each re-ask's.
+        repeated = [a for a in (self._first, *self._reasked) if a is not None]
         payload = messages_request(
-            self.forward, history, chat_body, template.render("valid_sibling")
+            self.forward, history, chat_body, template.render("valid_sibling"), repeated
         )
         reply = await self.upstream.request(
             "POST",
@@ -220,7 +290,9 @@ class MessagesCall(PipelineCall):
         )
         if not 200 <= reply.status_code < 300:
             raise UpstreamStatusError(reply)
-        return to_chat_completion(answer_of(reply, items="content", shape="Messages"))
+        answer = answer_of(reply, items="content", shape="Messages")
+        self._reasked.append(answer)
+        return to_chat_completion(answer)
 
     def _delivered(self, outcome: Decision) -> ChatCompletion:
         """The Messages answer to deliver (kept as ``_final``); remembered as what the client

@@ -61,6 +61,7 @@ from repairproxy.errors import (
 from repairproxy.pipeline import ChatPipeline, ChatRequest, instructs, json_object
 from repairproxy.types import API, HeaderList, Outcome, Scope
 from repairproxy.upstream.client import Upstream, chat_completion_of
+from repairproxy.wire.fields import chat_only_fields
 from repairproxy.wire.openai import ChatCompletion, first_message
 from repairproxy.wire.responses import (
     from_chat_completion,
@@ -140,6 +141,7 @@ class ResponsesCall(PipelineCall):
         self.tenant = ""
         self.conversation: list[Any] = []  # the whole input of this turn, earlier turns included
         self.rebuilt = False  # previous_response_id came from the store: the input was rebuilt
+        self.injected = False  # the repair instruction went upstream inside ``instructions``
         self.translate = "responses" not in pipeline.settings.native_apis()
         self.response_id: str | None = None  # the id the client sees (a stream: its first)
         self._sequence = 0
@@ -156,6 +158,8 @@ class ResponsesCall(PipelineCall):
         for name, kinds in (("input", (str, list)), ("tools", (list,))):
             if body.get(name) is not None and not isinstance(body[name], kinds):
                 raise BadRequestError(f"'{name}' has the wrong type", param=name)
+        if self.translate:  # what a chat-only upstream cannot do: refused or named
+            self.ex.dropped = chat_only_fields("responses", body)
         self.body = body
         self.tenant = tenant = pipeline.episodes.tenant_of(self.headers)
         previous = body.get("previous_response_id")
@@ -194,6 +198,7 @@ class ResponsesCall(PipelineCall):
             if not (isinstance(current, str) and instruction in current):
                 text = f"{current}\n\n{instruction}" if isinstance(current, str) and current else ""
                 forward = {**upstream_body, "instructions": text or instruction}
+                self.injected = True  # the answer's ``instructions`` echo is put back as sent
         self.forward = forward
         request.forward_raw = raw if forward is body else orjson.dumps(forward)
         return request
@@ -214,7 +219,9 @@ class ResponsesCall(PipelineCall):
         if self.translate:
             return await self.upstream.complete(chat_body, self.out_headers, self.ex.timer)
         history = len(self.request.body.get("messages") or ())
-        payload = orjson.dumps(responses_request(self.forward, history, chat_body))
+        # The answers the repair turns repeat, in order (the first, then each re-ask's).
+        repeated = list(self._answers.values())
+        payload = orjson.dumps(responses_request(self.forward, history, chat_body, repeated))
         reply = await self.upstream.request(
             "POST", RESPONSES_PATH, self.out_headers, payload, self.ex.timer, self.query
         )
@@ -270,6 +277,9 @@ class ResponsesCall(PipelineCall):
                 "previous_response_id": self.body.get("previous_response_id"),
                 "store": self.body.get("store", True),
             }
+        if self.injected and "instructions" in response:
+            # The repair instruction is the proxy's own: never echoed back, never stored.
+            response = {**response, "instructions": self.body.get("instructions")}
         return response
 
     async def _keep(self, final: Mapping[str, Any]) -> None:
@@ -305,7 +315,7 @@ class ResponsesCall(PipelineCall):
         content = reply.content
         if 200 <= reply.status_code < 300:
             final, changed = await self._judge(answer_of(reply, items="output", shape="Responses"))
-            if changed:
+            if changed or self.injected:
                 content = orjson.dumps(final)
         else:
             ex.record.outcome = Outcome.UPSTREAM_ERROR

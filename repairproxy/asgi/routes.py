@@ -38,11 +38,14 @@ from repairproxy.asgi.responder import (
 )
 from repairproxy.asgi.responses import RESPONSES_PATH, ResponsesCall, stored_response
 from repairproxy.asgi.responses import error_event as responses_error_event
+from repairproxy.asgi.threads import MessageThreads
+from repairproxy.credentials import presented_key
 from repairproxy.episodes.responses_store import MemoryResponsesStore, ResponsesStore
 from repairproxy.errors import (
     AuthenticationError,
     BadRequestError,
     NotFoundError,
+    PermissionDeniedError,
     RepairProxyError,
     UpstreamError,
     UpstreamStatusError,
@@ -116,11 +119,21 @@ class Proxy:
         *,
         dashboard: DashboardSource | None = None,
         responses_store: ResponsesStore | None = None,
+        threads_store: ResponsesStore | None = None,
     ) -> None:
         self.settings = settings
         # The Responses answers the proxy delivered (previous_response_id, GET/DELETE by id).
-        self.responses_store: ResponsesStore = responses_store or MemoryResponsesStore(
-            settings.max_responses_memory, settings.episode_idle_ttl
+        # ``is None``, not ``or``: an empty store is falsy (``len`` 0).
+        self.responses_store: ResponsesStore = (
+            responses_store
+            if responses_store is not None
+            else MemoryResponsesStore(settings.max_responses_memory, settings.episode_idle_ttl)
+        )
+        # Anthropic message threads (asgi/threads.py): the answers delivered to threaded turns.
+        self.threads = MessageThreads(
+            threads_store
+            if threads_store is not None
+            else MemoryResponsesStore(settings.max_responses_memory, settings.episode_idle_ttl)
         )
         self.upstream = upstream
         self.pipeline = pipeline
@@ -246,7 +259,10 @@ class Proxy:
     ) -> None:
         headers, raw = await self._validated_request(scope, receive, ex)
         native = "messages" in self.settings.native_apis()
-        call = MessagesCall(self.upstream, self.pipeline, ex, scope, headers, native=native)
+        call = MessagesCall(
+            self.upstream, self.pipeline, ex, scope, headers, native=native, threads=self.threads
+        )
+        delivered = False
         try:
             await call.prepare(raw)
             await cancel_on_disconnect(
@@ -254,8 +270,12 @@ class Proxy:
                 receive,
                 scope,
             )
+            delivered = 200 <= responder.status < 300
         finally:
-            await call.settle()
+            try:
+                await call.settle()
+            finally:
+                await call.finish_thread(delivered)
 
     async def _stored_response(
         self, scope: Scope, receive: Receive, responder: Responder, ex: Exchange
@@ -313,7 +333,14 @@ class Proxy:
 
     async def _dashboard(self, scope: Scope, responder: Responder) -> None:
         assert self.dashboard is not None  # dispatched only when the page is served
-        self._authenticate(header_map(scope), self._api_keys)
+        # The page shows every tenant's numbers (and model-invented tool names): never to a
+        # client key. The metrics key opens it; with client keys and no metrics key, nobody.
+        if self._metrics_keys:
+            self._authenticate(header_map(scope), self._metrics_keys)
+        elif self._api_keys:
+            raise PermissionDeniedError(
+                "/dashboard shows every tenant's data: set --metrics-api-key to open it"
+            )
         from repairproxy.observe.dashboard import render_dashboard
 
         page = render_dashboard(self.dashboard)
@@ -325,10 +352,7 @@ class Proxy:
     def _authenticate(headers: Mapping[str, str], keys: tuple[bytes, ...]) -> None:
         if not keys:
             return
-        given = headers.get("authorization", "")
-        token = given[7:].strip().encode() if given[:7].lower() == "bearer " else b""
-        if not token:  # Anthropic's clients send the key as x-api-key
-            token = headers.get("x-api-key", "").strip().encode()
+        token = presented_key(headers).encode()  # the same key tenancy uses (credentials.py)
         # Compare against every key, always, so timing does not reveal which prefix matched.
         matched = False
         for key in keys:

@@ -41,6 +41,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import orjson
 
+from repairproxy.credentials import presented_key
 from repairproxy.episodes.chaining import (
     CanonicalCache,
     ChainIndex,
@@ -189,6 +190,9 @@ def scoped(tenant: str, name: str) -> str:
 class TenantKeys:
     """Tenant ids from client keys: ``t-`` + HMAC-SHA256(secret, key), truncated.
 
+    The key is ``credentials.presented_key``'s: whichever accepted header carried it
+    (``Authorization: Bearer`` first, then ``x-api-key``), one key is one tenant.
+
     The secret must be the same on every replica so one client is one tenant everywhere;
     ``generated`` says it was made up for this process only.
     """
@@ -198,8 +202,7 @@ class TenantKeys:
         self._secret = (secret or secrets.token_hex(32)).encode()
 
     def tenant_of(self, headers: Mapping[str, str]) -> str:
-        given = headers.get("authorization", "")
-        token = given[7:].strip() if given[:7].lower() == "bearer " else ""
+        token = presented_key(headers)  # exactly the key authentication accepted
         digest = hmac.new(self._secret, token.encode("utf-8", "surrogatepass"), hashlib.sha256)
         return "t-" + digest.hexdigest()[:24]
 

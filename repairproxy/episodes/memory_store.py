@@ -21,11 +21,14 @@ class MemoryEpisodeStore:
     """In-process store: LRU bounded at ``max_episodes`` and at ``max_bytes`` (estimated), entries
     idle longer than the TTL dropped.
 
-    Each tenant (the part of a key before ``/``) has its own LRU and at most ``tenant_quota``
-    bytes, so one tenant's churn evicts its own episodes first; past ``max_bytes`` the largest
-    tenant gives way. An evicted episode that had spent anything leaves a tombstone (its counts
-    only, a few dozen bytes): seen again, it comes back with those counts, never with a full
-    budget. ``on_evict(reason)`` is told of each eviction (``memory``, ``tenant_quota``, ``count``).
+    Each tenant (the part of a key before ``/``) has its own LRU, at most ``tenant_quota``
+    bytes and at most ``tenant_episodes`` episodes (the proxy sets both to its bound / the number
+    of client keys), so one tenant's churn evicts only its own episodes; past ``max_bytes`` or
+    ``max_episodes`` the largest tenant gives way. An evicted episode that had spent anything
+    leaves a tombstone (its counts only, a few dozen bytes) in its own tenant's list, at most
+    ``tenant_episodes`` (else ``max_episodes``) per tenant: seen again, it comes back with those
+    counts, never with a full budget, and no tenant's evictions push out another's tombstones.
+    ``on_evict(reason)`` is told of each eviction (``memory``, ``tenant_quota``, ``count``).
 
     ``update`` runs ``mutate`` without awaiting anything, so on one event loop it is atomic
     without a lock.
@@ -38,6 +41,7 @@ class MemoryEpisodeStore:
         *,
         max_bytes: int | None = None,
         tenant_quota: int | None = None,
+        tenant_episodes: int | None = None,
         on_evict: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -47,10 +51,13 @@ class MemoryEpisodeStore:
             tenant_quota is not None and tenant_quota < 1
         ):
             raise ValueError("max_bytes and tenant_quota must be at least 1")
+        if tenant_episodes is not None and tenant_episodes < 1:
+            raise ValueError("tenant_episodes must be at least 1")
         self.max_episodes = max_episodes
         self.idle_ttl_seconds = idle_ttl_seconds
         self.max_bytes = max_bytes
         self.tenant_quota = tenant_quota
+        self.tenant_episodes = tenant_episodes
         self.evictions = 0
         self._on_evict = on_evict
         self._clock = clock
@@ -59,8 +66,8 @@ class MemoryEpisodeStore:
         self._tenant_bytes: dict[str, int] = {}
         self._count = 0
         self._bytes = 0
-        # Evicted episodes that had spent something: key -> (charged, silent) counts.
-        self._tombstones: OrderedDict[str, tuple[dict[str, int], dict[str, int]]] = OrderedDict()
+        # Per tenant, evicted episodes that had spent something: key -> (charged, silent).
+        self._tombstones: dict[str, OrderedDict[str, tuple[dict[str, int], dict[str, int]]]] = {}
 
     def __len__(self) -> int:
         return self._count
@@ -95,6 +102,7 @@ class MemoryEpisodeStore:
         if (
             self._count > self.max_episodes
             or self.tenant_quota is not None
+            or (self.tenant_episodes is not None and len(lru) > self.tenant_episodes)
             or (self.max_bytes is not None and self._bytes > self.max_bytes)
         ):
             self._shrink(tenant, episode_id)
@@ -106,15 +114,20 @@ class MemoryEpisodeStore:
         entry = lru.get(episode_id) if lru is not None else None
         if entry is not None:
             return entry[1]
-        tomb = self._tombstones.get(episode_id)
+        tombs = self._tombstones.get(_tenant_of_key(episode_id))
+        tomb = tombs.get(episode_id) if tombs is not None else None
         if tomb is None:
             return None
         return EpisodeState(by_channel=dict(tomb[0]), silent_by_channel=dict(tomb[1]))
 
     def _revived(self, episode_id: str) -> EpisodeState | None:
-        tomb = self._tombstones.pop(episode_id, None)
+        tenant = _tenant_of_key(episode_id)
+        tombs = self._tombstones.get(tenant)
+        tomb = tombs.pop(episode_id, None) if tombs is not None else None
         if tomb is None:
             return None
+        if not tombs:
+            del self._tombstones[tenant]
         return EpisodeState(by_channel=dict(tomb[0]), silent_by_channel=dict(tomb[1]))
 
     def _account(self, tenant: str, size: int, count: int) -> None:
@@ -126,6 +139,10 @@ class MemoryEpisodeStore:
         """Evict until every bound holds; never the entry just written."""
         quota = self.tenant_quota
         while quota is not None and self._tenant_bytes.get(tenant, 0) > quota:
+            if not self._evict_oldest(tenant, keep, "tenant_quota"):
+                break
+        share = self.tenant_episodes
+        while share is not None and len(self._tenants.get(tenant, ())) > share:
             if not self._evict_oldest(tenant, keep, "tenant_quota"):
                 break
         while self._count > self.max_episodes or (
@@ -152,9 +169,13 @@ class MemoryEpisodeStore:
         self._account(tenant, -size, -1)
         self._drop_empty(tenant)
         if state.by_channel or state.silent_by_channel:
-            self._tombstones[key] = (dict(state.by_channel), dict(state.silent_by_channel))
-            while len(self._tombstones) > self.max_episodes:
-                self._tombstones.popitem(last=False)
+            tombs = self._tombstones.get(tenant)
+            if tombs is None:
+                tombs = self._tombstones[tenant] = OrderedDict()
+            tombs[key] = (dict(state.by_channel), dict(state.silent_by_channel))
+            limit = self.tenant_episodes or self.max_episodes
+            while len(tombs) > limit:  # this tenant's oldest only
+                tombs.popitem(last=False)
         self.evictions += 1
         if self._on_evict is not None:
             self._on_evict(reason)

@@ -50,14 +50,23 @@ class Stores:
         count: Callable[[], int] | None = None,
         client: Redis | None = None,
         responses: ResponsesStore | None = None,
+        log: Any = None,
+        threads: ResponsesStore | None = None,
     ) -> None:
         self.episodes = episodes
         # Delivered Responses answers (responses_store.py); in the process unless given.
-        self.responses: ResponsesStore = responses or MemoryResponsesStore(64 * 1024 * 1024)
+        # ``is None``, not ``or``: an empty memory store has ``len`` 0 and would be replaced by
+        # one without the per-key shares.
+        self.responses: ResponsesStore = (
+            responses if responses is not None else MemoryResponsesStore(64 * 1024 * 1024)
+        )
+        # Anthropic message threads' delivered answers (asgi/threads.py); None: the proxy's own.
+        self.threads = threads
         self.chains = chains
         self.health = health  # guard.StoreHealth for a shared store
         self._count = count
         self._client = client
+        self._log = log  # the start-up warning about Redis's eviction policy
         self._counted = 0
         self._counter: asyncio.Task[None] | None = None
 
@@ -68,7 +77,41 @@ class Stores:
     async def start(self) -> None:
         """Begin counting a shared store's episodes in the background (call inside the loop)."""
         if self._client is not None and self._counter is None:
+            await self._check_eviction_policy(self._client)
             self._counter = asyncio.get_running_loop().create_task(self._count_forever())
+
+    async def _check_eviction_policy(self, client: Redis) -> None:
+        """Warn when Redis may evict keys that have a TTL or not (``allkeys-*``): an evicted
+        episode comes back with a full budget, an evicted stored answer is a 404. Episode keys
+        always carry a TTL, so ``noeviction`` (default) or a ``volatile-*`` policy keeps them
+        until they idle out; managed Redis that refuses ``CONFIG GET`` is said once, not
+        fatal."""
+        if self._log is None:
+            return
+        try:
+            found = await asyncio.wait_for(client.config_get("maxmemory-policy"), 2.0)
+        except Exception as exc:  # managed Redis may refuse CONFIG: say so, start anyway
+            self._log.info(
+                "redis_eviction_policy_unknown",
+                detail=f"CONFIG GET maxmemory-policy failed ({type(exc).__name__}); make sure "
+                "the policy is noeviction or volatile-*, never allkeys-*",
+            )
+            return
+        values = {
+            (k.decode() if isinstance(k, bytes) else str(k)): (
+                v.decode() if isinstance(v, bytes) else str(v)
+            )
+            for k, v in dict(found).items()
+        }
+        policy = values.get("maxmemory-policy", "")
+        if policy.startswith("allkeys-"):
+            self._log.warning(
+                "redis_eviction_policy",
+                policy=policy,
+                detail="Redis may evict episode keys under memory pressure: an evicted episode "
+                "restarts with a full error budget and an evicted stored answer is lost; set "
+                "maxmemory-policy to noeviction or a volatile-* policy",
+            )
 
     async def _count_forever(self) -> None:
         store: Any = getattr(self.episodes, "inner", self.episodes)
@@ -112,6 +155,7 @@ def open_stores(
             settings.episode_idle_ttl,
             max_bytes=settings.max_episode_memory,
             tenant_quota=settings.max_episode_memory // keys if keys > 1 else None,
+            tenant_episodes=max(1, settings.max_episodes // keys) if keys > 1 else None,
             on_evict=count_eviction,
         )
         responses = MemoryResponsesStore(
@@ -119,7 +163,12 @@ def open_stores(
             settings.episode_idle_ttl,
             tenant_quota=settings.max_responses_memory // keys if keys > 1 else None,
         )
-        return Stores(memory, count=memory.__len__, responses=responses)
+        threads = MemoryResponsesStore(
+            settings.max_responses_memory,
+            settings.episode_idle_ttl,
+            tenant_quota=settings.max_responses_memory // keys if keys > 1 else None,
+        )
+        return Stores(memory, count=memory.__len__, responses=responses, threads=threads)
     if not is_redis_url(spec):
         raise ValueError(
             f"--episode-store must be memory or a redis://, rediss:// or unix:// URL, not {spec!r}"
@@ -141,12 +190,23 @@ def open_stores(
         GuardedChainIndex(RedisChainIndex(client, ttl), health),
         health,
         client=client,
+        log=log,
         responses=GuardedResponsesStore(
             RedisResponsesStore(
                 client,
                 ttl,
                 max_record_bytes=settings.max_responses_memory,
                 tenant_quota=settings.max_responses_memory // keys if keys > 1 else None,
+            ),
+            health,
+        ),
+        threads=GuardedResponsesStore(
+            RedisResponsesStore(
+                client,
+                ttl,
+                max_record_bytes=settings.max_responses_memory,
+                tenant_quota=settings.max_responses_memory // keys if keys > 1 else None,
+                prefix="repairproxy:threads:",
             ),
             health,
         ),

@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from repairproxy.credentials import DROPPED_HEADERS
 from repairproxy.errors import (
     BadRequestError,
     UpstreamBadAnswerError,
@@ -420,7 +421,7 @@ class Upstream:
                 or name in named
             ):
                 continue
-            if (name == b"authorization" or name == b"x-api-key") and self._drop_client_auth:
+            if name in DROPPED_HEADERS and self._drop_client_auth:
                 continue
             if name == b"accept-encoding" and not keep_encoding:
                 continue

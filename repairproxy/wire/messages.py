@@ -36,6 +36,8 @@ __all__ = [
     "from_chat_completion",
     "message_events",
     "messages_request",
+    "thinking_blocks",
+    "thinking_on",
     "to_chat_body",
     "to_chat_completion",
     "to_message",
@@ -129,6 +131,25 @@ def _chat_tool_choice(choice: Any) -> Any:
     if kind == "tool":
         return {"type": "function", "function": {"name": choice.get("name")}}
     return {"auto": "auto", "any": "required", "none": "none"}.get(str(kind))
+
+
+_THINKING = frozenset({"thinking", "redacted_thinking"})
+
+
+def thinking_blocks(answer: Mapping[str, Any]) -> list[Any]:
+    """An answer's ``thinking`` and ``redacted_thinking`` blocks, as they came."""
+    content = answer.get("content")
+    return [
+        b
+        for b in (content if isinstance(content, list) else ())
+        if isinstance(b, Mapping) and b.get("type") in _THINKING
+    ]
+
+
+def thinking_on(request: Mapping[str, Any]) -> bool:
+    """Whether a Messages request asks for extended thinking (``enabled`` or ``adaptive``)."""
+    thinking = request.get("thinking")
+    return isinstance(thinking, Mapping) and thinking.get("type") not in (None, "disabled")
 
 
 def _messages_tool_choice(choice: Any, original: Any) -> Any:
@@ -354,10 +375,15 @@ def messages_request(
     history_length: int,
     chat_body: Mapping[str, Any],
     valid_sibling: str | None = None,
+    answers: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """A re-ask as a Messages request: the forwarded request, its messages extended by the repair
     turns the chat loop appended after the first ``history_length`` chat messages.
-    ``valid_sibling``: the template's text for a kept valid call (its result is no error)."""
+    ``valid_sibling``: the template's text for a kept valid call (its result is no error).
+    ``answers``: the Messages answers the repair turns repeat, in order: each repeated assistant
+    turn starts with its answer's ``thinking`` / ``redacted_thinking`` blocks, unmodified (an
+    API with extended thinking refuses a tool_use turn without them). While thinking is on, the
+    re-ask never forces a tool (such an API refuses a forced ``tool_choice`` with thinking)."""
     request = dict(forward)
     repair = list(chat_body.get("messages") or ())[history_length:]
     if valid_sibling is not None:
@@ -368,11 +394,22 @@ def messages_request(
             for m in repair
         ]
     turns = [dict(m) for m in forward.get("messages") or () if isinstance(m, Mapping)]
+    repeated = iter(answers)
     for turn in from_chat_messages(repair):
-        _append(turns, str(turn["role"]), list(turn["content"]))
+        content = list(turn["content"])
+        if turn["role"] == "assistant":
+            answer = next(repeated, None)
+            if answer is not None:
+                thoughts = thinking_blocks(answer)
+                rest = [b for b in content if b.get("type") not in _THINKING]
+                content = [*thoughts, *rest]
+        _append(turns, str(turn["role"]), content)
     request["messages"] = _results_first(turns)
     request["stream"] = False
     choice = _messages_tool_choice(chat_body.get("tool_choice"), forward.get("tool_choice"))
+    thinking = thinking_on(forward) or any(thinking_blocks(a) for a in answers)
+    if thinking and isinstance(choice, Mapping) and choice.get("type") in ("any", "tool"):
+        choice = forward.get("tool_choice")  # never forced while thinking: the client's own
     if choice is not None:
         request["tool_choice"] = choice
     if "temperature" in chat_body:

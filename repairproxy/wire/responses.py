@@ -34,6 +34,8 @@ __all__ = [
     "new_item_id",
     "new_response_id",
     "output_text_delta",
+    "reasoning_items",
+    "reasoning_on",
     "response_events",
     "responses_request",
     "to_chat_body",
@@ -190,11 +192,33 @@ def from_chat_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
     return items
 
 
+def reasoning_items(response: Mapping[str, Any]) -> list[Any]:
+    """A Responses answer's ``reasoning`` items as they came (``encrypted_content`` included)."""
+    output = response.get("output")
+    return [
+        item
+        for item in (output if isinstance(output, list) else ())
+        if isinstance(item, Mapping) and item.get("type") == "reasoning"
+    ]
+
+
+def reasoning_on(request: Mapping[str, Any]) -> bool:
+    """Whether a Responses request asks for reasoning (an ``effort`` other than ``none``)."""
+    reasoning = request.get("reasoning")
+    return isinstance(reasoning, Mapping) and reasoning.get("effort") not in (None, "none")
+
+
 def responses_request(
-    forward: Mapping[str, Any], history_length: int, chat_body: Mapping[str, Any]
+    forward: Mapping[str, Any],
+    history_length: int,
+    chat_body: Mapping[str, Any],
+    answers: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """A re-ask as a Responses request: the forwarded request, its input extended by the repair
-    turns the chat loop appended after the first ``history_length`` messages."""
+    turns the chat loop appended after the first ``history_length`` messages. ``answers``: the
+    Responses answers the repair turns repeat, in order: each repeated assistant turn is
+    preceded by its answer's ``reasoning`` items, unmodified (``encrypted_content`` too). With
+    reasoning on, the re-ask never forces a tool call."""
     request = dict(forward)
     original = forward.get("input")
     items: list[Any] = (
@@ -202,11 +226,23 @@ def responses_request(
         if isinstance(original, str)
         else list(original or ())
     )
-    items.extend(from_chat_messages(list(chat_body.get("messages") or ())[history_length:]))
+    repeated = iter(answers)
+    for message in list(chat_body.get("messages") or ())[history_length:]:
+        if message.get("role") == "assistant":
+            answer = next(repeated, None)
+            if answer is not None:
+                items.extend(reasoning_items(answer))
+        items.extend(from_chat_messages([message]))
     request["input"] = items
     request["stream"] = False
+    reasoning = reasoning_on(forward) or any(reasoning_items(a) for a in answers)
     if "tool_choice" in chat_body:
-        request["tool_choice"] = _responses_tool_choice(chat_body["tool_choice"])
+        choice = _responses_tool_choice(chat_body["tool_choice"])
+        forced = choice == "required" or (
+            isinstance(choice, Mapping) and choice.get("type") == "function"
+        )
+        if not (reasoning and forced):
+            request["tool_choice"] = choice
     if "temperature" in chat_body:
         request["temperature"] = chat_body["temperature"]
     return request

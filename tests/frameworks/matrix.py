@@ -18,6 +18,7 @@ import asyncio
 import datetime
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -75,11 +76,16 @@ Driver = Callable[[str, bool, int], list[str]]
 class Framework:
     name: str
     package: str
-    api: str  # "chat" or "responses"
+    api: str  # "chat", "responses" or "messages" (on a chat-only upstream)
     driver: Driver
     venv: str | None = None  # its own venv under FW_VENVS
 
     def version(self) -> str | None:
+        if self.package.startswith("@"):  # an npm package: the pinned one (tests/support/npm.py)
+            from tests.support.npm import ANTHROPIC_SDK
+
+            pinned = ANTHROPIC_SDK[1] if self.package == ANTHROPIC_SDK[0] else None
+            return pinned if shutil.which("npm") else None
         if self.venv is not None:
             python = FW_VENVS / self.venv / "bin/python"
             if not python.exists():
@@ -344,6 +350,98 @@ def litellm_chat(base_url: str, streamed: bool, runs: int) -> list[str]:
     return orders.ran
 
 
+def anthropic_runner(base_url: str, streamed: bool, runs: int) -> list[str]:
+    """The anthropic SDK's default tool runner (it threads: message-threads-2026-08-12)."""
+    import anthropic
+    from anthropic import beta_tool
+
+    orders = Orders()
+
+    @beta_tool
+    def get_order_details(order_id: str) -> str:
+        """Get the status and details of an order.
+
+        Args:
+            order_id: The order id, like #W1.
+        """
+        return orders.get_order_details(order_id)
+
+    client = anthropic.Anthropic(base_url=base_url.removesuffix("/v1"), api_key="x", max_retries=0)
+    try:
+        for _ in range(runs):
+            messages: Any = [{"role": "user", "content": TASK}]
+            if streamed:
+                runner: Any = client.beta.messages.tool_runner(
+                    model="scripted-model",
+                    max_tokens=256,
+                    tools=[get_order_details],
+                    messages=messages,
+                    stream=True,
+                )
+                for stream in runner:
+                    stream.get_final_message()
+            else:
+                client.beta.messages.tool_runner(
+                    model="scripted-model",
+                    max_tokens=256,
+                    tools=[get_order_details],
+                    messages=messages,
+                ).until_done()
+    finally:
+        client.close()
+    return orders.ran
+
+
+_NODE_RUNNER = r"""
+const Anthropic = require("@anthropic-ai/sdk");
+const { betaTool } = require("@anthropic-ai/sdk/helpers/beta/json-schema");
+const [baseURL, task, streamed, runs] = process.argv.slice(1);
+const client = new Anthropic({ baseURL, apiKey: "x", maxRetries: 0 });
+const ran = [];
+const tool = betaTool({
+  name: "get_order_details",
+  description: "Get the status and details of an order.",
+  inputSchema: {
+    type: "object", properties: { order_id: { type: "string" } }, required: ["order_id"],
+  },
+  run: async ({ order_id }) => {
+    ran.push(order_id);
+    if (order_id !== "#W1") throw new Error(`Order ${order_id} not found`);
+    return `Order ${order_id}: delivered`;
+  },
+});
+(async () => {
+  for (let i = 0; i < Number(runs); i++) {
+    const body = { model: "scripted-model", max_tokens: 256, tools: [tool],
+                   messages: [{ role: "user", content: task }] };
+    if (streamed === "true") body.stream = true;
+    await client.beta.messages.toolRunner(body);
+  }
+  console.log("RAN " + JSON.stringify(ran));
+})().catch((error) => { console.error(String(error)); process.exit(1); });
+"""
+
+
+def anthropic_npm_runner(base_url: str, streamed: bool, runs: int) -> list[str]:
+    """The @anthropic-ai/sdk npm package's default tool runner (pinned, tests/support/npm.py)."""
+    from tests.support.npm import ANTHROPIC_SDK, node_modules
+
+    modules = node_modules(ANTHROPIC_SDK)
+    root = base_url.removesuffix("/v1")
+    done = subprocess.run(
+        ["node", "-e", _NODE_RUNNER, "--", root, TASK, str(streamed).lower(), str(runs)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NODE_PATH": modules},
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-800:])
+    ran: list[str] = orjson.loads(done.stdout.rpartition("RAN ")[2].splitlines()[0])
+    return ran
+
+
 def _venv_driver(venv: str, script: str, *options: str) -> Driver:
     def drive(base_url: str, streamed: bool, runs: int) -> list[str]:
         python = FW_VENVS / venv / "bin/python"
@@ -387,6 +485,8 @@ FRAMEWORKS: tuple[Framework, ...] = (
     Framework("pydantic-ai", "pydantic-ai-slim", "chat", _pydantic_ai(responses=False)),
     Framework("pydantic-ai", "pydantic-ai-slim", "responses", _pydantic_ai(responses=True)),
     Framework("litellm", "litellm", "chat", litellm_chat),
+    Framework("anthropic (python)", "anthropic", "messages", anthropic_runner),
+    Framework("@anthropic-ai/sdk (npm)", "@anthropic-ai/sdk", "messages", anthropic_npm_runner),
     Framework(
         "smolagents",
         "smolagents",
@@ -440,7 +540,7 @@ def _lines(proxy: RunningProxy) -> list[dict[str, Any]]:
     return [
         line
         for line in proxy.log_lines()
-        if line.get("path") in ("/v1/chat/completions", "/v1/responses")
+        if line.get("path") in ("/v1/chat/completions", "/v1/responses", "/v1/messages")
     ]
 
 
@@ -469,7 +569,11 @@ def _run(framework: Framework, check: str) -> tuple[bool, str]:
             upstream.push(*replies)
         else:
             upstream.push(*[r for r in replies if isinstance(r, Reply)])
-        settings = Settings(upstream=upstream.base_url, repair=RepairMode.REFLEXIVE)
+        # Messages rows: a chat-only upstream (the proxy translates, and keeps the threads).
+        chat_only = ("chat",) if framework.api == "messages" else ()
+        settings = Settings(
+            upstream=upstream.base_url, repair=RepairMode.REFLEXIVE, upstream_apis=chat_only
+        )
         with running_proxy(settings) as proxy:
             ran = framework.driver(proxy.base_url, check == "stream", runs)
             lines = _lines(proxy)

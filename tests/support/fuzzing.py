@@ -10,7 +10,11 @@ Tenants: the proxy runs with three client keys. Each case is sent with key A or 
 the cases name an episode id from a small pool every tenant uses (``EPISODE_POOL``); its
 concurrent neighbour is a third tenant, the sentinel, that names the same episode id and only
 ever sends plain requests. Its episode must stay untouched: 200, 0 errors, whatever A and B
-spent on their episodes of that name (``_check_isolated``).
+spent on their episodes of that name (``_check_isolated``). Every request (the sentinel's too)
+presents its key in one of the forms authentication accepts (``credentials.CREDENTIAL_HEADERS``,
+drawn per request), so a form that authentication accepts but tenancy ignores would merge
+tenants and spend the sentinel's episode. ``fuzz_rig(episode_store=...)`` runs the same against
+Redis.
 
 Used by ``tests/proxy/test_fuzz.py`` (a few hundred cases) and ``benchmarks/fuzz.py`` (10,000+).
 """
@@ -29,17 +33,37 @@ import httpx
 import orjson
 from hypothesis import strategies as st
 
+from repairproxy.credentials import CREDENTIAL_HEADERS
 from repairproxy.settings import Settings
 from repairproxy.types import BudgetPolicy
 from tests.support.proxy_server import RunningProxy, running_proxy
 from tests.support.servers import raw_server
 
-__all__ = ["EPISODE_POOL", "KEYS", "SENTINEL_KEY", "Case", "FuzzRig", "cases", "fuzz_rig"]
+__all__ = [
+    "EPISODE_POOL",
+    "FORMS",
+    "KEYS",
+    "SENTINEL_KEY",
+    "Case",
+    "FuzzRig",
+    "cases",
+    "credential",
+    "fuzz_rig",
+]
 
 # Client keys of the fuzzed tenants, and the sentinel's; episode ids every tenant reuses.
 KEYS = ("fuzz-key-a", "fuzz-key-b")
 SENTINEL_KEY = "fuzz-key-sentinel"
 EPISODE_POOL = tuple(f"shared-{n}" for n in range(4))
+# The header names of every credential form authentication accepts, in its order.
+FORMS = tuple(name for name, _ in CREDENTIAL_HEADERS)
+
+
+def credential(form: str, key: str) -> dict[str, str]:
+    """The header that presents ``key`` in ``form`` (one of ``FORMS``)."""
+    scheme = dict(CREDENTIAL_HEADERS)[form]
+    return {form: (scheme.strip().capitalize() + " " if scheme else "") + key}
+
 
 _tags = itertools.count(1)
 _NAMES = ["get_order", "find_user", "cancel_order", "refund", "lookup", "x" * 70, "名前", ""]
@@ -142,6 +166,7 @@ class Case:
     mode: str = "reflexive"
     key: str = KEYS[0]
     episode: str | None = None  # X-Episode-ID, from EPISODE_POOL; None: chained
+    form: str = FORMS[0]  # the header that carries the key
 
 
 @st.composite
@@ -178,6 +203,7 @@ def cases(draw: st.DrawFn) -> Case:
         mode=draw(st.sampled_from(["off", "prompt", "promote", "reflexive", "constrained"])),
         key=draw(st.sampled_from(KEYS)),
         episode=draw(st.sampled_from([None, *EPISODE_POOL])) if draw(st.booleans()) else None,
+        form=draw(st.sampled_from(FORMS)),
     )
 
 
@@ -240,6 +266,7 @@ class FuzzRig:
             {"role": "assistant", "content": "hello"},
             key=SENTINEL_KEY,
             episode=case.episode or EPISODE_POOL[0],
+            form=FORMS[int(tag[1:]) % len(FORMS)],  # the sentinel mixes every form too
         )
         with self.lock:
             self.plans[tag], self.plans[neighbour] = case, plain
@@ -254,7 +281,7 @@ class FuzzRig:
                 "x-fuzz-tag": which,
                 "x-repairproxy-repair": plan.mode,
                 "content-type": "application/json",
-                "authorization": f"Bearer {plan.key}",
+                **credential(plan.form, plan.key),
             }
             if plan.episode is not None:
                 headers["x-episode-id"] = plan.episode
@@ -363,7 +390,9 @@ def _upstream_handler(plans: dict[str, Case], lock: threading.Lock) -> Any:
 
 
 @contextmanager
-def fuzz_rig() -> Iterator[FuzzRig]:
+def fuzz_rig(episode_store: str = "memory") -> Iterator[FuzzRig]:
+    """The proxy (episodes in ``episode_store``: memory or a Redis URL) before the tagging
+    upstream."""
     plans: dict[str, Case] = {}
     lock = threading.Lock()
     with ExitStack() as stack:
@@ -378,6 +407,7 @@ def fuzz_rig() -> Iterator[FuzzRig]:
                     tenant_secret="fuzz",
                     budget=2,
                     on_budget_exhausted=BudgetPolicy.REJECT,
+                    episode_store=episode_store,
                 )
             )
         )

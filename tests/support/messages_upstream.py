@@ -104,6 +104,39 @@ def _events(message: dict[str, Any]) -> list[bytes]:
     return out
 
 
+def _error(message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+
+
+def _refusal(request: dict[str, Any], headers: dict[str, str]) -> dict[str, Any] | None:
+    """What Anthropic's API refuses that a proxy could get wrong: with extended thinking on, an
+    assistant turn holding ``tool_use`` that does not start with a thinking block, and a
+    forced ``tool_choice``; and (this upstream keeps no threads) a ``thread`` field or the
+    threads beta, which the proxy must never forward."""
+    if "thread" in request or "message-threads-" in headers.get("anthropic-beta", ""):
+        return _error("this upstream keeps no threads: the proxy forwarded `thread`")
+    thinking = request.get("thinking")
+    if not (isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")):
+        return None
+    choice = request.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
+        return _error("Thinking may not be enabled when tool_choice forces tool use.")
+    for index, message in enumerate(request.get("messages") or ()):
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        kinds = [b.get("type") for b in content if isinstance(b, dict)]
+        if "tool_use" in kinds and kinds[0] not in ("thinking", "redacted_thinking"):
+            return _error(
+                f"messages.{index}.content.0.type: Expected `thinking` or `redacted_thinking`, "
+                f"but found `{kinds[0]}`. When `thinking` is enabled, a final `assistant` "
+                "message must start with a thinking block."
+            )
+    return None
+
+
 @dataclass
 class _State:
     script: list[Any] = field(default_factory=list)
@@ -128,6 +161,10 @@ class _Handler(LoopbackHandler):
                 return
             if not self.path.startswith("/v1/messages"):
                 self.send_json(404, {"detail": "Not Found"})
+                return
+            refusal = _refusal(request, {k.lower(): v for k, v in self.headers.items()})
+            if refusal is not None:  # refused as Anthropic's API refuses it; the script waits
+                self.send_json(400, refusal)
                 return
             scripted = state.script.pop(0) if state.script else [text("script exhausted")]
             delay = state.delay if len(state.requests) > 1 else 0.0

@@ -63,6 +63,7 @@ def _response(output: list[dict[str, Any]], request: dict[str, Any]) -> dict[str
         "tool_choice": request.get("tool_choice", "auto"),
         "tools": request.get("tools", []),
         "previous_response_id": request.get("previous_response_id"),
+        "instructions": request.get("instructions"),  # echoed, as OpenAI does
         "usage": {
             "input_tokens": 20,
             "output_tokens": 5,
