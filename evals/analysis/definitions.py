@@ -22,8 +22,10 @@ DEFINITIONS: tuple[tuple[str, str], ...] = (
     ),
     (
         "pair, task",
-        "two arms' episodes of one task and trial; the task is the unit of every paired interval "
-        "and test, since the trials of one task are not independent.",
+        "two arms' episodes of one task and trial; the task is the unit of every paired interval, "
+        "test and power figure (difference, change test, odds ratio, TOST, power), since the "
+        "trials of one task are not independent. McNemar's p and the exact odds-ratio interval "
+        "over episode pairs are shown beside, labelled 'as in the paper', and decide nothing.",
     ),
     (
         "valid answer",
@@ -54,11 +56,14 @@ DEFINITIONS: tuple[tuple[str, str], ...] = (
     ),
     (
         "raw_hallucination_rate",
-        "invented-name calls in the model's first answers over tool calls in those answers. Per "
+        "invented-name calls in the model's first answers over the calls counted for them. Per "
         "answer, the numerator is the larger of the environment's count (calls that ran and "
         "failed 'not found', user-side tools excepted) and the proxy's (names it caught in the "
         "first answer); the denominator is the calls that ran plus the invented-name calls the "
-        "proxy removed before they could run, so both count the same calls.",
+        "proxy removed before they could run. The record does not carry a first answer's own "
+        "call count, so where a re-ask replaced the first answer's calls the denominator counts "
+        "the delivered ones: 1 invented call re-asked into 3 valid calls reads 1 of 4 (25%), "
+        "not 1 of 1.",
     ),
     (
         "recovery",
@@ -69,14 +74,20 @@ DEFINITIONS: tuple[tuple[str, str], ...] = (
     ),
     (
         "equivalent",
-        "the 90% interval of the paired difference lies inside ±7.5 points (TOST at 5% per side, "
-        "task-clustered, null-imposed variance, small-cluster df; size at the margin measured by "
-        "benchmarks/tost_calibration.py). The interval and the verdict are one decision.",
+        "the 90% interval of the paired difference lies inside ±7.5 points: TOST at 5% per side "
+        "over tasks, each one-sided t at the tested value delta with the null-imposed "
+        "cluster-robust variance (CR1), never below the task-level floor (|delta| - delta^2) / G "
+        "for G tasks; Satterthwaite's df of the tasks' squared residuals (at most G - 1); the "
+        "critical value raised by the one-sided Cornish-Fisher term skew (2q^2 + 1) / (6 sqrt G) "
+        "when the task means' skewness makes that tail heavier. The interval is the test's own "
+        "inversion and the verdict is that it lies inside; size at the margin measured by "
+        "benchmarks/tost_calibration.py.",
     ),
     (
         "Holm family",
         "a set of comparisons fixed before any p-value is seen (the grid file's [families], else: "
-        "precision cells at mode off; repair-mode comparisons; other comparisons). McNemar's p is "
+        "precision cells at mode off; repair-mode comparisons; other comparisons). The change "
+        "test's p (the within-task sign-flip test, exact; and McNemar's, as in the paper) is "
         "Holm-adjusted within its family only; equivalence is not adjusted (intersection-union).",
     ),
     (

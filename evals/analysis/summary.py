@@ -451,7 +451,8 @@ def build_summary(
     summaries: Mapping[str, ArmSummary] | None = None,
 ) -> Summary:
     """Summarise every arm (unless ``summaries`` has them by label: ``summarize_arm``'s, made
-    where the arms were read) and every pair; Holm adjusts McNemar's p within each family."""
+    where the arms were read) and every pair; Holm adjusts the sign-flip test's p (and, as in
+    the paper, McNemar's) within each family."""
     by_label = {arm.label: arm for arm in arms}
     if summaries is None:
         summaries = {arm.label: summarize_arm(arm) for arm in arms}
@@ -462,12 +463,22 @@ def build_summary(
     )
     names = assign_families([(summaries[r], summaries[c]) for r, c in pairs], families)
     adjusted: dict[int, float | NotAvailable] = {}
+    adjusted_change: dict[int, float | NotAvailable] = {}
     for family in dict.fromkeys(names):
         members = [i for i, name in enumerate(names) if name == family]
         for i, p in zip(members, stats.holm([compared[i].mcnemar_p for i in members]), strict=True):
             adjusted[i] = p
+        changes = stats.holm([compared[i].change_p for i in members])
+        for i, p in zip(members, changes, strict=True):
+            adjusted_change[i] = p
     compared = [
-        replace(p, family=names[i], mcnemar_p_holm=adjusted[i]) for i, p in enumerate(compared)
+        replace(
+            p,
+            family=names[i],
+            mcnemar_p_holm=adjusted[i],
+            change_p_holm=adjusted_change[i],
+        )
+        for i, p in enumerate(compared)
     ]
     used = dict.fromkeys(names)
     if families is None:
