@@ -16,7 +16,7 @@ from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 from PIL import Image
 
-from evals.analysis.stats import EQUIVALENCE_MARGIN, Interval, average_ranks
+from evals.analysis.stats import EQUIVALENCE_MARGIN, Interval, Tost, average_ranks
 from evals.analysis.summary import (
     BUDGETS,
     ENV_CHANNELS,
@@ -40,6 +40,7 @@ __all__ = [
     "failed_calls_page",
     "name_ranks",
     "pages",
+    "pair_label",
     "repair_effect_page",
     "short",
     "slug",
@@ -210,26 +211,52 @@ def channel_rates_page(arms: Sequence[ArmSummary], path: Path, title: str) -> Pa
     return _save_page(figure, path)
 
 
+def pair_label(compared: str, reference: str, limit: int = 56) -> str:
+    """``compared − reference``, the reference written as the parts where it differs from the
+    compared arm (its precision and its mode alike: "…-fp8-…/off − bf16/off" is a precision
+    pair, "…/reflexive − off" a repair pair), the whole reference when the labels do not align."""
+    ours, theirs = re.split(r"([-/])", compared), re.split(r"([-/])", reference)
+    if len(ours) == len(theirs):
+        parts = [t for o, t in zip(ours[::2], theirs[::2], strict=True) if o != t]
+        named = "/".join(parts) if parts else reference
+    else:
+        named = reference
+    return short(f"{compared} − {named}", limit)
+
+
 def differences_page(pairs: Sequence[PairSummary], path: Path, title: str) -> Path | None:
-    """Paired success difference with its 95% interval, one row per pair, ±7.5-point band."""
-    rows = [(p, p.difference) for p in pairs if isinstance(p.difference, Interval)]
+    """Paired success difference with the interval TOST inverts (90%: the verdict's own), one
+    row per pair, the ±7.5-point band; filled: equivalent, open: not."""
+    rows = [(p, p.tost) for p in pairs if isinstance(p.tost, Tost)]
     if not rows:
         return None
     height = 1.5 + 0.3 * len(rows)
     figure = Figure(figsize=(9.0, height))
     axes = figure.add_axes((0.42, 1.0 / height, 0.54, 1 - 1.5 / height))
-    for y, (_, value) in enumerate(rows):
-        axes.plot([value.low, value.high], [y, y], color="tab:blue")
-        axes.plot([value.estimate], [y], marker="o", color="tab:blue", markersize=4)
+    for y, (_, test) in enumerate(rows):
+        value = test.interval
+        colour = "tab:green" if test.equivalent else "tab:blue"
+        axes.plot([value.low, value.high], [y, y], color=colour)
+        axes.plot(
+            [value.estimate],
+            [y],
+            marker="o",
+            color=colour,
+            markersize=4,
+            markerfacecolor=colour if test.equivalent else "white",
+        )
     axes.axvspan(-EQUIVALENCE_MARGIN, EQUIVALENCE_MARGIN, color="tab:green", alpha=0.12)
     axes.axvline(0, color="grey", linewidth=1)
     axes.set_yticks(range(len(rows)))
     axes.set_yticklabels(
-        [short(f"{p.compared} − {p.reference.rsplit('/', 1)[-1]}", 56) for p, _ in rows],
-        fontsize=7,
+        [f"{pair_label(p.compared, p.reference)} ({p.tasks} tasks)" for p, _ in rows], fontsize=7
     )
     axes.invert_yaxis()
-    axes.set_xlabel("compared − reference, success (95% CI); green: ±7.5 points", fontsize=8)
+    axes.set_xlabel(
+        "compared − reference, success: TOST's 90% interval (the verdict's); green band: ±7.5 "
+        "points; filled green: equivalent",
+        fontsize=8,
+    )
     axes.set_title(title, fontsize=9, y=TITLE_Y)
     axes.grid(axis="x", alpha=0.3)
     return _save_page(figure, path)
@@ -352,9 +379,7 @@ def task_shift_page(pairs: Sequence[PairSummary], path: Path, title: str) -> Pat
         axes.barh(range(len(rows)), widths, left=left, color=colour, label=label)
         left = [a + b for a, b in zip(left, widths, strict=True)]
     axes.set_yticks(range(len(rows)))
-    axes.set_yticklabels(
-        [short(f"{p.compared} − {p.reference.rsplit('/', 1)[-1]}", 56) for p in rows], fontsize=7
-    )
+    axes.set_yticklabels([pair_label(p.compared, p.reference) for p in rows], fontsize=7)
     axes.invert_yaxis()
     axes.set_xlim(0, 1)
     axes.set_xlabel("share of tasks: compared did worse / the same / better", fontsize=8)
