@@ -45,14 +45,26 @@ DEFINITIONS: tuple[tuple[str, str], ...] = (
     (
         "fixed",
         "caught in the first answer, changed by the proxy (a text call promoted to a real call, "
-        "or a re-ask), and what reached the agent was valid. A promotion is a fix; so is a "
-        "re-ask. 'Valid on delivery' is the proxy's own verdict when recorded, else: none of the "
-        "delivered calls failed as an invented name, a user-side tool or an argument error.",
+        "or a re-ask), and what reached the agent was valid and carried a tool call. A promotion "
+        "is a fix; so is a re-ask. 'Valid on delivery' is the proxy's own verdict when recorded "
+        "(X-Repairproxy-Delivered-Tool-Errors), else: none of the delivered calls failed as an "
+        "invented name, a user-side tool or an argument error.",
+    ),
+    (
+        "declined",
+        "caught, re-asked, and the model answered the re-ask in plain text without a tool call "
+        "(which the re-ask allows when no listed tool fits); valid, but not a fix.",
+    ),
+    (
+        "withheld",
+        "caught and re-asked, and the proxy refused the re-ask's reply (a listed tool called with "
+        "values found nowhere in the conversation) and delivered the answer it held "
+        "(X-Repairproxy-Repair-Result: withheld): the proxy's decision, not the model's failure.",
     ),
     (
         "still invalid after repair",
-        "caught, changed by the proxy, and what reached the agent was still not valid (or the "
-        "re-ask failed upstream).",
+        "caught, changed by the proxy, not withheld, and what reached the agent was still not "
+        "valid (or the re-ask failed upstream).",
     ),
     (
         "raw_hallucination_rate",
@@ -133,6 +145,8 @@ class AnswerFacts:
     reasks: int
     repair_failed: bool
     valid_on_delivery: bool | None  # None: not known
+    withheld: bool = False  # the proxy refused the re-ask's reply (repair_result "withheld")
+    delivered_calls: int | None = None  # tool calls the agent received; None: not known
 
     @property
     def caught(self) -> bool:
@@ -143,27 +157,46 @@ class AnswerFacts:
         return self.promoted > 0 or self.reasks > 0
 
     @property
+    def declined(self) -> bool:
+        return (
+            self.caught
+            and self.reasks > 0
+            and not self.withheld
+            and not self.repair_failed
+            and self.valid_on_delivery is True
+            and self.delivered_calls == 0
+        )
+
+    @property
     def fixed(self) -> bool:
         return (
             self.caught
             and self.changed
+            and not self.withheld
             and not self.repair_failed
             and self.valid_on_delivery is True
+            and not self.declined
         )
 
     @property
     def still_invalid(self) -> bool:
         return (
-            self.caught and self.changed and (self.repair_failed or self.valid_on_delivery is False)
+            self.caught
+            and self.changed
+            and not self.withheld
+            and (self.repair_failed or self.valid_on_delivery is False)
         )
 
 
 def answer_facts(
-    record: Mapping[str, Any] | None, delivered_channels: frozenset[str] | None = None
+    record: Mapping[str, Any] | None,
+    delivered_channels: frozenset[str] | None = None,
+    delivered_calls: int | None = None,
 ) -> AnswerFacts | None:
     """The facts of one answer from the proxy's record (its ``x-repairproxy-*`` headers) and,
     when the record does not say, the channels its delivered calls failed with in the
-    environment (``delivered_channels``; None: unknown). None without a record."""
+    environment (``delivered_channels``; None: unknown); ``delivered_calls``: how many tool
+    calls the agent received (None: unknown). None without a record."""
     if record is None:
         return None
     reasks = _count(record.get("repairs"))
@@ -184,4 +217,7 @@ def answer_facts(
         every = frozenset(_channels(record.get("tool_errors")))
         separable = reasks == 0 or (reasks == 1 and valid is True and not repair_failed)
         first = every
-    return AnswerFacts(first, separable, promoted, reasks, repair_failed, valid)
+    withheld = str(record.get("repair_result", "")) == "withheld"
+    return AnswerFacts(
+        first, separable, promoted, reasks, repair_failed, valid, withheld, delivered_calls
+    )

@@ -191,7 +191,7 @@ def answers_facts(episode: Episode) -> list[tuple[int, AnswerFacts]]:
             continue
         calls = by_answer.get(index)
         delivered = frozenset(c.channel for c in calls if c.error and c.channel) if calls else None
-        facts = answer_facts(proxy, delivered)
+        facts = answer_facts(proxy, delivered, len(calls) if calls else 0)
         if facts is not None:
             out.append((index, facts))
     return out
@@ -200,7 +200,7 @@ def answers_facts(episode: Episode) -> list[tuple[int, AnswerFacts]]:
 def _proxy_view(episodes: Sequence[Episode]) -> ProxyView:
     by_channel = {channel: 0 for channel in PROXY_CHANNELS}
     answers = caught = fixed = repairs = failures = 0
-    changed = still_invalid = unchecked = not_separable = 0
+    changed = still_invalid = unchecked = not_separable = declined = withheld = 0
     for episode in episodes:
         for _, facts in answers_facts(episode):
             answers += 1
@@ -215,6 +215,8 @@ def _proxy_view(episodes: Sequence[Episode]) -> ProxyView:
             changed += facts.changed
             fixed += facts.fixed
             still_invalid += facts.still_invalid
+            declined += facts.declined
+            withheld += facts.withheld
             unchecked += facts.changed and facts.valid_on_delivery is None
     return ProxyView(
         answers,
@@ -227,6 +229,8 @@ def _proxy_view(episodes: Sequence[Episode]) -> ProxyView:
         still_invalid_answers=still_invalid,
         unchecked_answers=unchecked,
         not_separable=not_separable,
+        declined_answers=declined,
+        withheld_answers=withheld,
     )
 
 

@@ -99,6 +99,8 @@ def _proxy(view: ProxyView) -> dict[str, Any]:
         "changed_answers": view.changed_answers,
         "fixed_answers": view.fixed_answers,
         "fixed_share": _value(view.fixed_share),
+        "declined_answers": view.declined_answers,
+        "withheld_answers": view.withheld_answers,
         "still_invalid_answers": view.still_invalid_answers,
         "unchecked_answers": view.unchecked_answers,
         "first_answer_not_separable": view.not_separable,
@@ -314,7 +316,8 @@ def _arm_sections(summary: Summary) -> list[Section]:
         "What the proxy caught and fixed",
         [
             "Answers caught in the model's first answer, per channel (from the recorded "
-            "x-repairproxy-* headers); fixed, still invalid and not separable as in Definitions."
+            "x-repairproxy-* headers); fixed, declined, withheld (the proxy refused the re-ask's "
+            "reply), still invalid and not separable as in Definitions."
         ],
         [
             "arm",
@@ -324,6 +327,8 @@ def _arm_sections(summary: Summary) -> list[Section]:
             "not separable",
             "changed",
             "fixed",
+            "declined",
+            "withheld",
             "still invalid",
             "re-asks",
             "re-ask failed",
@@ -354,6 +359,8 @@ def _arm_sections(summary: Summary) -> list[Section]:
                 pct(view.fixed_share)
                 if isinstance(view.fixed_share, NotAvailable)
                 else f"{view.fixed_answers} ({pct(view.fixed_share)})",
+                str(view.declined_answers),
+                str(view.withheld_answers),
                 str(view.still_invalid_answers),
                 str(view.repairs),
                 str(view.repair_failures),
