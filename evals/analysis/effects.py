@@ -19,7 +19,7 @@ from evals.analysis.stats import (
     Interval,
     NotAvailable,
     PairedTable,
-    TaskClusters,
+    TaskMoments,
     TaskPairs,
     null_variance,
     t_quantile,
@@ -194,7 +194,7 @@ def paired_odds_ratio_as_in_the_paper(table: PairedTable) -> Interval | NotAvail
 # ---------------------------------------------------------------------------------------------
 # What the run could have detected
 
-POWER_REPLICATES = 500  # Monte Carlo SE of a power near 80%: 1.8 points
+POWER_REPLICATES = 1000  # Monte Carlo SE of a power near 80%: 1.3 points
 POWER_SEED = 20261204
 
 
@@ -233,25 +233,25 @@ def power(pairs: TaskPairs, margin: float, alpha: float = 0.05) -> Power | NotAv
     se = math.sqrt(null_variance(pairs, estimate))
     rng = np.random.default_rng(POWER_SEED)
     drawn = rng.integers(0, pairs.tasks, (POWER_REPLICATES, pairs.tasks))
-    base_sums, base_sizes = sums[drawn], sizes[drawn]
-
-    def at(truth: float) -> npt.NDArray[np.float64]:
-        return np.asarray(base_sums - base_sizes * (estimate - truth), dtype=float)
-
+    moments = TaskMoments.of(sums[drawn], sizes[drawn])
     zero = np.zeros(POWER_REPLICATES)
+
+    def shift(truth: float) -> npt.NDArray[np.float64]:
+        """Each drawn task's mean difference moved by (estimate - truth): the truth is then
+        ``truth`` in the population the draws come from."""
+        return np.full(POWER_REPLICATES, estimate - truth)
 
     def change_power(truth: float) -> float:
         # The rejection on the far side (a true gain read as a loss) is left out: it is
         # negligible where the power is 80%, and leaving it out can only understate the power.
-        clusters = TaskClusters.of(at(truth), base_sizes)
         side = -1 if truth > 0 else +1
-        return float(np.mean(clusters.excess(zero, side, alpha / 2.0) > 0))
+        return float(np.mean(moments.excess(zero, side, alpha / 2.0, shift(truth)) > 0))
 
     def smallest(sign: int) -> float:
         low, high = 0.0, 1.0
         if change_power(sign * high) < POWER:
             return 1.0
-        for _ in range(10):
+        for _ in range(12):
             middle = (low + high) / 2.0
             if change_power(sign * middle) >= POWER:
                 high = middle
@@ -260,12 +260,15 @@ def power(pairs: TaskPairs, margin: float, alpha: float = 0.05) -> Power | NotAv
         return high
 
     detectable = max(smallest(+1), smallest(-1))
-    null = TaskClusters.of(at(0.0), base_sizes)
-    shape = null.estimate.shape
-    lower = null.excess(np.full(shape, -margin), -1, alpha) > 0
-    upper = null.excess(np.full(shape, margin), +1, alpha) > 0
+    at_zero = shift(0.0)
+    shape = at_zero.shape
+    lower = moments.excess(np.full(shape, -margin), -1, alpha, at_zero) > 0
+    upper = moments.excess(np.full(shape, margin), +1, alpha, at_zero) > 0
     tost_power = float(np.mean(lower & upper))
-    reach = np.maximum(-null.bound(-1, margin, alpha, 16), null.bound(+1, margin, alpha, 16))
+    reach = np.maximum(
+        -moments.bound(-1, margin, alpha, at_zero, 14),
+        moments.bound(+1, margin, alpha, at_zero, 14),
+    )
     margin_at_power = float(np.quantile(reach, POWER, method="higher"))
     return Power(se, detectable, tost_power, margin_at_power)
 

@@ -144,7 +144,7 @@ def _effects_section(pairs: list[PairSummary]) -> Section:
             "95% interval over tasks (a null-imposed cluster-robust score interval, t with G − 1 "
             "df over the tasks with discordant pairs); beside it, as in the paper, the exact "
             "interval of the discordant split with every episode pair independent (its level is "
-            "not kept when tasks differ). Power by simulation (500 bootstrap draws of the "
+            "not kept when tasks differ). Power by simulation (1,000 bootstrap draws of the "
             "observed tasks, each task's difference shifted to the alternative, the tests run on "
             "each draw): the smallest true difference the difference column's two-sided 5% test "
             f"finds in 80% of draws; the share of draws in which the ±{margin:.1f}-point TOST "

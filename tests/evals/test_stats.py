@@ -489,3 +489,29 @@ def test_difference_intervals_at_once_are_each_tables_own() -> None:
     together = difference_intervals(tables)
     assert together == [difference_interval(t) for t in tables]
     assert isinstance(together[-1], NotAvailable) and isinstance(together[-2], NotAvailable)
+
+
+def test_task_moments_are_the_clusters_statistic_of_the_shifted_data() -> None:
+    """The power simulation's O(replicates) statistic equals the test's own on shifted data."""
+    from evals.analysis.stats import TaskClusters, TaskMoments
+
+    rng = np.random.default_rng(3)
+    for tasks, trials in ((10, 1), (30, 4), (114, 8)):
+        sums = rng.integers(-trials, trials + 1, (200, tasks)).astype(float)
+        sizes = rng.integers(1, trials + 1, (200, tasks)).astype(float)
+        sums = np.clip(sums, -sizes, sizes)
+        shift = rng.uniform(-0.2, 0.2, 200)
+        moments = TaskMoments.of(sums, sizes)
+        clusters = TaskClusters.of(sums - sizes * shift[:, None], sizes)
+        for delta in (-0.075, 0.0, 0.03, 0.075):
+            at = np.full(200, delta)
+            for side in (-1, 1):
+                expected = clusters.excess(at, side, 0.05)
+                got = moments.excess(at, side, 0.05, shift)
+                assert np.allclose(got, expected, rtol=1e-7, atol=1e-7)
+        for side in (-1, 1):
+            assert np.allclose(
+                moments.bound(side, 0.075, 0.05, shift),
+                clusters.bound(side, 0.075, 0.05),
+                atol=1e-7,
+            )
