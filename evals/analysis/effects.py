@@ -233,7 +233,7 @@ def power(pairs: TaskPairs, margin: float, alpha: float = 0.05) -> Power | NotAv
     se = math.sqrt(null_variance(pairs, estimate))
     rng = np.random.default_rng(POWER_SEED)
     drawn = rng.integers(0, pairs.tasks, (POWER_REPLICATES, pairs.tasks))
-    moments = TaskMoments.of(sums[drawn], sizes[drawn])
+    moments = TaskMoments.of(sums[drawn], sizes[drawn], tabled=True)
     zero = np.zeros(POWER_REPLICATES)
 
     def shift(truth: float) -> npt.NDArray[np.float64]:
@@ -251,7 +251,7 @@ def power(pairs: TaskPairs, margin: float, alpha: float = 0.05) -> Power | NotAv
         low, high = 0.0, 1.0
         if change_power(sign * high) < POWER:
             return 1.0
-        for _ in range(12):
+        for _ in range(10):  # to 0.1 point
             middle = (low + high) / 2.0
             if change_power(sign * middle) >= POWER:
                 high = middle

@@ -515,3 +515,13 @@ def test_task_moments_are_the_clusters_statistic_of_the_shifted_data() -> None:
                 clusters.bound(side, 0.075, 0.05),
                 atol=1e-7,
             )
+
+
+def test_the_tabled_t_quantile_is_within_1e_5_of_the_exact_one() -> None:
+    from evals.analysis.stats import TaskMoments
+
+    moments = TaskMoments.of(np.zeros((1, 114)), 4, tabled=True)
+    df = np.concatenate([np.linspace(1.0, 113.0, 5000), [1.0, 1.5, 2.0, 113.0]])
+    for alpha in (0.05, 0.025):
+        exact = t_quantile(alpha, df)
+        assert np.max(np.abs(moments.quantile(alpha, df) - exact)) < 1e-5
