@@ -71,11 +71,11 @@ DEFINITIONS: tuple[tuple[str, str], ...] = (
         "invented-name calls in the model's first answers over the calls counted for them. Per "
         "answer, the numerator is the larger of the environment's count (calls that ran and "
         "failed 'not found', user-side tools excepted) and the proxy's (names it caught in the "
-        "first answer); the denominator is the calls that ran plus the invented-name calls the "
-        "proxy removed before they could run. The record does not carry a first answer's own "
-        "call count, so where a re-ask replaced the first answer's calls the denominator counts "
-        "the delivered ones: 1 invented call re-asked into 3 valid calls reads 1 of 4 (25%), "
-        "not 1 of 1.",
+        "first answer); the denominator is the first answer's calls as the proxy counted them "
+        "(X-Repairproxy-First-Tool-Calls, text calls included), so 1 invented call re-asked into "
+        "3 valid calls reads 1 of 1. Records without that header (runs before it) count the "
+        "calls that ran plus the invented-name calls the proxy removed before they could run, "
+        "which there reads 1 of 4.",
     ),
     (
         "recovery",

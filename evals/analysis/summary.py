@@ -164,6 +164,35 @@ def _answer_names(episode: Episode, user_tools: frozenset[str] = frozenset()) ->
     return total
 
 
+def _first_answer_calls(episode: Episode, user_tools: frozenset[str] = frozenset()) -> int:
+    """raw_hallucination_rate's denominator for one episode: per answer, the proxy's count of
+    the first answer's calls (``first_tool_calls``) where recorded, else the calls that ran plus
+    the invented-name calls the proxy removed before they ran (never below the answer's
+    numerator)."""
+    ran: Counter[int] = Counter(call.message_index for call in episode.agent_calls)
+    env: dict[int, Counter[str]] = {}
+    for call in episode.agent_calls:
+        if call.channel == "hallucinated_name":
+            name = classify_error(call.content)[1] or call.name
+            env.setdefault(call.message_index, Counter())[name] += 1
+    total = 0
+    seen: set[int] = set()
+    for index, proxy in episode.answer_proxy:
+        seen.add(index)
+        found = env.get(index, Counter())
+        caught = Counter(_invented(proxy, user_tools))
+        raw = sum(max(found[n], caught[n]) for n in set(found) | set(caught))
+        recorded = proxy.get("first_tool_calls") if proxy else None
+        if isinstance(recorded, int | float) and not isinstance(recorded, bool):
+            total += max(int(recorded), raw)
+        else:
+            total += ran[index] + raw - sum(found.values())
+    for index, count in ran.items():  # answers without a proxy record: the calls that ran
+        if index not in seen:
+            total += count
+    return total
+
+
 def _invented(proxy: Mapping[str, Any] | None, user_tools: frozenset[str]) -> list[str]:
     """The undeclared names the proxy caught in one answer, less the user's side's names."""
     if not proxy:
@@ -337,9 +366,10 @@ def summarize_arm(arm: Arm) -> ArmSummary:
         channel_counts=channel_counts,
         channel_rates=channel_rates,
         raw_hallucinated_calls=raw,
-        # Denominator: the calls that ran plus the invented-name calls the proxy removed before
-        # they ran (the numerator's part over the environment's count), so both count one set.
-        raw_hallucination_rate=Rate(raw, len(agent_calls) + raw - sum(names_env.values())).value,
+        # Denominator: the first answers' calls (see _first_answer_calls and the definitions).
+        raw_hallucination_rate=Rate(
+            raw, sum(_first_answer_calls(e, user_tools) for e in episodes)
+        ).value,
         names_env=dict(names_env.most_common()),
         names_proxy=dict(names_proxy.most_common()),
         names=dict(names.most_common()),

@@ -112,6 +112,9 @@ class Exchange:
             if record.delivered_channels is not None:  # what the client received, judged
                 delivered = ",".join(record.delivered_channels).encode()
                 out.append((b"x-repairproxy-delivered-tool-errors", delivered))
+                # The first answer's own calls (text calls included): a hallucination rate's
+                # denominator, whatever a re-ask later replaced them with.
+                out.append((b"x-repairproxy-first-tool-calls", b"%d" % record.tool_calls))
             if record.repair_attempts:
                 out.append(
                     (b"x-repairproxy-repair-prompt-tokens", b"%d" % record.repair_prompt_tokens)

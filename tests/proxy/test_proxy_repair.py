@@ -342,6 +342,7 @@ async def test_a_refused_re_ask_is_reported_as_withheld_with_the_delivered_chann
     assert raw.headers["x-repairproxy-repair-result"] == "withheld"
     assert raw.headers["x-repairproxy-delivered-tool-errors"] == "tool_call_in_content"
     assert raw.headers["x-repairproxy-first-tool-errors"] == "tool_call_in_content"
+    assert raw.headers["x-repairproxy-first-tool-calls"] == "1"  # the text call, counted
 
 
 async def test_a_fixed_answer_reports_no_delivered_channels(
@@ -354,6 +355,7 @@ async def test_a_fixed_answer_reports_no_delivered_channels(
     raw = await _create(proxy)
     assert raw.headers["x-repairproxy-repair-result"] == "fixed"
     assert raw.headers["x-repairproxy-delivered-tool-errors"] == ""
+    assert raw.headers["x-repairproxy-first-tool-calls"] == "1"
     off = await start_in_process(repair="off")
     transport.push(completion(tool_calls=[bad]))
     raw = await _create(off)
