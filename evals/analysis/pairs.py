@@ -100,7 +100,7 @@ def keyed_by_trial(episodes: Sequence[Episode]) -> tuple[dict[tuple[str, int], E
     return keyed, duplicates
 
 
-DIFFERENCE_ALPHA = 0.025  # the difference column's two-sided 95% interval, same method as TOST
+DIFFERENCE_ALPHA = 0.025  # the difference column's two-sided 95% task-level t interval
 
 
 def amplification(

@@ -538,15 +538,39 @@ def _p_values(clusters: _Clusters, delta: float, side: int) -> FloatArray:
     return np.asarray(np.where(at_top, np.where(at_floor, 1e-12, high), 1.0), dtype=float)
 
 
+def _wald_variance(sums: FloatArray, sizes: FloatArray) -> FloatArray:
+    """Per row, the CR1 variance of the pooled difference at its own estimate."""
+    groups = sums.shape[-1]
+    pairs = sizes.sum(-1)
+    estimate = sums.sum(-1) / pairs
+    residual = sums - sizes * estimate[..., None]
+    return np.asarray(groups / (groups - 1) * (residual * residual).sum(-1) / pairs**2)
+
+
+def _wald_arrays(
+    sums: FloatArray, sizes: FloatArray, alpha: float
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """(estimate, low, high) per row: the task-level t interval of the pooled difference (CR1
+    variance at the estimate, Student's t with G - 1 df), clamped to [-1, 1]."""
+    groups = sums.shape[-1]
+    estimate = sums.sum(-1) / sizes.sum(-1)
+    variance = _wald_variance(sums, sizes)
+    half = float(t_quantile(alpha, [groups - 1.0])[0]) * np.sqrt(variance)
+    return estimate, np.clip(estimate - half, -1.0, 1.0), np.clip(estimate + half, -1.0, 1.0)
+
+
 def difference_interval(pairs: TaskPairs, alpha: float = 0.025) -> Interval | NotAvailable:
-    """Compared − reference with the (1 - 2 alpha) interval of ``tost``'s method (95% by
-    default), without its p-values."""
+    """Compared − reference with its (1 - 2 alpha) task-level t interval (95% by default):
+    CR1 variance at the estimate, t with G - 1 df (with equal trials per task, the t interval
+    of the task means). Not TOST's null-imposed inversion: that statistic is bounded by
+    sqrt(G - 1), so at a dozen tasks its 95% interval can reach ±100 points (median width ~130
+    points at 11 tasks x 4 against ~16-48 for this one); the verdict keeps TOST's own 90%.
+    Where every task has the same difference (no spread), TOST's inversion is used instead."""
     if pairs.n == 0:
         return NotAvailable("no paired episodes")
     if pairs.tasks < 2:
         return NotAvailable(f"{pairs.tasks} task: a task-level interval needs at least 2 tasks")
-    result = tost_arrays(np.array([pairs.sums]), np.array([pairs.sizes]), alpha=alpha)
-    return Interval(float(result.estimate[0]), float(result.low[0]), float(result.high[0]))
+    return difference_intervals([pairs], alpha)[0]
 
 
 def difference_intervals(
@@ -564,11 +588,16 @@ def difference_intervals(
         batch.setdefault(table.sizes, []).append(index)
     for sizes, members in batch.items():
         sums = np.array([tables[i].sums for i in members], dtype=float)
-        result = tost_arrays(sums, np.array(sizes, dtype=float), alpha=alpha)
+        size_array = np.broadcast_to(np.array(sizes, dtype=float), sums.shape)
+        estimate, low, high = _wald_arrays(sums, size_array, alpha)
+        # Where every task has the same difference the t interval has no spread and would read
+        # as certainty ([0, 0] from 2 tasks): those rows take TOST's inversion, with its floor.
+        flat = np.ptp(sums / size_array, axis=-1) == 0.0
+        if flat.any():
+            inverted = tost_arrays(sums[flat], size_array[flat], alpha=alpha)
+            low[flat], high[flat] = inverted.low, inverted.high
         for row, i in enumerate(members):
-            out[i] = Interval(
-                float(result.estimate[row]), float(result.low[row]), float(result.high[row])
-            )
+            out[i] = Interval(float(estimate[row]), float(low[row]), float(high[row]))
     return out
 
 

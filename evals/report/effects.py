@@ -139,7 +139,7 @@ def _effects_section(pairs: list[PairSummary]) -> Section:
     section = Section(
         "Effect sizes and what the run could detect",
         [
-            "Difference: compared − reference, task-clustered 95% (as the pairs table). Odds "
+            "Difference: compared − reference, task-level 95% t (as the pairs table). Odds "
             "ratio: the paired (conditional) odds ratio compared-only / reference-only with a "
             "95% interval over tasks (a null-imposed cluster-robust score interval, t with G − 1 "
             "df over the tasks with discordant pairs); beside it, as in the paper, the exact "

@@ -467,14 +467,38 @@ def test_rate_ratio_says_why_when_undefined() -> None:
     assert "1 episode" in str(rate_ratio([(1, 5)], [(1, 5), (2, 3)]))
 
 
-def test_difference_interval_is_tosts_interval_at_its_level() -> None:
-    pairs = TaskPairs((1, 0, -1, 0, 2, 0, 0, -1, 0, 1, 0, 0), (4,) * 12)
-    at_95 = tost(pairs, alpha=0.025)
-    assert isinstance(at_95, Tost) and at_95.level == pytest.approx(0.95)
-    assert difference_interval(pairs) == at_95.interval
-    narrower = difference_interval(pairs, alpha=0.05)
-    assert isinstance(narrower, Interval)
-    assert at_95.interval.low < narrower.low < narrower.high < at_95.interval.high
+def test_difference_interval_is_the_t_interval_of_the_task_means_by_hand() -> None:
+    # Equal trials per task: the t interval of the 12 task means, written out with the published
+    # t(0.975, 11) = 2.201 (NIST e-Handbook, 1.3.6.7.2).
+    sums = (1, 0, -1, 0, 2, 0, 0, -1, 0, 1, 0, 0)
+    means = np.array(sums) / 4
+    half = 2.201 * means.std(ddof=1) / np.sqrt(12)
+    result = difference_interval(TaskPairs(sums, (4,) * 12))
+    assert isinstance(result, Interval)
+    assert result.estimate == pytest.approx(means.mean())
+    assert result.low == pytest.approx(means.mean() - half, abs=2e-4)
+    assert result.high == pytest.approx(means.mean() + half, abs=2e-4)
+    # No spread at all: not a [0, 0] certainty, TOST's inversion with its floor.
+    same = difference_interval(TaskPairs((0, 0), (1, 1)))
+    assert isinstance(same, Interval) and (same.low, same.high) == (-1.0, 1.0)
+
+
+def test_difference_interval_stays_sane_at_eleven_tasks() -> None:
+    """TOST's null-imposed inversion reached ±100 points at 11 tasks (its statistic is bounded
+    by sqrt(G - 1)); the difference column's interval is the t interval and does not."""
+    rng = np.random.default_rng(5)
+    sums, sizes, _ = tost_calibration.simulate(
+        tost_calibration.Cell("bimodal", 11, 4), 0.0, 400, rng
+    )
+    widths = []
+    for row, size in zip(sums, sizes, strict=True):
+        table = TaskPairs(tuple(int(v) for v in row), tuple(int(v) for v in size))
+        interval = difference_interval(table)
+        assert isinstance(interval, Interval)
+        widths.append(interval.high - interval.low)
+        inverted = tost(table, alpha=0.025)
+        assert isinstance(inverted, Tost)
+    assert float(np.median(widths)) < 0.6
 
 
 def test_difference_intervals_at_once_are_each_tables_own() -> None:
