@@ -23,7 +23,7 @@ from typing import Any
 from benchmarks.support.results import run_recorded
 from tests.evals.fixtures_tau2 import Call, Turn, episode, not_found, results, write
 
-__all__ = ["MODELS", "MODES", "PRECISIONS", "main", "png_size", "write_grid"]
+__all__ = ["MODELS", "MODES", "PRECISIONS", "main", "paper_pairs", "png_size", "write_grid"]
 
 QUESTION = "How long and how large is the study's report at the paper grid's size?"
 
@@ -126,6 +126,30 @@ def write_grid(
     return paths
 
 
+def paper_pairs(
+    models: Sequence[str] = MODELS,
+    precisions: Sequence[str] = PRECISIONS,
+    domains: Sequence[str] = DOMAINS,
+    modes: Sequence[str] = MODES,
+) -> list[tuple[str, str]]:
+    """The paper grid's comparisons, as ``evals.repair_ablation.analysis_pairs`` makes them:
+    in each cell, mode off against every other mode (24 cells x 4 = 96), and each quantized
+    precision against the reference precision (the first) at every mode (4 x 2 x 2 x 5 = 80):
+    176 pairs, which the built-in rule puts into the precision, repair-mode and other families."""
+    reference, *quantized = precisions
+    pairs = []
+    for domain in domains:
+        for model in models:
+            for precision in precisions:
+                cell = f"{domain}-{model}-{precision}-gpt41-k10"
+                pairs += [(f"{cell}/off", f"{cell}/{mode}") for mode in modes if mode != "off"]
+            for precision in quantized:
+                for mode in modes:
+                    base = f"{domain}-{model}-{reference}-gpt41-k10/{mode}"
+                    pairs.append((base, f"{domain}-{model}-{precision}-gpt41-k10/{mode}"))
+    return pairs
+
+
 def png_size(path: Path) -> tuple[int, int]:
     """(width, height) in pixels from a PNG's IHDR chunk."""
     head = path.read_bytes()[:24]
@@ -174,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         load = os.getloadavg()[0]
         cpu_before = _cpu_seconds()
         started = time.perf_counter()
-        summary = analyze(paths, None, root / "report", "synthetic paper grid")
+        pairs = paper_pairs(MODELS[: args.models])
+        summary = analyze(paths, pairs, root / "report", "synthetic paper grid")
         took = time.perf_counter() - started
         cpu = _cpu_seconds() - cpu_before
         report = root / "report"
@@ -187,7 +212,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"analysis + report of {len(paths)} files: {took:.1f} s wall, {cpu:.1f} s CPU "
             f"(this process and its figure workers), load average {load:.1f} at the start"
         )
+        families: dict[str, int] = {}
+        for pair in summary.pairs:
+            families[pair.family] = families.get(pair.family, 0) + 1
         print(f"arms {len(summary.arms)}, pairs {len(summary.pairs)}")
+        print("families: " + ", ".join(f"{name} {n}" for name, n in families.items()))
         html_bytes = (report / "report.html").stat().st_size
         print(f"report.html: {html_bytes / 1e6:.2f} MB")
         lines = (report / "report.md").read_text(encoding="utf-8").splitlines()

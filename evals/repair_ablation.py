@@ -27,7 +27,7 @@ from typing import Any
 from tqdm import tqdm
 
 from evals.grid.launch import ArmEndpoint, LaunchError, proxy_command
-from evals.grid.provenance import PROVENANCE_FILE, cell_provenance
+from evals.grid.provenance import PROVENANCE_FILE, cell_provenance, code_identity, code_of
 from evals.grid.spec import (
     CellSpec,
     Grid,
@@ -146,6 +146,33 @@ def _check_resume(
             f"{out_dir} holds {done} episode(s) of a run that differs from this grid ("
             + "; ".join(conflicts)
             + "): resuming would mix two runs in one results file; use another --out"
+        )
+
+
+def check_one_code(
+    planned: Sequence[PlannedRun], current: Mapping[str, Any], *, allow_mixed: bool = False
+) -> None:
+    """Refuse a run whose cells would come from different code: a saved cell's provenance names
+    another commit (or source hash) than this checkout's, or two saved cells differ. A report
+    that pairs arms of two commits compares the code as well as the arms. ``allow_mixed``
+    (``--allow-mixed-commits``) lets it through; each cell's provenance still says its code."""
+    if allow_mixed:
+        return
+    now = code_of(current)
+    seen: dict[str, list[str]] = {}
+    for item in planned:
+        path = item.out_dir / PROVENANCE_FILE
+        if not item.done or not path.is_file():
+            continue
+        previous = json.loads(path.read_text(encoding="utf-8"))
+        seen.setdefault(code_of(previous), []).append(f"{item.cell.name}/{item.mode}")
+    others = {code: runs for code, runs in seen.items() if code != now}
+    if others:
+        listed = "; ".join(f"{', '.join(runs)} at {code}" for code, runs in others.items())
+        raise GridError(
+            f"this checkout is at {now}, but saved runs were made at other code ({listed}): "
+            "resuming would mix code in one grid; check out that commit, use another --out, or "
+            "pass --allow-mixed-commits"
         )
 
 
@@ -270,9 +297,14 @@ async def run_grid(
     concurrency: int,
     progress: bool = True,
     environ: Mapping[str, str] | None = None,
+    allow_mixed_commits: bool = False,
 ) -> None:
-    """Run every pending episode of ``planned``, one arm endpoint at a time."""
+    """Run every pending episode of ``planned``, one arm endpoint at a time. The code identity
+    is taken once at the start; a checkout that changes under a running grid stops it before
+    the next cell (unless ``allow_mixed_commits``)."""
     environ = os.environ if environ is None else environ
+    code = code_identity()
+    check_one_code(planned, code, allow_mixed=allow_mixed_commits)
     arm_order = list(dict.fromkeys(p.cell.arm for p in planned))
     with _grid_bar(planned, progress) as bar:
 
@@ -287,6 +319,14 @@ async def run_grid(
             arm = grid.arms[arm_name]
             with ArmEndpoint(arm, out / "logs", grid.proxy_args) as endpoint:
                 for item in pending:
+                    now = code_identity()
+                    if code_of(now) != code_of(code) and not allow_mixed_commits:
+                        raise GridError(
+                            f"the checkout changed under the running grid ({code_of(code)} -> "
+                            f"{code_of(now)}) before {item.cell.name}/{item.mode}: its cells would "
+                            "come from two versions of the code; pass --allow-mixed-commits to "
+                            "let that through"
+                        )
                     item.out_dir.mkdir(parents=True, exist_ok=True)
                     proxy = {
                         **endpoint.describe(),
@@ -301,6 +341,7 @@ async def run_grid(
                         proxy=proxy,
                         data_dir=data_dir,
                         concurrency=concurrency,
+                        code=now,
                     )
                     (item.out_dir / PROVENANCE_FILE).write_text(
                         json.dumps(provenance, indent=2) + "\n", encoding="utf-8"
@@ -441,6 +482,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         action="store_true",
         help="first drop the saved episodes that ended agent_error (e.g. a server was down)",
     )
+    parser.add_argument(
+        "--allow-mixed-commits",
+        action="store_true",
+        help="let one grid's cells come from different commits or source trees (each cell's "
+        "provenance.json still records its own); without it a resume at other code is refused",
+    )
     return parser.parse_args(argv)
 
 
@@ -473,6 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 data_dir=data_dir,
                 concurrency=concurrency,
                 progress=not args.no_progress,
+                allow_mixed_commits=args.allow_mixed_commits,
             )
         )
     except (GridError, LaunchError, ValueError) as exc:  # ValueError: a results file of another run

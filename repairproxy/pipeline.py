@@ -352,10 +352,12 @@ class ChatPipeline:
         )
         if verdict.ok:  # the common answer: nothing caught, nothing to charge or repair
             record.tool_calls = len(verdict.calls)  # an ok verdict holds no empty_output
+            record.delivered_channels = ()
             return Decision(completion, probed, verdict, (), 0)
         record.tool_calls = _calls_seen(verdict)
         record.caught_calls = list(caught_calls(verdict))
         if request.mode not in _CHANGES_ANSWERS:
+            record.delivered_channels = _channels(verdict)  # delivered as it came
             await self._charge(request, verdict, _invalid_calls(verdict), record)
             return Decision(completion, probed, verdict, _channels(verdict), 0)
         started = time.perf_counter()
@@ -377,7 +379,11 @@ class ChatPipeline:
         record.promoted_formats = list(repaired.promoted_formats)
         record.repair_prompt_tokens = repaired.repair_prompt_tokens
         record.repair_completion_tokens = repaired.repair_completion_tokens
-        if repaired.repair_failed is not None:
+        record.delivered_channels = tuple(c.value for c in repaired.delivered_channels)
+        if repaired.made_up and repaired.exhausted:
+            # The proxy refused the re-ask's reply and delivered the answer it held.
+            kind, record.outcome = RepairResultKind.WITHHELD, Outcome.REPAIR_EXHAUSTED
+        elif repaired.repair_failed is not None:
             kind, record.outcome = RepairResultKind.UPSTREAM_ERROR, Outcome.REPAIR_EXHAUSTED
         elif repaired.exhausted:
             kind, record.outcome = RepairResultKind.FAILED, Outcome.REPAIR_EXHAUSTED

@@ -133,6 +133,8 @@ class RepairRun:
     # A re-ask's reply called a listed tool with values found nowhere in the conversation after
     # the model asked for a tool none of the listed ones replaces; it was refused (``_made_up``).
     made_up: bool = False
+    # The channels of the answer delivered (choice 0), after promotion, re-asks or stripping.
+    delivered_channels: tuple[Channel, ...] = ()
 
 
 # A mention is a whole word of word characters and hyphens (what a function name is made of),
@@ -714,4 +716,5 @@ async def repair_completion(
         repair_completion_tokens=_tokens(reask_usage, "completion_tokens"),
         repair_failed=next((r.repair_failed for r in results if r and r.repair_failed), None),
         made_up=any(r is not None and r.made_up for r in results),
+        delivered_channels=head.verdict.error_channels,
     )

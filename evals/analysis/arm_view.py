@@ -33,6 +33,8 @@ class ProxyView:
     still_invalid_answers: int = 0  # caught, changed, and still not valid on delivery
     unchecked_answers: int = 0  # caught and changed, delivered without calls: not checkable
     not_separable: int = 0  # caught answers whose record mixes the re-asks' channels in
+    declined_answers: int = 0  # caught, re-asked, answered in plain text: valid, not a fix
+    withheld_answers: int = 0  # caught, re-asked, the reply refused by the proxy (its decision)
 
     @property
     def fixed_share(self) -> float | NotAvailable:

@@ -22,8 +22,10 @@ DEFINITIONS: tuple[tuple[str, str], ...] = (
     ),
     (
         "pair, task",
-        "two arms' episodes of one task and trial; the task is the unit of every paired interval "
-        "and test, since the trials of one task are not independent.",
+        "two arms' episodes of one task and trial; the task is the unit of every paired interval, "
+        "test and power figure (difference, change test, odds ratio, TOST, power), since the "
+        "trials of one task are not independent. McNemar's p and the exact odds-ratio interval "
+        "over episode pairs are shown beside, labelled 'as in the paper', and decide nothing.",
     ),
     (
         "valid answer",
@@ -43,22 +45,37 @@ DEFINITIONS: tuple[tuple[str, str], ...] = (
     (
         "fixed",
         "caught in the first answer, changed by the proxy (a text call promoted to a real call, "
-        "or a re-ask), and what reached the agent was valid. A promotion is a fix; so is a "
-        "re-ask. 'Valid on delivery' is the proxy's own verdict when recorded, else: none of the "
-        "delivered calls failed as an invented name, a user-side tool or an argument error.",
+        "or a re-ask), and what reached the agent was valid and carried a tool call. A promotion "
+        "is a fix; so is a re-ask. 'Valid on delivery' is the proxy's own verdict when recorded "
+        "(X-Repairproxy-Delivered-Tool-Errors), else: none of the delivered calls failed as an "
+        "invented name, a user-side tool or an argument error.",
+    ),
+    (
+        "declined",
+        "caught, re-asked, and the model answered the re-ask in plain text without a tool call "
+        "(which the re-ask allows when no listed tool fits); valid, but not a fix.",
+    ),
+    (
+        "withheld",
+        "caught and re-asked, and the proxy refused the re-ask's reply (a listed tool called with "
+        "values found nowhere in the conversation) and delivered the answer it held "
+        "(X-Repairproxy-Repair-Result: withheld): the proxy's decision, not the model's failure.",
     ),
     (
         "still invalid after repair",
-        "caught, changed by the proxy, and what reached the agent was still not valid (or the "
-        "re-ask failed upstream).",
+        "caught, changed by the proxy, not withheld, and what reached the agent was still not "
+        "valid (or the re-ask failed upstream).",
     ),
     (
         "raw_hallucination_rate",
-        "invented-name calls in the model's first answers over tool calls in those answers. Per "
+        "invented-name calls in the model's first answers over the calls counted for them. Per "
         "answer, the numerator is the larger of the environment's count (calls that ran and "
         "failed 'not found', user-side tools excepted) and the proxy's (names it caught in the "
-        "first answer); the denominator is the calls that ran plus the invented-name calls the "
-        "proxy removed before they could run, so both count the same calls.",
+        "first answer); the denominator is the first answer's calls as the proxy counted them "
+        "(X-Repairproxy-First-Tool-Calls, text calls included), so 1 invented call re-asked into "
+        "3 valid calls reads 1 of 1. Records without that header (runs before it) count the "
+        "calls that ran plus the invented-name calls the proxy removed before they could run, "
+        "which there reads 1 of 4.",
     ),
     (
         "recovery",
@@ -69,14 +86,20 @@ DEFINITIONS: tuple[tuple[str, str], ...] = (
     ),
     (
         "equivalent",
-        "the 90% interval of the paired difference lies inside ±7.5 points (TOST at 5% per side, "
-        "task-clustered, null-imposed variance, small-cluster df; size at the margin measured by "
-        "benchmarks/tost_calibration.py). The interval and the verdict are one decision.",
+        "the 90% interval of the paired difference lies inside ±7.5 points: TOST at 5% per side "
+        "over tasks, each one-sided t at the tested value delta with the null-imposed "
+        "cluster-robust variance (CR1), never below the task-level floor (|delta| - delta^2) / G "
+        "for G tasks; Satterthwaite's df of the tasks' squared residuals (at most G - 1); the "
+        "critical value raised by the one-sided Cornish-Fisher term skew (2q^2 + 1) / (6 sqrt G) "
+        "when the task means' skewness makes that tail heavier. The interval is the test's own "
+        "inversion and the verdict is that it lies inside; size at the margin measured by "
+        "benchmarks/tost_calibration.py.",
     ),
     (
         "Holm family",
         "a set of comparisons fixed before any p-value is seen (the grid file's [families], else: "
-        "precision cells at mode off; repair-mode comparisons; other comparisons). McNemar's p is "
+        "precision cells at mode off; repair-mode comparisons; other comparisons). The change "
+        "test's p (the within-task sign-flip test, exact; and McNemar's, as in the paper) is "
         "Holm-adjusted within its family only; equivalence is not adjusted (intersection-union).",
     ),
     (
@@ -122,6 +145,8 @@ class AnswerFacts:
     reasks: int
     repair_failed: bool
     valid_on_delivery: bool | None  # None: not known
+    withheld: bool = False  # the proxy refused the re-ask's reply (repair_result "withheld")
+    delivered_calls: int | None = None  # tool calls the agent received; None: not known
 
     @property
     def caught(self) -> bool:
@@ -132,27 +157,46 @@ class AnswerFacts:
         return self.promoted > 0 or self.reasks > 0
 
     @property
+    def declined(self) -> bool:
+        return (
+            self.caught
+            and self.reasks > 0
+            and not self.withheld
+            and not self.repair_failed
+            and self.valid_on_delivery is True
+            and self.delivered_calls == 0
+        )
+
+    @property
     def fixed(self) -> bool:
         return (
             self.caught
             and self.changed
+            and not self.withheld
             and not self.repair_failed
             and self.valid_on_delivery is True
+            and not self.declined
         )
 
     @property
     def still_invalid(self) -> bool:
         return (
-            self.caught and self.changed and (self.repair_failed or self.valid_on_delivery is False)
+            self.caught
+            and self.changed
+            and not self.withheld
+            and (self.repair_failed or self.valid_on_delivery is False)
         )
 
 
 def answer_facts(
-    record: Mapping[str, Any] | None, delivered_channels: frozenset[str] | None = None
+    record: Mapping[str, Any] | None,
+    delivered_channels: frozenset[str] | None = None,
+    delivered_calls: int | None = None,
 ) -> AnswerFacts | None:
     """The facts of one answer from the proxy's record (its ``x-repairproxy-*`` headers) and,
     when the record does not say, the channels its delivered calls failed with in the
-    environment (``delivered_channels``; None: unknown). None without a record."""
+    environment (``delivered_channels``; None: unknown); ``delivered_calls``: how many tool
+    calls the agent received (None: unknown). None without a record."""
     if record is None:
         return None
     reasks = _count(record.get("repairs"))
@@ -173,4 +217,7 @@ def answer_facts(
         every = frozenset(_channels(record.get("tool_errors")))
         separable = reasks == 0 or (reasks == 1 and valid is True and not repair_failed)
         first = every
-    return AnswerFacts(first, separable, promoted, reasks, repair_failed, valid)
+    withheld = str(record.get("repair_result", "")) == "withheld"
+    return AnswerFacts(
+        first, separable, promoted, reasks, repair_failed, valid, withheld, delivered_calls
+    )

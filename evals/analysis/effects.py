@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 
 import numpy as np
 import numpy.typing as npt
@@ -20,7 +19,9 @@ from evals.analysis.stats import (
     Interval,
     NotAvailable,
     PairedTable,
+    TaskMoments,
     TaskPairs,
+    _wald_variance,
     null_variance,
     t_quantile,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "cost_per_point",
     "episode_costs",
     "paired_odds_ratio",
+    "paired_odds_ratio_as_in_the_paper",
     "pass_hat_k",
     "pass_hat_ks",
     "power",
@@ -121,53 +123,160 @@ def clopper_pearson(successes: int, n: int, confidence: float = 0.95) -> tuple[f
     return lower, upper
 
 
-def paired_odds_ratio(table: PairedTable) -> Interval | NotAvailable:
-    """The conditional (McNemar) odds ratio compared-only / reference-only with its exact 95%
-    interval (Clopper-Pearson on the discordant pairs' split; pairs as units, as McNemar's p)."""
+ODDS_RATIO_GRID = np.exp(np.linspace(math.log(1e-4), math.log(1e4), 2001))
+
+
+def paired_odds_ratio(discordant: Sequence[tuple[int, int]]) -> Interval | NotAvailable:
+    """The paired (conditional) odds ratio, compared-only over reference-only pairs, with a 95%
+    interval that takes the task as the unit: from (reference-only, compared-only) pairs per
+    task, the ratio C / B of the totals, and the set of odds psi a null-imposed cluster-robust
+    score statistic does not reject, T(theta) = (C - theta M) / sqrt(G/(G-1) sum_g (c_g - theta
+    m_g)^2) with theta = psi / (1 + psi), m_g = b_g + c_g and Student's t with G - 1 df over the G
+    tasks with discordant pairs. (The paper's exact interval on the discordant split takes
+    every episode pair as independent: with task heterogeneity its level is not kept.)"""
+    used = [(b, c) for b, c in discordant if b + c > 0]
+    b_total = sum(b for b, _ in used)
+    c_total = sum(c for _, c in used)
+    if not used:
+        return NotAvailable("no discordant pairs")
+    if b_total == 0:
+        return NotAvailable(f"no reference-only successes ({c_total} compared-only): unbounded")
+    if len(used) < 2:
+        return NotAvailable("discordant pairs in 1 task: a task-level interval needs 2")
+    groups = len(used)
+    b = np.array([u[0] for u in used], dtype=float)
+    c = np.array([u[1] for u in used], dtype=float)
+    m = b + c
+    quantile = float(t_quantile(0.025, groups - 1))
+
+    def accepted(psi: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+        theta = psi / (1.0 + psi)
+        residual = c[None, :] - theta[:, None] * m[None, :]
+        spread = groups / (groups - 1) * (residual * residual).sum(-1)
+        distance = np.abs(residual.sum(-1))
+        return np.asarray(distance <= quantile * np.sqrt(spread), dtype=bool)
+
+    grid = ODDS_RATIO_GRID
+    inside = accepted(grid)
+    estimate = c_total / b_total
+    if not inside.any():  # pragma: no cover - the estimate's own neighbourhood is accepted
+        return NotAvailable("no odds ratio accepted")
+    if inside[-1]:
+        return NotAvailable(f"odds ratio {estimate:.2f}: the interval's upper end is unbounded")
+    first, last = int(np.argmax(inside)), len(grid) - 1 - int(np.argmax(inside[::-1]))
+
+    def refine(good: float, bad: float) -> float:
+        for _ in range(40):
+            middle = math.sqrt(good * bad)
+            if bool(accepted(np.array([middle]))[0]):
+                good = middle
+            else:
+                bad = middle
+        return good
+
+    low = 0.0 if first == 0 else refine(float(grid[first]), float(grid[first - 1]))
+    high = refine(float(grid[last]), float(grid[last + 1]))
+    return Interval(estimate, min(low, estimate), max(high, estimate))
+
+
+def paired_odds_ratio_as_in_the_paper(table: PairedTable) -> Interval | NotAvailable:
+    """The paper's conditional odds ratio c / b with the exact 95% interval of the discordant
+    split (Clopper-Pearson), every episode pair taken as independent; kept beside the task-level
+    one for comparison."""
     b, c = table.reference_only, table.compared_only
     if b + c == 0:
         return NotAvailable("no discordant pairs")
     if b == 0:
         return NotAvailable(f"no reference-only successes ({c} compared-only): unbounded")
     low, high = clopper_pearson(c, b + c)
-    # b > 0, so the split's upper end stays below 1.
     return Interval(c / b, low / (1.0 - low), high / (1.0 - high))
 
 
 # ---------------------------------------------------------------------------------------------
 # What the run could have detected
 
+POWER_REPLICATES = 1000  # Monte Carlo SE of a power near 80%: 1.3 points
+POWER_SEED = 20261204
+
 
 @dataclass(frozen=True)
 class Power:
-    """At the run's size (normal approximation at the observed task-clustered standard error):
-    ``detectable``, the smallest true difference a two-sided 5% test finds with 80% power;
-    ``tost_power``, the chance the ±margin TOST shows equivalence when the truth is 0;
-    ``margin_at_power``, the smallest margin that TOST shows with 80% power when the truth is 0."""
+    """What the run could have shown, by simulation with the tests' own methods: the observed
+    tasks resampled (``POWER_REPLICATES`` bootstrap draws of G tasks, a fixed seed), each task's
+    mean difference shifted so that the truth is the alternative, and the very tests run on each
+    draw. ``detectable``: the smallest true difference (either sign, the larger of the two) at
+    which the difference column's two-sided 5% test (its 95% task-level t interval excludes 0)
+    rejects in 80% of draws; ``tost_power``: the share of draws at a true difference of 0 in
+    which the ±margin TOST shows equivalence; ``margin_at_power``: the smallest margin TOST
+    shows in 80% of them.
+    ``standard_error`` is the task-clustered one at the estimate (a description, not used)."""
 
     standard_error: float
     detectable: float
     tost_power: float
     margin_at_power: float
+    replicates: int = POWER_REPLICATES
 
 
 def power(pairs: TaskPairs, margin: float, alpha: float = 0.05) -> Power | NotAvailable:
     if pairs.n == 0:
         return NotAvailable("no paired episodes")
     if pairs.tasks < 2:
-        return NotAvailable("a task-level standard error needs at least 2 tasks")
-    estimate = sum(pairs.sums) / pairs.n
+        return NotAvailable("a task-level simulation needs at least 2 tasks")
+    sums = np.array(pairs.sums, dtype=float)
+    sizes = np.array(pairs.sizes, dtype=float)
+    estimate = float(sums.sum() / sizes.sum())
+    means = sums / sizes
+    if float(np.ptp(means)) == 0.0:
+        return NotAvailable(
+            "every task has the same difference: nothing to resample (the run cannot tell its "
+            "own variance)"
+        )
     se = math.sqrt(null_variance(pairs, estimate))
-    if se == 0.0:
-        return NotAvailable("no discordant pairs: the run's standard error is 0")
-    normal = NormalDist()
-    z_power = normal.inv_cdf(POWER)
-    z_one = normal.inv_cdf(1.0 - alpha)
-    z_two = normal.inv_cdf(1.0 - alpha / 2.0)
-    tost_power = max(0.0, 2.0 * normal.cdf(margin / se - z_one) - 1.0)
-    # TOST at 0 needs both one-sided tests: 80% power overall is (1 + 0.8) / 2 per side.
-    z_both = normal.inv_cdf((1.0 + POWER) / 2.0)
-    return Power(se, (z_two + z_power) * se, tost_power, (z_one + z_both) * se)
+    rng = np.random.default_rng(POWER_SEED)
+    drawn = rng.integers(0, pairs.tasks, (POWER_REPLICATES, pairs.tasks))
+    moments = TaskMoments.of(sums[drawn], sizes[drawn], tabled=True)
+
+    def shift(truth: float) -> npt.NDArray[np.float64]:
+        """Each drawn task's mean difference moved by (estimate - truth): the truth is then
+        ``truth`` in the population the draws come from."""
+        return np.full(POWER_REPLICATES, estimate - truth)
+
+    # The difference column's test: its 95% task-level t interval excludes 0. A constant shift
+    # per trial leaves each draw's residuals at its own estimate, so its standard error, as it is.
+    drawn_estimate = sums[drawn].sum(-1) / sizes[drawn].sum(-1)
+    wald_half = float(t_quantile(alpha / 2.0, [pairs.tasks - 1.0])[0]) * np.sqrt(
+        _wald_variance(sums[drawn], sizes[drawn])
+    )
+
+    def change_power(truth: float) -> float:
+        moved = drawn_estimate - (estimate - truth)
+        return float(np.mean(np.abs(moved) > wald_half))
+
+    def smallest(sign: int) -> float:
+        low, high = 0.0, 1.0
+        if change_power(sign * high) < POWER:
+            return 1.0
+        for _ in range(10):  # to 0.1 point
+            middle = (low + high) / 2.0
+            if change_power(sign * middle) >= POWER:
+                high = middle
+            else:
+                low = middle
+        return high
+
+    detectable = max(smallest(+1), smallest(-1))
+    at_zero = shift(0.0)
+    shape = at_zero.shape
+    lower = moments.excess(np.full(shape, -margin), -1, alpha, at_zero) > 0
+    upper = moments.excess(np.full(shape, margin), +1, alpha, at_zero) > 0
+    tost_power = float(np.mean(lower & upper))
+    reach = np.maximum(
+        -moments.bound(-1, margin, alpha, at_zero, 14),
+        moments.bound(+1, margin, alpha, at_zero, 14),
+    )
+    margin_at_power = float(np.quantile(reach, POWER, method="higher"))
+    return Power(se, detectable, tost_power, margin_at_power)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Two arms compared: their episodes paired by (task, trial), and each pair's numbers.
 
-The difference with its task-clustered interval, McNemar, TOST, the success@K' gaps, the
+The difference with its task-clustered interval, the sign-flip change test (and the paper's
+episode-level McNemar beside it), TOST, the success@K' gaps, the
 failed-call amplification, the effect sizes and the repair cost per point gained, computed for
 all pairs in one vectorised pass. Split from ``evals.analysis.summary``, which re-exports the
 public names and builds on them: it summarises each arm, picks the pairs and their Holm families.
@@ -57,7 +58,7 @@ class PairSummary:
     duplicates_compared: int
     table: stats.PairedTable
     difference: Interval | NotAvailable  # compared − reference, 95%, task-clustered
-    mcnemar_p: float | NotAvailable
+    mcnemar_p: float | NotAvailable  # the paper's: episode pairs as units (not valid here)
     tost: stats.Tost | NotAvailable
     sweep_gap: dict[int, Interval | NotAvailable]
     spearman: float | NotAvailable
@@ -68,6 +69,9 @@ class PairSummary:
         default_factory=dict
     )
     odds_ratio: Interval | NotAvailable = field(default=NotAvailable("not computed"))
+    odds_ratio_paper: Interval | NotAvailable = field(default=NotAvailable("not computed"))
+    # The within-task sign-flip test of no change: the task as the unit.
+    change_p: float | NotAvailable = field(default=NotAvailable("not computed"))
     power: effects.Power | NotAvailable = field(default=NotAvailable("not computed"))
     cost_per_point: dict[str, effects.CostPerPoint | NotAvailable] = field(default_factory=dict)
     # (task, reference successes, compared successes, paired trials) per task
@@ -75,6 +79,7 @@ class PairSummary:
     # Filled in per Holm family of a report.
     family: str = ""
     mcnemar_p_holm: float | NotAvailable = field(default=NotAvailable("not adjusted yet"))
+    change_p_holm: float | NotAvailable = field(default=NotAvailable("not adjusted yet"))
 
 
 def keyed_by_trial(episodes: Sequence[Episode]) -> tuple[dict[tuple[str, int], Episode], int]:
@@ -95,7 +100,7 @@ def keyed_by_trial(episodes: Sequence[Episode]) -> tuple[dict[tuple[str, int], E
     return keyed, duplicates
 
 
-DIFFERENCE_ALPHA = 0.025  # the difference column's two-sided 95% interval, same method as TOST
+DIFFERENCE_ALPHA = 0.025  # the difference column's two-sided 95% task-level t interval
 
 
 def amplification(
@@ -278,7 +283,9 @@ def _pair_summary(
         amplification_per_episode=amplification(
             list(ref_all.values()), list(cmp_all.values()), per="episode"
         ),
-        odds_ratio=effects.paired_odds_ratio(table),
+        odds_ratio=effects.paired_odds_ratio(_discordant_by_task(by_task)),
+        odds_ratio_paper=effects.paired_odds_ratio_as_in_the_paper(table),
+        change_p=stats.sign_flip_p(task_pairs),
         power=effects.power(task_pairs, stats.EQUIVALENCE_MARGIN),
         cost_per_point=_costs_per_point([(ref_keyed[k], cmp_keyed[k]) for k in keys], resampler),
         task_shares=_task_shares(by_task),
@@ -302,6 +309,16 @@ def _costs_per_point(
         )
         for i, measure in enumerate(COST_MEASURES)
     }
+
+
+def _discordant_by_task(by_task: Sequence[tuple[str, bool, bool]]) -> list[tuple[int, int]]:
+    """(reference-only, compared-only) pairs per task, in task order."""
+    tasks: dict[str, list[int]] = {}
+    for task, ref, cmp in by_task:
+        row = tasks.setdefault(task, [0, 0])
+        row[0] += int(ref and not cmp)
+        row[1] += int(cmp and not ref)
+    return [(row[0], row[1]) for _, row in sorted(tasks.items())]
 
 
 def _task_shares(

@@ -164,6 +164,35 @@ def _answer_names(episode: Episode, user_tools: frozenset[str] = frozenset()) ->
     return total
 
 
+def _first_answer_calls(episode: Episode, user_tools: frozenset[str] = frozenset()) -> int:
+    """raw_hallucination_rate's denominator for one episode: per answer, the proxy's count of
+    the first answer's calls (``first_tool_calls``) where recorded, else the calls that ran plus
+    the invented-name calls the proxy removed before they ran (never below the answer's
+    numerator)."""
+    ran: Counter[int] = Counter(call.message_index for call in episode.agent_calls)
+    env: dict[int, Counter[str]] = {}
+    for call in episode.agent_calls:
+        if call.channel == "hallucinated_name":
+            name = classify_error(call.content)[1] or call.name
+            env.setdefault(call.message_index, Counter())[name] += 1
+    total = 0
+    seen: set[int] = set()
+    for index, proxy in episode.answer_proxy:
+        seen.add(index)
+        found = env.get(index, Counter())
+        caught = Counter(_invented(proxy, user_tools))
+        raw = sum(max(found[n], caught[n]) for n in set(found) | set(caught))
+        recorded = proxy.get("first_tool_calls") if proxy else None
+        if isinstance(recorded, int | float) and not isinstance(recorded, bool):
+            total += max(int(recorded), raw)
+        else:
+            total += ran[index] + raw - sum(found.values())
+    for index, count in ran.items():  # answers without a proxy record: the calls that ran
+        if index not in seen:
+            total += count
+    return total
+
+
 def _invented(proxy: Mapping[str, Any] | None, user_tools: frozenset[str]) -> list[str]:
     """The undeclared names the proxy caught in one answer, less the user's side's names."""
     if not proxy:
@@ -191,7 +220,7 @@ def answers_facts(episode: Episode) -> list[tuple[int, AnswerFacts]]:
             continue
         calls = by_answer.get(index)
         delivered = frozenset(c.channel for c in calls if c.error and c.channel) if calls else None
-        facts = answer_facts(proxy, delivered)
+        facts = answer_facts(proxy, delivered, len(calls) if calls else 0)
         if facts is not None:
             out.append((index, facts))
     return out
@@ -200,7 +229,7 @@ def answers_facts(episode: Episode) -> list[tuple[int, AnswerFacts]]:
 def _proxy_view(episodes: Sequence[Episode]) -> ProxyView:
     by_channel = {channel: 0 for channel in PROXY_CHANNELS}
     answers = caught = fixed = repairs = failures = 0
-    changed = still_invalid = unchecked = not_separable = 0
+    changed = still_invalid = unchecked = not_separable = declined = withheld = 0
     for episode in episodes:
         for _, facts in answers_facts(episode):
             answers += 1
@@ -215,6 +244,8 @@ def _proxy_view(episodes: Sequence[Episode]) -> ProxyView:
             changed += facts.changed
             fixed += facts.fixed
             still_invalid += facts.still_invalid
+            declined += facts.declined
+            withheld += facts.withheld
             unchecked += facts.changed and facts.valid_on_delivery is None
     return ProxyView(
         answers,
@@ -227,6 +258,8 @@ def _proxy_view(episodes: Sequence[Episode]) -> ProxyView:
         still_invalid_answers=still_invalid,
         unchecked_answers=unchecked,
         not_separable=not_separable,
+        declined_answers=declined,
+        withheld_answers=withheld,
     )
 
 
@@ -333,9 +366,10 @@ def summarize_arm(arm: Arm) -> ArmSummary:
         channel_counts=channel_counts,
         channel_rates=channel_rates,
         raw_hallucinated_calls=raw,
-        # Denominator: the calls that ran plus the invented-name calls the proxy removed before
-        # they ran (the numerator's part over the environment's count), so both count one set.
-        raw_hallucination_rate=Rate(raw, len(agent_calls) + raw - sum(names_env.values())).value,
+        # Denominator: the first answers' calls (see _first_answer_calls and the definitions).
+        raw_hallucination_rate=Rate(
+            raw, sum(_first_answer_calls(e, user_tools) for e in episodes)
+        ).value,
         names_env=dict(names_env.most_common()),
         names_proxy=dict(names_proxy.most_common()),
         names=dict(names.most_common()),
@@ -451,7 +485,8 @@ def build_summary(
     summaries: Mapping[str, ArmSummary] | None = None,
 ) -> Summary:
     """Summarise every arm (unless ``summaries`` has them by label: ``summarize_arm``'s, made
-    where the arms were read) and every pair; Holm adjusts McNemar's p within each family."""
+    where the arms were read) and every pair; Holm adjusts the sign-flip test's p (and, as in
+    the paper, McNemar's) within each family."""
     by_label = {arm.label: arm for arm in arms}
     if summaries is None:
         summaries = {arm.label: summarize_arm(arm) for arm in arms}
@@ -462,12 +497,22 @@ def build_summary(
     )
     names = assign_families([(summaries[r], summaries[c]) for r, c in pairs], families)
     adjusted: dict[int, float | NotAvailable] = {}
+    adjusted_change: dict[int, float | NotAvailable] = {}
     for family in dict.fromkeys(names):
         members = [i for i, name in enumerate(names) if name == family]
         for i, p in zip(members, stats.holm([compared[i].mcnemar_p for i in members]), strict=True):
             adjusted[i] = p
+        changes = stats.holm([compared[i].change_p for i in members])
+        for i, p in zip(members, changes, strict=True):
+            adjusted_change[i] = p
     compared = [
-        replace(p, family=names[i], mcnemar_p_holm=adjusted[i]) for i, p in enumerate(compared)
+        replace(
+            p,
+            family=names[i],
+            mcnemar_p_holm=adjusted[i],
+            change_p_holm=adjusted_change[i],
+        )
+        for i, p in enumerate(compared)
     ]
     used = dict.fromkeys(names)
     if families is None:

@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from matplotlib.artist import Artist
+from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 from PIL import Image
 
-from evals.analysis.stats import EQUIVALENCE_MARGIN, Interval, average_ranks
+from evals.analysis.stats import EQUIVALENCE_MARGIN, Interval, Tost, average_ranks
 from evals.analysis.summary import (
     BUDGETS,
     ENV_CHANNELS,
@@ -40,6 +41,7 @@ __all__ = [
     "failed_calls_page",
     "name_ranks",
     "pages",
+    "pair_label",
     "repair_effect_page",
     "short",
     "slug",
@@ -189,6 +191,9 @@ def channel_rates_page(arms: Sequence[ArmSummary], path: Path, title: str) -> Pa
         widths = [v if isinstance(v := arm.channel_rates[name], float) else 0.0 for arm in arms]
         axes.barh(range(len(arms)), widths, left=left, label=name.replace("_", " "))
         left = [a + b for a, b in zip(left, widths, strict=True)]
+    for y, arm in enumerate(arms):
+        if not isinstance(arm.channel_rates["any"], float):  # n/a is not 0%: say so
+            axes.text(0.005, y, "n/a: no agent tool calls", va="center", fontsize=6, color="grey")
     raw = [arm.raw_hallucination_rate for arm in arms]
     ys = [y for y, v in enumerate(raw) if isinstance(v, float)]
     axes.scatter(
@@ -201,35 +206,69 @@ def channel_rates_page(arms: Sequence[ArmSummary], path: Path, title: str) -> Pa
         zorder=3,
     )
     axes.set_yticks(range(len(arms)))
-    axes.set_yticklabels([short(arm.label) for arm in arms], fontsize=7)
+    # Whole names (the parts that differ, the shared pattern once below) and each arm's n.
+    labels, shared = distinct_parts([arm.label for arm in arms], LABEL_CHARS - 10)
+    axes.set_yticklabels(
+        [f"{label} (n={arm.agent_tool_calls})" for label, arm in zip(labels, arms, strict=True)],
+        fontsize=7,
+    )
     axes.invert_yaxis()
-    axes.set_xlabel("share of agent tool calls")
+    axes.set_xlabel(
+        "share of agent tool calls (n: calls)" + (f"; arms {shared}" if shared else ""),
+        fontsize=8,
+    )
     axes.set_title(title, fontsize=9, y=TITLE_Y)
     axes.grid(axis="x", alpha=0.3)
     axes.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save_page(figure, path)
 
 
+def pair_label(compared: str, reference: str, limit: int = 56) -> str:
+    """``compared − reference``, the reference written as the parts where it differs from the
+    compared arm (its precision and its mode alike: "…-fp8-…/off − bf16/off" is a precision
+    pair, "…/reflexive − off" a repair pair), the whole reference when the labels do not align."""
+    ours, theirs = re.split(r"([-/])", compared), re.split(r"([-/])", reference)
+    if len(ours) == len(theirs):
+        parts = [t for o, t in zip(ours[::2], theirs[::2], strict=True) if o != t]
+        named = "/".join(parts) if parts else reference
+    else:
+        named = reference
+    return short(f"{compared} − {named}", limit)
+
+
 def differences_page(pairs: Sequence[PairSummary], path: Path, title: str) -> Path | None:
-    """Paired success difference with its 95% interval, one row per pair, ±7.5-point band."""
-    rows = [(p, p.difference) for p in pairs if isinstance(p.difference, Interval)]
+    """Paired success difference with the interval TOST inverts (90%: the verdict's own), one
+    row per pair, the ±7.5-point band; filled: equivalent, open: not."""
+    rows = [(p, p.tost) for p in pairs if isinstance(p.tost, Tost)]
     if not rows:
         return None
     height = 1.5 + 0.3 * len(rows)
     figure = Figure(figsize=(9.0, height))
     axes = figure.add_axes((0.42, 1.0 / height, 0.54, 1 - 1.5 / height))
-    for y, (_, value) in enumerate(rows):
-        axes.plot([value.low, value.high], [y, y], color="tab:blue")
-        axes.plot([value.estimate], [y], marker="o", color="tab:blue", markersize=4)
+    for y, (_, test) in enumerate(rows):
+        value = test.interval
+        colour = "tab:green" if test.equivalent else "tab:blue"
+        axes.plot([value.low, value.high], [y, y], color=colour)
+        axes.plot(
+            [value.estimate],
+            [y],
+            marker="o",
+            color=colour,
+            markersize=4,
+            markerfacecolor=colour if test.equivalent else "white",
+        )
     axes.axvspan(-EQUIVALENCE_MARGIN, EQUIVALENCE_MARGIN, color="tab:green", alpha=0.12)
     axes.axvline(0, color="grey", linewidth=1)
     axes.set_yticks(range(len(rows)))
     axes.set_yticklabels(
-        [short(f"{p.compared} − {p.reference.rsplit('/', 1)[-1]}", 56) for p, _ in rows],
-        fontsize=7,
+        [f"{pair_label(p.compared, p.reference)} ({p.tasks} tasks)" for p, _ in rows], fontsize=7
     )
     axes.invert_yaxis()
-    axes.set_xlabel("compared − reference, success (95% CI); green: ±7.5 points", fontsize=8)
+    axes.set_xlabel(
+        "compared − reference: TOST's 90% interval (the verdict's); band ±7.5 pts; "
+        "filled: equivalent",
+        fontsize=8,
+    )
     axes.set_title(title, fontsize=9, y=TITLE_Y)
     axes.grid(axis="x", alpha=0.3)
     return _save_page(figure, path)
@@ -282,9 +321,19 @@ def repair_effect_page(
             heights.append(found.success.estimate)
             lows.append(found.success.estimate - found.success.low)
             highs.append(found.success.high - found.success.estimate)
-        axes.bar(xs, heights, width=width, yerr=[lows, highs], capsize=2, label=mode)
+        # A 0% bar keeps a sliver of its colour, so the legend's colours stay on the page.
+        drawn = [max(h, 0.006) for h in heights]
+        axes.bar(xs, drawn, width=width, yerr=[lows, highs], capsize=2, label=mode)
         for x, height in zip(xs, heights, strict=True):  # at the foot, clear of the error bars
-            axes.text(x, 0.02, f"{100 * height:.0f}", ha="center", fontsize=6, color="white")
+            low_bar = height < 0.08
+            axes.text(
+                x,
+                0.02,
+                f"{100 * height:.0f}",
+                ha="center",
+                fontsize=6,
+                color="black" if low_bar else "white",
+            )
     labels, shared = distinct_parts([cell for cell, _ in cells], CELL_LABEL_CHARS)
     axes.set_xticks(range(len(cells)))
     axes.set_xticklabels(
@@ -352,9 +401,7 @@ def task_shift_page(pairs: Sequence[PairSummary], path: Path, title: str) -> Pat
         axes.barh(range(len(rows)), widths, left=left, color=colour, label=label)
         left = [a + b for a, b in zip(left, widths, strict=True)]
     axes.set_yticks(range(len(rows)))
-    axes.set_yticklabels(
-        [short(f"{p.compared} − {p.reference.rsplit('/', 1)[-1]}", 56) for p in rows], fontsize=7
-    )
+    axes.set_yticklabels([pair_label(p.compared, p.reference) for p in rows], fontsize=7)
     axes.invert_yaxis()
     axes.set_xlim(0, 1)
     axes.set_xlabel("share of tasks: compared did worse / the same / better", fontsize=8)
@@ -380,7 +427,10 @@ def failed_calls_page(arms: Sequence[ArmSummary], path: Path, title: str) -> Pat
     height = 1.5 + 0.3 * len(rows)
     figure = Figure(figsize=(9.0, height))
     axes = figure.add_axes((0.34, 1.0 / height, 0.5, 1 - 1.5 / height))
-    image = axes.imshow(grid, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
+    # Most episodes sit at 0 failed calls: a square-root scale keeps the other columns visible.
+    image = axes.imshow(
+        grid, aspect="auto", cmap="viridis", norm=PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
+    )
     axes.set_xticks(range(columns))
     axes.set_xticklabels([*map(str, range(FAILED_CALLS_MAX)), f"{FAILED_CALLS_MAX}+"], fontsize=7)
     axes.set_yticks(range(len(rows)))
@@ -388,7 +438,9 @@ def failed_calls_page(arms: Sequence[ArmSummary], path: Path, title: str) -> Pat
     axes.set_xlabel("failed tool calls in the episode (agent's and user's)", fontsize=8)
     axes.set_title(title, fontsize=9, y=TITLE_Y)
     colour_axes = figure.add_axes((0.86, 1.0 / height, 0.02, 1 - 1.5 / height))
-    figure.colorbar(image, cax=colour_axes).set_label("share of episodes", fontsize=7)
+    figure.colorbar(image, cax=colour_axes).set_label(
+        "share of episodes (square-root scale)", fontsize=7
+    )
     return _save_page(figure, path)
 
 

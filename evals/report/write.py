@@ -99,6 +99,8 @@ def _proxy(view: ProxyView) -> dict[str, Any]:
         "changed_answers": view.changed_answers,
         "fixed_answers": view.fixed_answers,
         "fixed_share": _value(view.fixed_share),
+        "declined_answers": view.declined_answers,
+        "withheld_answers": view.withheld_answers,
         "still_invalid_answers": view.still_invalid_answers,
         "unchecked_answers": view.unchecked_answers,
         "first_answer_not_separable": view.not_separable,
@@ -194,8 +196,14 @@ def _pair(pair: PairSummary) -> dict[str, Any]:
             "neither": table.neither,
         },
         "difference": _value(pair.difference),
+        "change_test": {
+            "method": "within-task sign-flip test, exact (the task as the unit)",
+            "p": _value(pair.change_p),
+            "p_holm": _value(pair.change_p_holm),
+        },
         "mcnemar_p": _value(pair.mcnemar_p),
         "mcnemar_p_holm": _value(pair.mcnemar_p_holm),
+        "mcnemar_unit": "episode pairs, as in the paper (not valid when tasks differ)",
         "tost": _tost(pair.tost),
         "amplification": {k: _rate_ratio(v) for k, v in pair.amplification.items()},
         "amplification_per_episode": {
@@ -308,7 +316,8 @@ def _arm_sections(summary: Summary) -> list[Section]:
         "What the proxy caught and fixed",
         [
             "Answers caught in the model's first answer, per channel (from the recorded "
-            "x-repairproxy-* headers); fixed, still invalid and not separable as in Definitions."
+            "x-repairproxy-* headers); fixed, declined, withheld (the proxy refused the re-ask's "
+            "reply), still invalid and not separable as in Definitions."
         ],
         [
             "arm",
@@ -318,6 +327,8 @@ def _arm_sections(summary: Summary) -> list[Section]:
             "not separable",
             "changed",
             "fixed",
+            "declined",
+            "withheld",
             "still invalid",
             "re-asks",
             "re-ask failed",
@@ -348,6 +359,8 @@ def _arm_sections(summary: Summary) -> list[Section]:
                 pct(view.fixed_share)
                 if isinstance(view.fixed_share, NotAvailable)
                 else f"{view.fixed_answers} ({pct(view.fixed_share)})",
+                str(view.declined_answers),
+                str(view.withheld_answers),
                 str(view.still_invalid_answers),
                 str(view.repairs),
                 str(view.repair_failures),
@@ -396,7 +409,8 @@ def _pair_sections(summary: Summary) -> list[Section]:
         "Holm families",
         [
             "Fixed before any p-value is seen (the grid file's [families] table, else the built-in "
-            "rule). McNemar's p is Holm-adjusted within each family only. Equivalence is not "
+            "rule). The change test's p (and McNemar's, as in the paper) is Holm-adjusted within "
+            "each family only. Equivalence is not "
             "adjusted: a claim that every pair of a family is equivalent is an intersection-union "
             "test, which holds its level without correction."
         ],
@@ -409,7 +423,10 @@ def _pair_sections(summary: Summary) -> list[Section]:
         "Pairs: compared − reference",
         [
             f"Paired by task id and trial; the task is the unit (see Definitions). Difference with "
-            f"its task-clustered 95% interval; exact McNemar p (Holm within the family); TOST at "
+            f"its task-level 95% t interval (CR1 variance at the estimate, t with G − 1 df); "
+            f"change test: the within-task sign-flip test, exact "
+            f"(Holm within the family); beside it, as in the paper, McNemar's exact p over episode "
+            f"pairs (trials taken as independent: not valid when tasks differ); TOST at "
             f"±{100 * EQUIVALENCE_MARGIN:.1f} points: equivalent exactly when the 90% interval "
             "lies inside the margin. Spearman: rank correlation of per-name hallucination counts "
             "over the union of names (zero-filled, average ranks). Novel share: compared-arm "
@@ -421,7 +438,8 @@ def _pair_sections(summary: Summary) -> list[Section]:
             "compared",
             "pairs (tasks)",
             "difference, 95% (points)",
-            "McNemar p (Holm)",
+            "change p, sign-flip over tasks (Holm)",
+            "McNemar p (Holm), as in the paper",
             "TOST 90% interval (points)",
             "equivalent",
             "Spearman",
@@ -460,6 +478,7 @@ def _pair_sections(summary: Summary) -> list[Section]:
                 p.compared,
                 f"{p.paired} ({p.tasks})",
                 points(p.difference),
+                f"{p_value(p.change_p)} ({p_value(p.change_p_holm)})",
                 f"{p_value(p.mcnemar_p)} ({p_value(p.mcnemar_p_holm)})",
                 tost_text,
                 equivalent,

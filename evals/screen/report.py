@@ -142,29 +142,96 @@ def render_markdown(screen: dict[str, Any]) -> str:
 
 
 def render_plot(screen: dict[str, Any], path: Path) -> None:
-    """Grouped bars: each channel's rate per arm with its Wilson interval."""
+    """What the screen decides, drawn: left, each error channel's rate per arm with its Wilson
+    interval and n (the reference arm named); right, each compared arm's paired rate ratio
+    against the reference per channel with its 95% interval, on a log scale, and the flag line
+    (a channel is flagged when the interval's lower end is above it); n/a is written, not drawn
+    as 0. The novel-name share of each compared arm is printed with its Wilson interval."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from evals.analysis.stats import Interval, wilson
+
+    reference = screen["reference"]
+    flag = float(screen["rule"]["flag_ratio"])
+    errors = [ch for ch in CHANNELS if ch != "valid"]
     arms = list(screen["arms"])
+    compared = [arm for arm in screen.get("comparisons", {}) if arm != reference]
+    figure, (rates_axis, ratio_axis) = plt.subplots(1, 2, figsize=(10, 4.4))
     width = 0.8 / max(1, len(arms))
-    figure, axis = plt.subplots(figsize=(9, 4))
     for position, arm in enumerate(arms):
-        rates = [screen["arms"][arm]["channels"][ch]["rate"] for ch in CHANNELS]
+        rates = [screen["arms"][arm]["channels"][ch]["rate"] for ch in errors]
         estimates = [r.get("estimate", 0.0) for r in rates]
-        errors = [
+        spread = [
             [r.get("estimate", 0.0) - r.get("low", 0.0) for r in rates],
             [r.get("high", 0.0) - r.get("estimate", 0.0) for r in rates],
         ]
-        offsets = [i + (position - (len(arms) - 1) / 2) * width for i in range(len(CHANNELS))]
-        axis.bar(offsets, estimates, width, yerr=errors, capsize=3, label=arm)
-    axis.set_xticks(range(len(CHANNELS)), CHANNELS, rotation=20)
-    axis.set_ylabel("share of decision points")
-    axis.set_ylim(0, 1)
-    axis.set_title(f"Risk screen: {screen['points']} decision points")
-    axis.legend()
-    figure.tight_layout()
+        offsets = [i + (position - (len(arms) - 1) / 2) * width for i in range(len(errors))]
+        label = f"{arm} (reference)" if arm == reference else arm
+        rates_axis.bar(offsets, estimates, width, yerr=spread, capsize=2, label=label)
+    rates_axis.set_xticks(range(len(errors)), [c.replace("_", " ") for c in errors], rotation=20)
+    rates_axis.tick_params(labelsize=7)
+    rates_axis.set_ylabel("share of decision points", fontsize=8)
+    rates_axis.set_ylim(0, 1)
+    rates_axis.set_title(f"Rates, n = {screen['points']} decision points per arm", fontsize=9)
+    rates_axis.legend(fontsize=7)
+    ratio_axis.axhline(flag, color="tab:red", linestyle="--", linewidth=1)
+    ratio_axis.axhline(1.0, color="grey", linewidth=0.8)
+    ratio_axis.text(
+        len(errors) - 0.5,
+        flag,
+        f" flag: lower end > {flag:g}",
+        fontsize=7,
+        color="tab:red",
+        va="bottom",
+        ha="right",
+    )
+    ratio_width = 0.8 / max(1, len(compared))
+    notes = []
+    for position, arm in enumerate(compared):
+        comparison = screen["comparisons"][arm]
+        colour = f"C{arms.index(arm) if arm in arms else position}"
+        for i, channel in enumerate(errors):
+            ratio = comparison["channels"][channel]["ratio"]
+            x = i + (position - (len(compared) - 1) / 2) * ratio_width
+            if "estimate" not in ratio:
+                ratio_axis.text(
+                    x, 1.0, "n/a", fontsize=6, ha="center", va="bottom", rotation=90, color=colour
+                )
+                continue
+            ratio_axis.errorbar(
+                [x],
+                [ratio["estimate"]],
+                yerr=[[ratio["estimate"] - ratio["low"]], [ratio["high"] - ratio["estimate"]]],
+                fmt="o",
+                color=colour,
+                markersize=3,
+                capsize=2,
+            )
+        novel = comparison.get("novel_names", {})
+        if "novel" in novel and novel.get("total"):
+            share = wilson(int(novel["novel"]), int(novel["total"]))
+            text = f"{novel['novel']}/{novel['total']}"
+            if isinstance(share, Interval):
+                low, high = 100 * share.low, 100 * share.high
+                text += f" = {100 * share.estimate:.0f}% [{low:.0f}, {high:.0f}]"
+            notes.append(f"{arm}: novel names {text}")
+        else:
+            notes.append(f"{arm}: novel names n/a")
+        ratio_axis.plot(
+            [], [], "o", color=colour, label=f"{arm} (n = {comparison['paired_n']} pairs)"
+        )
+    ratio_axis.set_yscale("log")
+    ratio_axis.set_xticks(range(len(errors)), [c.replace("_", " ") for c in errors], rotation=20)
+    ratio_axis.tick_params(labelsize=7)
+    ratio_axis.set_xlim(-0.6, len(errors) - 0.4)
+    ratio_axis.set_ylabel(f"paired rate ratio against {reference} (95%)", fontsize=8)
+    ratio_axis.set_title("What the screen decides", fontsize=9)
+    if compared:
+        ratio_axis.legend(fontsize=7, loc="upper left")
+    figure.text(0.01, 0.01, "; ".join(notes) + " (Wilson 95%)", fontsize=7)
+    figure.tight_layout(rect=(0, 0.05, 1, 1))
     figure.savefig(path, dpi=100, metadata={"Software": None})
     plt.close(figure)

@@ -23,7 +23,9 @@ __all__ = [
 ]
 
 PROXY_HEADER_PREFIX = "x-repairproxy-"
-_LIST_FIELDS = frozenset({"tool_errors", "first_tool_errors", "unknown_tools"})
+_LIST_FIELDS = frozenset(
+    {"tool_errors", "first_tool_errors", "delivered_tool_errors", "unknown_tools"}
+)
 _INT = re.compile(r"-?\d+")
 _FLOAT = re.compile(r"-?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?")
 

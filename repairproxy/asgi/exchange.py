@@ -108,6 +108,15 @@ class Exchange:
                 out.append((b"x-repairproxy-unknown-tools", shown.encode()))
             if record.repair_failed:
                 out.append((b"x-repairproxy-repair-failed", record.repair_failed.encode()))
+            if record.repair_results:  # fixed, failed, upstream_error or withheld
+                result = str(record.repair_results[0].result).encode()
+                out.append((b"x-repairproxy-repair-result", result))
+            if record.delivered_channels is not None:  # what the client received, judged
+                delivered = ",".join(record.delivered_channels).encode()
+                out.append((b"x-repairproxy-delivered-tool-errors", delivered))
+                # The first answer's own calls (text calls included): a hallucination rate's
+                # denominator, whatever a re-ask later replaced them with.
+                out.append((b"x-repairproxy-first-tool-calls", b"%d" % record.tool_calls))
             if record.repair_attempts:
                 out.append(
                     (b"x-repairproxy-repair-prompt-tokens", b"%d" % record.repair_prompt_tokens)
@@ -172,6 +181,10 @@ class Exchange:
             fields["promoted-format"] = _formats(self.record.promoted_formats)
         if self.record.repair_failed:
             fields["repair-failed"] = self.record.repair_failed
+        if self.record.repair_results:
+            fields["repair-result"] = str(self.record.repair_results[0].result)
+        if self.record.delivered_channels is not None:
+            fields["delivered-tool-errors"] = ",".join(self.record.delivered_channels)
         if self.record.output is not None:
             fields["output-errors"] = ",".join(self.record.output.caught_channels)
             fields["output-repairs"] = str(self.record.output.repair_attempts)
@@ -214,6 +227,10 @@ class Exchange:
             event["promoted_format"] = _formats(record.promoted_formats)
         if record.repair_failed:
             event["repair_failed"] = record.repair_failed
+        if record.repair_results:
+            event["repair_result"] = record.repair_results[0].result
+        if record.delivered_channels is not None:
+            event["delivered_channels"] = record.delivered_channels
         if record.env_errors:
             event["env_errors"] = list(record.env_errors)
         if record.output is not None:

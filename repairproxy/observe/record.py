@@ -34,6 +34,10 @@ class RepairResultKind(enum.StrEnum):
     FIXED = "fixed"
     FAILED = "failed"
     UPSTREAM_ERROR = "upstream_error"
+    # The proxy refused a re-ask's reply (a listed tool called with made-up values after the
+    # model asked for a tool none replaces) and delivered the answer it held: its own decision,
+    # not the model's failure to fix the call.
+    WITHHELD = "withheld"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +119,9 @@ class RequestRecord:
     # re-ask could not be made ("timeout", "unavailable", a status code, "bad_answer").
     channels: tuple[str, ...] = ()
     repair_failed: str | None = None
+    # The channels of the answer the client received (choice 0), as the proxy judged it; None
+    # where no answer with tools was judged (no tools declared, or an error was sent instead).
+    delivered_channels: tuple[str, ...] | None = None
     # With n > 1: each choice's error channels, in choice order (choice 0 as judged, the others
     # as they came: only choice 0 is repaired).
     choice_channels: tuple[tuple[str, ...], ...] = ()

@@ -420,3 +420,21 @@ def test_pairs_summarised_together_equal_each_pair_alone(tmp_path: Path) -> None
     assert together == [summarize_pair(*pair) for pair in pairs]
     assert isinstance(together[1].sweep_gap[4], NotAvailable)  # c stopped at K=3
     assert together[3].tasks < together[0].tasks
+
+
+def test_raw_hallucination_rate_counts_the_first_answers_calls_when_the_proxy_says(
+    tmp_path: Path,
+) -> None:
+    """1 invented call re-asked into 3 valid calls: 1 of the first answer's 1 call (100%), not
+    1 of the 3 delivered + 1 removed (25%), once X-Repairproxy-First-Tool-Calls is recorded;
+    without it the old reading stays (records from before the header)."""
+    valid = (Call("get_order_details"),) * 3
+
+    def rate(proxy: dict[str, Any]) -> Any:
+        content = results([episode("1", 0, [Turn(valid, proxy=proxy)])])
+        path = write(tmp_path / f"r{len(proxy)}.json", content)
+        return summarize_arm(load_arm(path)).raw_hallucination_rate
+
+    record = {"tool_errors": ["unknown_tool"], "repairs": 1, "unknown_tools": ["lookup_order"]}
+    assert rate(record) == pytest.approx(1 / 4)
+    assert rate({**record, "first_tool_calls": 1}) == pytest.approx(1.0)

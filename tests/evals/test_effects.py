@@ -1,21 +1,29 @@
 """The reviewer's numbers against their references: pass^k against τ²-bench's own computation
-(its pandas code, restated), Clopper-Pearson against scipy, the detectable difference against
-statsmodels' power solver, the task bootstrap against scipy's."""
+(its pandas code, restated), Clopper-Pearson against scipy, the task-level odds ratio's ends
+against a published t table, the simulated power against a fresh simulation, the task bootstrap
+against scipy's."""
 
 from __future__ import annotations
 
 import math
 import random
 
+import numpy as np
 import pytest
 
 from evals.analysis import effects
-from evals.analysis.stats import EQUIVALENCE_MARGIN, Interval, NotAvailable, PairedTable, TaskPairs
+from evals.analysis.stats import (
+    EQUIVALENCE_MARGIN,
+    Interval,
+    NotAvailable,
+    PairedTable,
+    TaskPairs,
+    tost_arrays,
+)
 from evals.tau2.reward import pass_hat_ks as engine_pass_hat_ks
 
 pd = pytest.importorskip("pandas")
 scipy_stats = pytest.importorskip("scipy.stats")
-power_module = pytest.importorskip("statsmodels.stats.power")
 
 
 def _tau2_pass_hat_ks(rows: list[tuple[str, float]], num_trials: int) -> dict[int, float]:
@@ -78,16 +86,58 @@ def test_clopper_pearson_is_scipys_exact_interval(k: int, n: int) -> None:
     assert high == pytest.approx(expected.high, abs=1e-9)
 
 
-def test_paired_odds_ratio_is_the_discordant_split_with_its_exact_interval() -> None:
+def test_paired_odds_ratio_as_in_the_paper_is_the_discordant_split_with_its_exact_interval() -> (
+    None
+):
     table = PairedTable(both=30, reference_only=8, compared_only=20, neither=42)
-    ratio = effects.paired_odds_ratio(table)
+    ratio = effects.paired_odds_ratio_as_in_the_paper(table)
     assert isinstance(ratio, Interval)
     assert ratio.estimate == pytest.approx(20 / 8)
     ci = scipy_stats.binomtest(20, 28).proportion_ci(method="exact")
     assert ratio.low == pytest.approx(ci.low / (1 - ci.low), rel=1e-7)
     assert ratio.high == pytest.approx(ci.high / (1 - ci.high), rel=1e-7)
-    assert isinstance(effects.paired_odds_ratio(PairedTable(5, 0, 0, 5)), NotAvailable)
-    assert isinstance(effects.paired_odds_ratio(PairedTable(5, 0, 3, 5)), NotAvailable)
+    assert isinstance(
+        effects.paired_odds_ratio_as_in_the_paper(PairedTable(5, 0, 0, 5)), NotAvailable
+    )
+    assert isinstance(
+        effects.paired_odds_ratio_as_in_the_paper(PairedTable(5, 0, 3, 5)), NotAvailable
+    )
+
+
+def _score(discordant: list[tuple[int, int]], psi: float) -> float:
+    """The task-level score statistic at odds ratio psi, written out for one value."""
+    theta = psi / (1 + psi)
+    residuals = [c - theta * (b + c) for b, c in discordant if b + c]
+    groups = len(residuals)
+    return abs(sum(residuals)) / math.sqrt(groups / (groups - 1) * sum(r * r for r in residuals))
+
+
+def test_task_level_odds_ratio_ends_are_where_the_score_meets_the_published_t() -> None:
+    # 11 tasks with discordant pairs: t(0.975, 10) = 2.228 (NIST e-Handbook, 1.3.6.7.2).
+    discordant = [(1, 3), (0, 4), (2, 2), (1, 0), (0, 3), (2, 5), (1, 1), (0, 2), (3, 1), (1, 4)]
+    discordant += [(0, 1), (0, 0), (0, 0)]  # tasks without discordant pairs do not count
+    ratio = effects.paired_odds_ratio(discordant)
+    assert isinstance(ratio, Interval)
+    assert ratio.estimate == pytest.approx(26 / 11)
+    assert _score(discordant, ratio.low) == pytest.approx(2.228, abs=2e-3)
+    assert _score(discordant, ratio.high) == pytest.approx(2.228, abs=2e-3)
+    assert ratio.low < ratio.estimate < ratio.high
+
+
+def test_task_level_odds_ratio_widens_when_one_task_carries_the_pairs() -> None:
+    # The same 36 vs 12 discordant pairs: spread over 24 tasks, or 24 of them in one task.
+    spread = [(1, 2)] * 12 + [(0, 1)] * 12
+    lumped = [(1, 1)] * 12 + [(0, 24)]
+    a, b = effects.paired_odds_ratio(spread), effects.paired_odds_ratio(lumped)
+    assert isinstance(a, Interval) and isinstance(b, Interval)
+    assert a.estimate == b.estimate == 3.0
+    assert b.high - b.low > a.high - a.low
+    # Few tasks carrying the reference-only pairs leave the upper end unbounded, honestly.
+    few = effects.paired_odds_ratio([(1, 2)] * 4 + [(0, 1)] * 4)
+    assert isinstance(few, NotAvailable) and "unbounded" in few.reason
+    assert isinstance(effects.paired_odds_ratio([(0, 0)]), NotAvailable)
+    assert isinstance(effects.paired_odds_ratio([(0, 3), (0, 2)]), NotAvailable)  # unbounded
+    assert isinstance(effects.paired_odds_ratio([(2, 3)]), NotAvailable)  # one task
 
 
 def _pairs(seed: int, tasks: int, trials: int, discordance: float) -> TaskPairs:
@@ -103,24 +153,30 @@ def _pairs(seed: int, tasks: int, trials: int, discordance: float) -> TaskPairs:
     return TaskPairs.from_pairs(rows)
 
 
-def test_detectable_difference_is_statsmodels_normal_power_at_the_runs_standard_error() -> None:
+def _fresh_tost_power(pairs: TaskPairs, truth: float, draws: int, seed: int) -> float:
+    """TOST's equivalence rate when tasks are drawn afresh from the observed ones, each shifted
+    so that the truth is ``truth``: the simulation ``power`` states, rerun with another RNG."""
+    rng = np.random.default_rng(seed)
+    sums = np.array(pairs.sums, dtype=float)
+    sizes = np.array(pairs.sizes, dtype=float)
+    shifted = sums - sizes * (sums.sum() / sizes.sum() - truth)
+    drawn = rng.integers(0, pairs.tasks, (draws, pairs.tasks))
+    return float(tost_arrays(shifted[drawn], sizes[drawn], bounds=False).equivalent.mean())
+
+
+def test_power_is_the_tests_own_rate_on_resampled_tasks_not_a_normal_approximation() -> None:
     pairs = _pairs(3, tasks=114, trials=4, discordance=0.25)
     result = effects.power(pairs, EQUIVALENCE_MARGIN)
-    assert isinstance(result, effects.Power)
-    # One-sample normal test (ratio 0): the effect in standard errors at nobs 1.
-    solved = power_module.NormalIndPower().solve_power(
-        effect_size=None, nobs1=1, alpha=0.05, power=0.8, ratio=0, alternative="two-sided"
-    )
-    assert result.detectable / result.standard_error == pytest.approx(solved, rel=1e-3)
-    norm = scipy_stats.norm(0.0, result.standard_error)
-    z = scipy_stats.norm.ppf(0.95)
-    inside = norm.cdf(EQUIVALENCE_MARGIN - z * result.standard_error) - norm.cdf(
-        -EQUIVALENCE_MARGIN + z * result.standard_error
-    )
-    assert result.tost_power == pytest.approx(max(inside, 0.0), abs=1e-9)
-    at_margin = effects.power(pairs, result.margin_at_power)
-    assert isinstance(at_margin, effects.Power)
-    assert at_margin.tost_power == pytest.approx(0.8, abs=1e-6)
+    assert isinstance(result, effects.Power) and result.replicates == effects.POWER_REPLICATES
+    fresh = _fresh_tost_power(pairs, 0.0, 4000, seed=99)
+    assert result.tost_power == pytest.approx(fresh, abs=0.06)  # 1000 draws: MC SE <= 1.6 points
+    # At the stated margin, TOST shows equivalence in about 80% of fresh draws.
+    sums, sizes = np.array(pairs.sums, float), np.array(pairs.sizes, float)
+    rng = np.random.default_rng(7)
+    drawn = rng.integers(0, pairs.tasks, (4000, pairs.tasks))
+    shifted = (sums - sizes * sums.sum() / sizes.sum())[drawn]
+    shown = tost_arrays(shifted, sizes[drawn], margin=result.margin_at_power, bounds=False)
+    assert float(shown.equivalent.mean()) == pytest.approx(0.8, abs=0.06)
 
 
 def test_power_grows_with_the_run_and_is_not_available_without_variance() -> None:

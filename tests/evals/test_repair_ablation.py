@@ -7,6 +7,7 @@ repair off, none with reflexive repair) follows from ``hallucinated_actions``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -20,8 +21,9 @@ from typing import Any
 import pytest
 
 from evals.grid.launch import free_port
-from evals.grid.spec import REPAIR_MODES, load_grid
-from evals.repair_ablation import analysis_pairs, main, plan_runs
+from evals.grid.provenance import code_of, source_sha256
+from evals.grid.spec import REPAIR_MODES, GridError, load_grid
+from evals.repair_ablation import analysis_pairs, check_one_code, main, plan_runs
 from tests.evals.conftest import REPO_ROOT
 from tests.support.gold_upstream import GoldArm, GoldUpstream, hallucinated_actions
 
@@ -312,3 +314,43 @@ def test_pairs_compare_each_mode_with_off_and_each_arm_with_its_reference(
         ("retail-bf16-scripted-k2/off", "retail-int4-scripted-k2/off"),
         ("retail-bf16-scripted-k2/prompt", "retail-int4-scripted-k2/prompt"),
     }
+
+
+def _saved_at(planned: Any, index: int, commit: str, dirty: bool = False, source: str = "") -> Any:
+    item = planned[index]
+    item.out_dir.mkdir(parents=True, exist_ok=True)
+    record = {"git_commit": commit, "git_dirty": dirty, "source_sha256": source}
+    (item.out_dir / "provenance.json").write_text(json.dumps(record), encoding="utf-8")
+    return dataclasses.replace(item, done=1)
+
+
+def test_a_grid_refuses_to_resume_at_other_code_or_mix_saved_commits(
+    tmp_path: Path, tau2_data_dir: Path
+) -> None:
+    """The shipped cpu-grid ran its arms at 01c9b42 and e3c7c14 of a changing checkout; a resume
+    (or a grid whose saved cells disagree) must say so and stop unless told."""
+    arms = '[arms.a]\nupstream = "http://127.0.0.1:9/v1"\nmodel = "m"\n'
+    grid = load_grid(_write_grid(tmp_path / "g.toml", arms, modes='["off", "prompt"]'))
+    planned = plan_runs(grid, grid.select(None), tmp_path, tau2_data_dir)
+    here = {"git_commit": "a" * 40, "git_dirty": False, "source_sha256": "s1"}
+    same = [_saved_at(planned, 0, "a" * 40), planned[1]]
+    check_one_code(same, here)  # the same clean commit: resumes
+    other = [_saved_at(planned, 0, "b" * 40), planned[1]]
+    with pytest.raises(GridError, match=r"bbbbbbb.*--allow-mixed-commits"):
+        check_one_code(other, here)
+    check_one_code(other, here, allow_mixed=True)
+    # A dirty tree is identified by its source hash, not by the commit it sits on.
+    dirty_here = {"git_commit": "a" * 40, "git_dirty": True, "source_sha256": "s1"}
+    dirty_saved = [_saved_at(planned, 0, "a" * 40, dirty=True, source="s0"), planned[1]]
+    with pytest.raises(GridError, match="source s0"):
+        check_one_code(dirty_saved, dirty_here)
+    check_one_code([_saved_at(planned, 0, "a" * 40, True, "s1"), planned[1]], dirty_here)
+
+
+def test_source_hash_moves_with_any_source_file(tmp_path: Path) -> None:
+    (tmp_path / "evals").mkdir()
+    (tmp_path / "evals" / "a.py").write_text("x = 1\n")
+    before = source_sha256(tmp_path)
+    (tmp_path / "evals" / "a.py").write_text("x = 2\n")
+    assert source_sha256(tmp_path) != before
+    assert code_of({"git_commit": "c" * 40, "git_dirty": False}) == "c" * 40

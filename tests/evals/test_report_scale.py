@@ -121,3 +121,29 @@ def test_files_read_by_worker_processes_give_the_same_report(
         outputs[workers] = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
         assert len(summary.arms) == len(paths) + 1
     assert outputs[0] == outputs[2]
+
+
+def test_the_paper_grid_compares_176_pairs_in_three_families(tmp_path: Path) -> None:
+    """96 repair-mode pairs and 80 precision pairs (the benchmark analysed 96 before: the
+    precision pairs, and so the precision family, never ran at scale)."""
+    from benchmarks.report_scale import MODELS, paper_pairs
+
+    pairs = paper_pairs()
+    assert len(pairs) == len(set(pairs)) == 176
+    across = [(r, c) for r, c in pairs if r.split("/")[0] != c.split("/")[0]]
+    assert len(across) == 80 and all("-bf16-" in r for r, _ in across)
+    # At a small size the built-in rule sorts them into the three families.
+    paths = write_grid(
+        tmp_path / "runs", models=MODELS[:1], modes=("off", "prompt"), tasks=3, trials=1
+    )
+    small = paper_pairs(MODELS[:1], modes=("off", "prompt"))
+    summary = analyze(paths, small, tmp_path / "report", "scale")
+    families: dict[str, int] = {}
+    for pair in summary.pairs:
+        families[pair.family] = families.get(pair.family, 0) + 1
+    # 2 domains: 6 cells x 1 mode pair; 2 quantized precisions x 2 modes.
+    assert families == {
+        "repair-mode comparisons": 6,
+        "precision cells at mode off": 4,
+        "other comparisons": 4,
+    }

@@ -318,3 +318,59 @@ async def test_twelve_turn_episode_counts_what_tau2_bench_counts(
     assert header_errors[-1] == tau2_errors
     assert header_errors == sorted(header_errors)  # resent history never counts twice
     assert int(response.headers["x-repairproxy-budget-remaining"]) == 10 - tau2_errors
+
+
+SEND_EMAIL = (
+    '{"name": "send_email", "arguments": {"to": "bob@example.com", '
+    '"body": "Your refund is on its way."}}'
+)
+EMAIL = [{"role": "user", "content": "Send an email to bob@example.com: his refund is on its way."}]
+
+
+async def test_a_refused_re_ask_is_reported_as_withheld_with_the_delivered_channels(
+    transport: MockTransport, start_in_process: StartInProcess
+) -> None:
+    """The proxy refuses a re-ask's made-up call and delivers the answer it held: the headers say
+    it was the proxy's decision ("withheld"), not a fix the model failed, and which channels the
+    delivered answer still has (what evals' answer_facts reads as delivered_tool_errors)."""
+    proxy = await start_in_process(repair="reflexive")
+    made_up = completion(tool_calls=[tool_call("get_order_details", {"order_id": "#W0000000"})])
+    transport.push(completion(content=SEND_EMAIL), made_up, made_up)
+    raw = await _create(proxy, messages=EMAIL)
+    message = raw.parse().choices[0].message
+    assert not message.tool_calls and message.content == SEND_EMAIL
+    assert raw.headers["x-repairproxy-repair-result"] == "withheld"
+    assert raw.headers["x-repairproxy-delivered-tool-errors"] == "tool_call_in_content"
+    assert raw.headers["x-repairproxy-first-tool-errors"] == "tool_call_in_content"
+    assert raw.headers["x-repairproxy-first-tool-calls"] == "1"  # the text call, counted
+
+
+async def test_a_fixed_answer_reports_no_delivered_channels(
+    transport: MockTransport, start_in_process: StartInProcess
+) -> None:
+    proxy = await start_in_process(repair="reflexive")
+    bad = tool_call("get_order_status", GOOD, call_id="call_bad")
+    good = tool_call("get_order_details", GOOD, call_id="call_good")
+    transport.push(completion(tool_calls=[bad]), completion(tool_calls=[good]))
+    raw = await _create(proxy)
+    assert raw.headers["x-repairproxy-repair-result"] == "fixed"
+    assert raw.headers["x-repairproxy-delivered-tool-errors"] == ""
+    assert raw.headers["x-repairproxy-first-tool-calls"] == "1"
+    off = await start_in_process(repair="off")
+    transport.push(completion(tool_calls=[bad]))
+    raw = await _create(off)
+    assert raw.headers["x-repairproxy-delivered-tool-errors"] == "unknown_tool"
+    assert "x-repairproxy-repair-result" not in raw.headers
+
+
+def test_the_log_record_carries_the_repair_result_and_the_delivered_channels() -> None:
+    from repairproxy.asgi.exchange import Exchange
+    from repairproxy.observe.record import RepairResult, RepairResultKind
+
+    exchange = Exchange(0.0, "POST", "/v1/chat/completions")
+    exchange.record.repair_results = [RepairResult("unknown_tool", RepairResultKind.WITHHELD)]
+    exchange.record.delivered_channels = ("tool_call_in_content",)
+    event = orjson.loads(orjson.dumps(exchange.log_event(200, log_bodies=False)))
+    assert event["repair_result"] == "withheld"
+    assert event["delivered_channels"] == ["tool_call_in_content"]
+    assert b"repair-result=withheld" in exchange.trailer_comment()
