@@ -1,4 +1,5 @@
-"""``python -m evals.demo``: one τ²-bench Retail episode through the proxy, told as a transcript.
+"""``python -m evals.demo``: first the scenes (``evals.demo.scenes``: short requests, repair off
+beside the default), then one τ²-bench Retail episode through the proxy, told as a transcript.
 
 Starts the embedded CPU model (fetched on first use), puts ``repairproxy serve`` in front of it,
 runs one task with the scripted user (deterministic, no second model; ``--user llm`` for the LLM
@@ -111,7 +112,7 @@ def _report(results: Any, args: argparse.Namespace, data_dir: Path, answers: Pat
     _say(f"== transcript: {args.domain} task {args.task_id}, repair {args.repair} ==")
     opening = next((m for m in episode.messages if m.role == "user"), None)
     if opening is not None and opening.content:
-        _say(f"  user: {' '.join(opening.content.split())[:110]}")
+        _say(f"  user: {' '.join(opening.content.split())}")
     for line in render_transcript(views, repair=args.repair, budget=BUDGET):
         _say(line)
     seen = sorted({c for v in views for c in v.caught} | {c for v in views for c in v.delivered})
@@ -138,7 +139,9 @@ def _save_dashboard(port: int, path: Path) -> None:
     import urllib.request
 
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/dashboard", timeout=10) as page:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/dashboard?snapshot", timeout=10
+        ) as page:
             path.write_bytes(page.read())
     except OSError as exc:  # informative only: the episode's results are already saved
         _say(f"(the dashboard page could not be saved: {exc})")
@@ -172,13 +175,75 @@ def _parser() -> argparse.ArgumentParser:
         "--save-to", type=Path, default=None, help="default: runs/demo-<repair mode>"
     )
     parser.add_argument("--tau2-data", type=Path, default=None)
+    parser.add_argument(
+        "--part",
+        default="all",
+        choices=["all", "scenes", "episode"],
+        help="the scenes (evals/demo/scenes.toml, about a minute), the episode, or both (default)",
+    )
     return parser
+
+
+def _scenes(arm: str) -> int:
+    """The scenes: the embedded model (threads pinned by scenes.toml) behind one proxy with the
+    default repair; each scene asks twice, ``X-Repairproxy-Repair: off`` and then the default."""
+    from evals.demo.scenes import load_scenes, run_scenes
+    from repairproxy.local import start_embedded_upstream
+
+    book = load_scenes()
+    started = time.monotonic()
+    _say(
+        f"== scenes: {len(book.scenes)} short requests to the embedded model through the proxy, "
+        "each sent twice: repair off (left), then the proxy's default (right); temperature "
+        f"{book.sampling.get('temperature')}, seed {book.sampling.get('seed')}, "
+        f"{book.threads} threads"
+    )
+    with ExitStack() as stack:
+        upstream = stack.enter_context(
+            start_embedded_upstream(arm, n_ctx=4096, n_threads=book.threads, prompt_cache=False)
+        )
+        port = free_port()
+        log = Path(upstream.log_path).with_suffix(".proxy.log")
+        proxy = ManagedProcess(
+            "proxy",
+            proxy_command(upstream.base_url, port, []),
+            f"http://127.0.0.1:{port}/healthz",
+            log,
+        )
+        try:
+            stack.enter_context(proxy)
+        except LaunchError as exc:
+            _say(f"error: {exc}")
+            return 1
+        _say(f"   (model and proxy up in {time.monotonic() - started:.0f} s)")
+        _say("")
+        results = run_scenes(
+            f"http://127.0.0.1:{port}/v1",
+            _model_id(upstream.base_url),
+            book,
+            _say,
+            metrics_url=f"http://127.0.0.1:{port}/metrics",
+        )
+        log.unlink(missing_ok=True)
+    shown = sum(1 for r in results if r.outcomes == dict(r.scene.want))
+    _say(
+        f"scenes done in {time.monotonic() - started:.0f} s: {shown} of {len(results)} "
+        "reproduced what they are meant to show on this machine"
+    )
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     from repairproxy.local import ensure_model, start_embedded_upstream
+
+    if args.part != "episode":
+        ensure_model(args.arm)
+        code = _scenes(args.arm)
+        if code or args.part == "scenes":
+            return code
+        _say("")
 
     save_to: Path = args.save_to or Path("runs") / f"demo-{args.repair}"
     save_to.mkdir(parents=True, exist_ok=True)

@@ -303,7 +303,9 @@ class Proxy:
         self._authenticate(header_map(scope), self._api_keys)
         from repairproxy.observe.dashboard import render_dashboard
 
-        page = render_dashboard(self.dashboard)
+        query = scope.get("query_string", b"").split(b"&")
+        snapshot = any(part.split(b"=")[0] == b"snapshot" for part in query)
+        page = render_dashboard(self.dashboard, snapshot=snapshot)
         await responder.whole(200, [(b"content-type", b"text/html; charset=utf-8")], page)
 
     # -- helpers ----------------------------------------------------------------------------------

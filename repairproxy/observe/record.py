@@ -31,8 +31,11 @@ __all__ = [
 
 
 class RepairResultKind(enum.StrEnum):
-    FIXED = "fixed"
-    FAILED = "failed"
+    """How a repair ended, one meaning each (the ``result`` label of ``repairproxy_repairs``)."""
+
+    FIXED = "fixed"  # the agent got valid calls: promoted, or a re-ask answered with calls
+    DECLINED = "declined"  # re-asked, the model answered in prose: no call to run, not a fix
+    FAILED = "failed"  # invalid calls were still left when the re-asks ran out
     UPSTREAM_ERROR = "upstream_error"
 
 

@@ -132,3 +132,15 @@ def test_a_promoted_call_that_fails_is_told_as_failed_and_its_charge_follows_the
     assert lines[ran + 1] == "    budget  9 of 10 left"  # right after the result that charged it
     assert "10 of 10" not in text
     assert "###STOP###" not in text and "user: No, thanks. (and ends the conversation)" in text
+
+
+def test_a_long_answer_is_shown_whole() -> None:
+    """The reader must see why nothing was caught: no cut at ~100 characters."""
+    long = "I can help with that. " + "Please tell me your order id and your email. " * 6
+    run = _episode(1.0, repaired=True)
+    run.messages[-2] = AssistantMessage(
+        content=long, repairproxy={"tool_errors": [], "repairs": 0, "upstream_calls": 1}
+    )
+    views = turn_views(run, _compiled(), RAW)
+    text = "\n".join(render_transcript(views, repair="reflexive", budget=10))
+    assert " ".join(long.split()) in text and "…" not in text
