@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-import socket
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Sequence

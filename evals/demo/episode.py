@@ -225,6 +225,13 @@ def _scenes(arm: str) -> int:
             metrics_url=f"http://127.0.0.1:{port}/metrics",
         )
         log.unlink(missing_ok=True)
+    _say(
+        "headers: x-repairproxy-tool-errors names each channel the proxy saw in any answer of "
+        "the exchange (first answer and re-asks) once; x-repairproxy-first-tool-errors the first "
+        "answer's alone; the delivered answer is described by x-repairproxy-delivered-tool-errors "
+        "where the proxy sends it, and the '=>' lines judge it here from the answer itself "
+        "(declared names, the schema)."
+    )
     shown = sum(1 for r in results if r.outcomes == dict(r.scene.want))
     _say(
         f"scenes done in {time.monotonic() - started:.0f} s: {shown} of {len(results)} "

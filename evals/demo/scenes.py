@@ -311,8 +311,9 @@ def counts_line(metrics_text: str) -> str:
     )
     return (
         f"   proxy counts so far: requests {total('requests')}; tool calls {total('tool_calls')}; "
-        f"errors caught: {errors or 'none'}; promoted {total('promoted_tool_calls')}; "
-        f"re-ask results: {repairs or 'none'}; structured outputs broken "
+        f"errors caught: {errors or 'none'}; invented tool names "
+        f"{total('hallucinated_tool_calls')}; promoted {total('promoted_tool_calls')}; "
+        f"repair results: {repairs or 'none'}; broken structured outputs (every attempt) "
         f"{total('structured_output_errors')}"
     )
 
@@ -329,6 +330,7 @@ def run_scenes(
     import httpx
 
     results = []
+    started = time.monotonic()
     with httpx.Client(timeout=600.0, trust_env=False) as client:
         for index, scene in enumerate(book.scenes, start=1):
             body = request_body(book, scene, model)
@@ -338,6 +340,7 @@ def run_scenes(
                 say(line)
             if metrics_url is not None:
                 say(counts_line(client.get(metrics_url).text))
+            say(f"   (scene done {time.monotonic() - started:.0f} s after set-up)")
             say("")
             results.append(SceneResult(scene, off, default))
     return results
