@@ -5,7 +5,8 @@ Starts the embedded CPU model (fetched on first use), puts ``repairproxy serve``
 runs one task with the scripted user (deterministic, no second model; ``--user llm`` for the LLM
 user simulator) and prints, per agent turn, what the model wrote, what the proxy did, which tools
 ran and the error budget left; then the reward, a one-line verdict and where to look next.
-``--repair off`` runs the same episode without repair for comparison.
+By default the episode runs twice, repair off and then reflexive, and the first agent turn where
+the two agents received different answers is shown; ``--repair MODE`` runs one mode.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from typing import Any
 
 from evals.demo.transcript import (
     CHANNEL_WORDS,
+    TurnView,
     episode_counts,
+    first_divergence,
     render_transcript,
     turn_views,
     verdict,
@@ -103,7 +106,9 @@ def _declared_tools(domain: str, data_dir: Path, forbid_extra: bool) -> Any:
     return ToolsCache(forbid_extra_arguments=forbid_extra).compile({"tools": tools})
 
 
-def _report(results: Any, args: argparse.Namespace, data_dir: Path, answers: Path) -> None:
+def _report(
+    results: Any, args: argparse.Namespace, data_dir: Path, answers: Path
+) -> list[TurnView]:
     [episode] = results.simulations
     tools = _declared_tools(args.domain, data_dir, "--forbid-extra-arguments" in PROXY_ARGS)
     views = turn_views(episode, tools, _read_jsonl(answers))
@@ -132,6 +137,7 @@ def _report(results: Any, args: argparse.Namespace, data_dir: Path, answers: Pat
     if info is not None and info.nl_assertions_scored is False:
         _say("reward: DB and the other scored components only (NL assertions need --judge)")
     _say(f"verdict: {verdict(episode, counts, repair=args.repair)}")
+    return views
 
 
 def _save_dashboard(port: int, path: Path) -> None:
@@ -164,7 +170,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--domain", default="retail", choices=["retail", "telecom"])
     parser.add_argument("--arm", default="q4_k_m", help="embedded model arm")
     parser.add_argument(
-        "--repair", type=RepairMode, default=RepairMode.REFLEXIVE, choices=list(RepairMode)
+        "--repair",
+        type=RepairMode,
+        default=None,
+        choices=list(RepairMode),
+        help="one mode; default: the episode twice, repair off then reflexive, and their first "
+        "divergence",
     )
     parser.add_argument("--user", default="scripted", choices=["scripted", "llm"])
     parser.add_argument("--max-steps", type=int, default=30)
@@ -243,7 +254,7 @@ def _scenes(arm: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    from repairproxy.local import ensure_model, start_embedded_upstream
+    from repairproxy.local import ensure_model
 
     if args.part != "episode":
         ensure_model(args.arm)
@@ -251,6 +262,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         if code or args.part == "scenes":
             return code
         _say("")
+
+    try:
+        data_dir = resolve_data_dir(args.tau2_data, os.environ)
+    except (ChecksumError, DataNotFoundError) as exc:
+        parser.exit(2, f"error: τ²-bench data: {exc}\n")
+    modes = [args.repair] if args.repair is not None else [RepairMode.OFF, RepairMode.REFLEXIVE]
+    runs = []
+    for mode in modes:
+        one = {**vars(args), "repair": mode}
+        if args.save_to is not None and len(modes) > 1:
+            one["save_to"] = args.save_to / str(mode)
+        runs.append(_episode(parser, argparse.Namespace(**one), data_dir))
+        _say("")
+    if len(runs) == 2:
+        for line in first_divergence(*runs, labels=("repair off", "reflexive")):
+            _say(line)
+    return 0
+
+
+def _episode(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, data_dir: Path
+) -> list[TurnView]:
+    """One episode in ``args.repair``: run, told, saved under runs/demo-<mode>; its turns."""
+    from repairproxy.local import ensure_model, start_embedded_upstream
 
     save_to: Path = args.save_to or Path("runs") / f"demo-{args.repair}"
     save_to.mkdir(parents=True, exist_ok=True)
@@ -262,10 +297,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Qwen2.5-Coder-1.5B-Instruct ({args.arm}, llama.cpp on CPU) behind the proxy "
         f"(--repair {args.repair}); user = {args.user}"
     )
-    try:
-        data_dir = resolve_data_dir(args.tau2_data, os.environ)
-    except (ChecksumError, DataNotFoundError) as exc:
-        parser.exit(2, f"error: τ²-bench data: {exc}\n")
     ensure_model(args.arm)
     started = time.monotonic()
     with ExitStack() as stack:
@@ -318,10 +349,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = asyncio.run(_run_with_ticker(config, proxy_log))
         _save_dashboard(port, save_to / "dashboard.html")  # while the proxy still runs
     _say(f"episode done in {time.monotonic() - started:.0f} s")
-    _report(results, args, data_dir, answers)
+    views = _report(results, args, data_dir, answers)
     other = RepairMode.OFF if args.repair != RepairMode.OFF else RepairMode.REFLEXIVE
     _next_steps(save_to, proxy_log, other)
-    return 0
+    return views
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ __all__ = [
     "TurnView",
     "delivered_channels",
     "episode_counts",
+    "first_divergence",
     "render_transcript",
     "turn_views",
     "verdict",
@@ -379,3 +380,35 @@ def verdict(run: SimulationRun, counts: EpisodeCounts, *, repair: str) -> str:
         f"{solved} (reward {reward:g}): {ending}; {proxy}; "
         f"{counts.tool_calls} tool call(s) ran, {counts.failed_tool_calls} failed."
     )
+
+
+def _delivered(view: TurnView) -> tuple[str, tuple[str, ...]]:
+    """What the agent received in a turn: its text and its calls (name and arguments)."""
+    calls = tuple(
+        _call_text(call.name, call.arguments, ANSWER_CHARS)
+        for call in view.message.tool_calls or []
+    )
+    return " ".join((view.message.content or "").split()), calls
+
+
+def first_divergence(
+    left: Sequence[TurnView], right: Sequence[TurnView], *, labels: tuple[str, str]
+) -> list[str]:
+    """Lines naming the first agent turn where the two runs' agents received different answers
+    (text or calls), with both sides; or that they never differed."""
+    for a, b in zip(left, right, strict=False):
+        if _delivered(a) == _delivered(b):
+            continue
+        lines = [f"first divergence: agent turn {a.index}"]
+        for label, view in zip(labels, (a, b), strict=True):
+            text, calls = _delivered(view)
+            got = "; ".join(calls) if calls else repr(_one_line(text, ANSWER_CHARS))
+            caught = ", ".join(dict.fromkeys(view.caught)) or "nothing"
+            lines.append(f"  {label}: the agent got {got} (the proxy caught {caught})")
+        return lines
+    if len(left) != len(right):
+        shorter = min(len(left), len(right))
+        return [
+            f"first divergence: after agent turn {shorter}, one run ended and the other went on"
+        ]
+    return ["the two runs never diverged: the agent received the same answers in every turn"]
