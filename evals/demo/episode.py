@@ -159,7 +159,7 @@ def _next_steps(save_to: Path, proxy_log: Path, other_mode: str) -> None:
     _say(f"  results (τ²-bench layout):  {save_to / 'results.json'}")
     _say(f"  proxy log (one JSON line per request):  {proxy_log}")
     _say(f"  the same episode, repair {other_mode}:  make demo-{other_mode}")
-    _say(f"  the proxy's live page at the end:  {save_to / 'dashboard.html'}")
+    _say(f"  the proxy's page at the end (a snapshot):  {save_to / 'dashboard.html'}")
     _say("  a live dashboard:  make serve  then open http://127.0.0.1:8080/dashboard")
     _say(f"  the study (two arms, repair off vs on):  {STUDY_COMMAND}")
 
