@@ -382,7 +382,7 @@ class ChatPipeline:
         elif repaired.exhausted:
             kind, record.outcome = RepairResultKind.FAILED, Outcome.REPAIR_EXHAUSTED
         elif repaired.attempts and not _has_calls(repaired.response):
-            kind, record.outcome = RepairResultKind.DECLINED, Outcome.REPAIRED
+            kind, record.outcome = RepairResultKind.DECLINED, Outcome.DECLINED
         else:
             kind, record.outcome = RepairResultKind.FIXED, Outcome.REPAIRED
         record.repair_results = _results(record.caught_calls, kind)

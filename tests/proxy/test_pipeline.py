@@ -158,6 +158,7 @@ async def test_a_re_ask_answered_in_prose_is_declined_not_fixed() -> None:
     assert outcome.answer["choices"][0]["message"]["content"] == "I cannot do that."
     assert record.repair_attempts == 1
     assert [r.result for r in record.repair_results] == [RepairResultKind.DECLINED]
+    assert record.outcome is Outcome.DECLINED
 
 
 async def test_repair_off_observes_and_forwards_the_invalid_answer() -> None:
