@@ -24,6 +24,7 @@ __all__ = [
     "Scene",
     "SceneBook",
     "SceneResult",
+    "counts_line",
     "header_words",
     "load_scenes",
     "outcome",

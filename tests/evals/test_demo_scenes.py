@@ -16,6 +16,7 @@ import pytest
 from evals.demo.scenes import (
     DEFAULT_MODE,
     Reply,
+    counts_line,
     header_words,
     load_scenes,
     outcome,
@@ -187,3 +188,21 @@ def test_every_scene_does_on_the_real_model_what_it_did_on_the_reference_machine
     }
     first = results[0]
     assert first.default.headers.get("promoted") == "1"  # the call written as text, promoted
+
+
+def test_the_counts_line_reads_the_proxys_metrics_in_the_dashboards_words() -> None:
+    from repairproxy.observe.metrics import Metrics
+    from repairproxy.observe.record import CaughtCall, RepairResult, RepairResultKind, RequestRecord
+    from repairproxy.settings import Settings
+
+    metrics = Metrics(Settings())
+    text_call = [CaughtCall("tool_call_in_content", form="text", tool="get_order_status")]
+    declined = [RepairResult("tool_call_in_content", RepairResultKind.DECLINED)]
+    metrics.request_finished(
+        RequestRecord(model="m", tool_calls=1, caught_calls=text_call, repair_results=declined)
+    )
+    body, _ = metrics.exposition(None)
+    line = counts_line(body.decode())
+    assert "requests 1; tool calls 1" in line
+    assert "errors caught: tool_call_in_content 1; invented tool names 1" in line
+    assert "repair results: declined 1;" in line
