@@ -75,10 +75,13 @@ def test_outcomes_are_read_from_the_delivered_answer() -> None:
     assert outcome(text, _reply("off", {"content": "Bye!"})) == "prose"
     structured = SCENES["structured-output"]
     assert (
-        outcome(structured, _reply("off", {"content": '{"kinds": ["a", "a"]}'})) == "invalid_json"
+        outcome(structured, _reply("off", {"content": '{"price_per_item": 14.285714285714286}'}))
+        == "invalid_json"
     )
-    assert outcome(structured, _reply("off", {"content": '{"kinds": ["a", "b"]}'})) == "valid_json"
-    assert outcome(structured, _reply("off", {"content": "kinds: a"})) == "invalid_json"
+    assert (
+        outcome(structured, _reply("off", {"content": '{"price_per_item": 14.29}'})) == "valid_json"
+    )
+    assert outcome(structured, _reply("off", {"content": "about 14.29 each"})) == "invalid_json"
 
 
 def test_headers_in_words_name_each_channel_once() -> None:
