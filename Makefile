@@ -18,7 +18,7 @@ ifneq ($(wildcard ../shared/tau2-data/tau2),)
 export TAU2_DATA_DIR ?= $(abspath ../shared/tau2-data)
 endif
 
-.PHONY: setup model models-all arms lint typecheck check test demo demo-off demo-reflexive serve study bench clean
+.PHONY: setup model models-all arms lint typecheck check test demo demo-data demo-scenes demo-episode demo-off demo-reflexive serve study bench clean
 
 LLAMA_CPP ?= llama-cpp-python==0.3.36
 FILTER = $(PY) scripts/setup_progress.py
@@ -74,15 +74,27 @@ check: lint typecheck
 test: model lint typecheck
 	$(PY) -m pytest
 
-demo: model
+# Before any compile: the τ²-bench data (or its source) reachable, else the remedy (stdlib only).
+demo-data:
+	@$(PYTHON) scripts/check_demo_data.py
+
+# The scenes first (about a minute after set-up), then the τ²-bench Retail episode.
+demo: demo-data model
 	$(PY) -m evals.demo
 
-demo-off demo-reflexive demo-prompt demo-promote demo-constrained: demo-%: model
-	$(PY) -m evals.demo --repair $*
+demo-scenes: model
+	$(PY) -m evals.demo --part scenes
 
-# The proxy in front of the embedded model on 127.0.0.1:8080 (Ctrl-C stops it).
+demo-episode: demo-data model
+	$(PY) -m evals.demo --part episode
+
+demo-off demo-reflexive demo-prompt demo-promote demo-constrained: demo-%: demo-data model
+	$(PY) -m evals.demo --part episode --repair $*
+
+# The proxy in front of the embedded model on 127.0.0.1:8080 (Ctrl-C stops it); flags through
+# ARGS, e.g. make serve ARGS="--port 8081" (or REPAIRPROXY_PORT=8081 make serve).
 serve: model
-	$(VENV)/bin/repairproxy serve
+	$(VENV)/bin/repairproxy serve $(ARGS)
 
 study: arms
 	$(PY) -m evals.repair_ablation evals/grids/cpu.toml --out runs/cpu

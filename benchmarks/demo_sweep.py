@@ -54,7 +54,7 @@ def run_one(domain: str, task_id: str, mode: str, out: Path) -> dict[str, Any]:
     done = subprocess.run(
         [
             *(sys.executable, "-m", "evals.demo.episode", "--domain", domain, "--task-id", task_id),
-            *("--repair", mode, "--save-to", str(save_to)),
+            *("--part", "episode", "--repair", mode, "--save-to", str(save_to)),
         ],
         capture_output=True,
         text=True,

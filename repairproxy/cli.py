@@ -10,8 +10,10 @@ process manager (``repairproxy.workers``). SIGTERM drains: uvicorn stops accepti
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -20,7 +22,7 @@ from typing import Any
 
 from repairproxy.settings import Settings, add_serve_arguments, settings_from_namespace
 
-__all__ = ["build_parser", "main", "serve"]
+__all__ = ["build_parser", "main", "open_proxy_warning", "serve"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +79,42 @@ def _model_ids(base_url: str) -> str:
         return "?"
 
 
+def _bind(settings: Settings) -> socket.socket:
+    """The listening socket, bound before anything slow (the embedded model) starts, so a busy
+    port fails at once and names the remedy."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        sock.close()
+        sys.exit(
+            f"repairproxy: cannot listen on {settings.host}:{settings.port} ({exc.strerror}). "
+            "Another process holds the port? Pick another: --port N (or REPAIRPROXY_PORT=N; "
+            'make serve ARGS="--port N").'
+        )
+    sock.listen(2048)
+    return sock
+
+
+def open_proxy_warning(settings: Settings) -> str | None:
+    """The warning for a listen address beyond loopback without client keys (an open proxy)."""
+    if settings.api_keys:
+        return None
+    try:
+        loopback = ipaddress.ip_address(settings.host).is_loopback
+    except ValueError:
+        loopback = settings.host == "localhost"
+    if loopback:
+        return None
+    return (
+        f"repairproxy: WARNING: listening on {settings.host} without --api-key: anyone who can "
+        "reach this address can use the upstream through the proxy. Pass --api-key KEY (or "
+        "REPAIRPROXY_API_KEYS), or listen on 127.0.0.1."
+    )
+
+
 def serve(settings: Settings) -> None:
     """Run the proxy until interrupted; owns the embedded upstream's lifetime if it started one."""
     import uvicorn
@@ -84,6 +122,10 @@ def serve(settings: Settings) -> None:
     from repairproxy.app import create_app
     from repairproxy.server import server_options
 
+    warning = open_proxy_warning(settings)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    listener = _bind(settings)
     embedded = None
     if not settings.upstream:
         embedded = _start_embedded(settings.embedded_arm)
@@ -102,10 +144,13 @@ def serve(settings: Settings) -> None:
             flush=True,
         )
         if settings.workers > 1:
+            listener.close()  # uvicorn's process manager binds its own socket
             _serve_workers(settings, options)
         else:
-            uvicorn.Server(uvicorn.Config(create_app(settings), **options)).run()
+            server = uvicorn.Server(uvicorn.Config(create_app(settings), **options))
+            server.run(sockets=[listener])
     finally:
+        listener.close()
         if embedded is not None:
             embedded.close()
 

@@ -387,6 +387,8 @@ class ChatPipeline:
             kind, record.outcome = RepairResultKind.UPSTREAM_ERROR, Outcome.REPAIR_EXHAUSTED
         elif repaired.exhausted:
             kind, record.outcome = RepairResultKind.FAILED, Outcome.REPAIR_EXHAUSTED
+        elif repaired.attempts and not _has_calls(repaired.response):
+            kind, record.outcome = RepairResultKind.DECLINED, Outcome.DECLINED
         else:
             kind, record.outcome = RepairResultKind.FIXED, Outcome.REPAIRED
         record.repair_results = _results(record.caught_calls, kind)
@@ -602,6 +604,12 @@ def _invalid_calls(verdict: MessageVerdict) -> tuple[CallVerdict, ...]:
 
 def _calls_seen(verdict: MessageVerdict) -> int:
     return sum(1 for c in verdict.calls if c.channel is not Channel.EMPTY_OUTPUT)
+
+
+def _has_calls(response: Any) -> bool:
+    """Whether the delivered answer's first choice carries tool calls (else: a prose answer)."""
+    message = first_message(cast(ChatCompletion, response))
+    return bool(message and message.get("tool_calls"))
 
 
 def _results(calls: list[CaughtCall], kind: RepairResultKind) -> list[RepairResult]:

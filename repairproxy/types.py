@@ -42,6 +42,7 @@ class Outcome(enum.StrEnum):
 
     OK = "ok"  # answered; nothing needed repair (invalid calls may still have passed, repair off)
     REPAIRED = "repaired"  # at least one invalid call was fixed (promoted or re-asked)
+    DECLINED = "declined"  # re-asked; the model answered in prose instead: no call, no fix
     REPAIR_EXHAUSTED = "repair_exhausted"  # repair ran out (or failed upstream) with errors left
     BUDGET_REJECTED = "budget_rejected"  # refused: the episode's error budget was spent
     UPSTREAM_ERROR = "upstream_error"  # the upstream failed, answered non-2xx, or garbage

@@ -18,8 +18,14 @@ from pathlib import Path
 # Make prints "[ 42%] Building ...", Ninja "[42/97] Building ...".
 PERCENT = re.compile(r"\[\s*(\d+)%\]|\[(\d+)/(\d+)\]")
 KEEP = re.compile(r"(?i)\b(error|warning: (?!.*deprecat))|Successfully built|^Building wheel for")
-# A pip.conf naming a local index that is not there: pip says so once per package; not news.
-NOISE = re.compile(r"WARNING: Location '.*' is ignored")
+# Harmless lines that read like trouble to a newcomer: a pip.conf naming a local index that is not
+# there (once per package); llama-cpp-python asking scikit-build-core for an extra it dropped;
+# llama.cpp's CMake suggesting ccache. They stay in the raw log.
+NOISE = re.compile(
+    r"WARNING: Location '.*' is ignored"
+    r"|scikit-build-core \S+ does not provide the extra 'pyproject'"
+    r"|Warning: ccache not found"
+)
 # A compiler's own diagnostic ("file.h:14148:10: warning: ..."): llama.cpp's build, hundreds of
 # lines from system headers on some gcc versions; counted, kept in the log, not printed.
 COMPILER_WARNING = re.compile(r"^\s*\S+:\d+:\d+: warning: ")

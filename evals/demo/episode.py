@@ -1,10 +1,12 @@
-"""``python -m evals.demo``: one τ²-bench Retail episode through the proxy, told as a transcript.
+"""``python -m evals.demo``: first the scenes (``evals.demo.scenes``: short requests, repair off
+beside the default), then one τ²-bench Retail episode through the proxy, told as a transcript.
 
 Starts the embedded CPU model (fetched on first use), puts ``repairproxy serve`` in front of it,
 runs one task with the scripted user (deterministic, no second model; ``--user llm`` for the LLM
 user simulator) and prints, per agent turn, what the model wrote, what the proxy did, which tools
 ran and the error budget left; then the reward, a one-line verdict and where to look next.
-``--repair off`` runs the same episode without repair for comparison.
+By default the episode runs twice, repair off and then reflexive, and the first agent turn where
+the two agents received different answers is shown; ``--repair MODE`` runs one mode.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from typing import Any
 
 from evals.demo.transcript import (
     CHANNEL_WORDS,
+    TurnView,
     episode_counts,
+    first_divergence,
     render_transcript,
     turn_views,
     verdict,
@@ -102,7 +106,9 @@ def _declared_tools(domain: str, data_dir: Path, forbid_extra: bool) -> Any:
     return ToolsCache(forbid_extra_arguments=forbid_extra).compile({"tools": tools})
 
 
-def _report(results: Any, args: argparse.Namespace, data_dir: Path, answers: Path) -> None:
+def _report(
+    results: Any, args: argparse.Namespace, data_dir: Path, answers: Path
+) -> list[TurnView]:
     [episode] = results.simulations
     tools = _declared_tools(args.domain, data_dir, "--forbid-extra-arguments" in PROXY_ARGS)
     views = turn_views(episode, tools, _read_jsonl(answers))
@@ -111,7 +117,7 @@ def _report(results: Any, args: argparse.Namespace, data_dir: Path, answers: Pat
     _say(f"== transcript: {args.domain} task {args.task_id}, repair {args.repair} ==")
     opening = next((m for m in episode.messages if m.role == "user"), None)
     if opening is not None and opening.content:
-        _say(f"  user: {' '.join(opening.content.split())[:110]}")
+        _say(f"  user: {' '.join(opening.content.split())}")
     for line in render_transcript(views, repair=args.repair, budget=BUDGET):
         _say(line)
     seen = sorted({c for v in views for c in v.caught} | {c for v in views for c in v.delivered})
@@ -131,6 +137,7 @@ def _report(results: Any, args: argparse.Namespace, data_dir: Path, answers: Pat
     if info is not None and info.nl_assertions_scored is False:
         _say("reward: DB and the other scored components only (NL assertions need --judge)")
     _say(f"verdict: {verdict(episode, counts, repair=args.repair)}")
+    return views
 
 
 def _save_dashboard(port: int, path: Path) -> None:
@@ -138,7 +145,9 @@ def _save_dashboard(port: int, path: Path) -> None:
     import urllib.request
 
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/dashboard", timeout=10) as page:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/dashboard?snapshot", timeout=10
+        ) as page:
             path.write_bytes(page.read())
     except OSError as exc:  # informative only: the episode's results are already saved
         _say(f"(the dashboard page could not be saved: {exc})")
@@ -150,7 +159,7 @@ def _next_steps(save_to: Path, proxy_log: Path, other_mode: str) -> None:
     _say(f"  results (τ²-bench layout):  {save_to / 'results.json'}")
     _say(f"  proxy log (one JSON line per request):  {proxy_log}")
     _say(f"  the same episode, repair {other_mode}:  make demo-{other_mode}")
-    _say(f"  the proxy's live page at the end:  {save_to / 'dashboard.html'}")
+    _say(f"  the proxy's page at the end (a snapshot):  {save_to / 'dashboard.html'}")
     _say("  a live dashboard:  make serve  then open http://127.0.0.1:8080/dashboard")
     _say(f"  the study (two arms, repair off vs on):  {STUDY_COMMAND}")
 
@@ -161,7 +170,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--domain", default="retail", choices=["retail", "telecom"])
     parser.add_argument("--arm", default="q4_k_m", help="embedded model arm")
     parser.add_argument(
-        "--repair", type=RepairMode, default=RepairMode.REFLEXIVE, choices=list(RepairMode)
+        "--repair",
+        type=RepairMode,
+        default=None,
+        choices=list(RepairMode),
+        help="one mode; default: the episode twice, repair off then reflexive, and their first "
+        "divergence",
     )
     parser.add_argument("--user", default="scripted", choices=["scripted", "llm"])
     parser.add_argument("--max-steps", type=int, default=30)
@@ -172,12 +186,105 @@ def _parser() -> argparse.ArgumentParser:
         "--save-to", type=Path, default=None, help="default: runs/demo-<repair mode>"
     )
     parser.add_argument("--tau2-data", type=Path, default=None)
+    parser.add_argument(
+        "--part",
+        default="all",
+        choices=["all", "scenes", "episode"],
+        help="the scenes (evals/demo/scenes.toml, about a minute), the episode, or both (default)",
+    )
     return parser
+
+
+def _scenes(arm: str) -> int:
+    """The scenes: the embedded model (threads pinned by scenes.toml) behind one proxy with the
+    default repair; each scene asks twice, ``X-Repairproxy-Repair: off`` and then the default."""
+    from evals.demo.scenes import load_scenes, run_scenes
+    from repairproxy.local import start_embedded_upstream
+
+    book = load_scenes()
+    started = time.monotonic()
+    _say(
+        f"== scenes: {len(book.scenes)} short requests to the embedded model through the proxy, "
+        "each sent twice: repair off (left), then the proxy's default (right); temperature "
+        f"{book.sampling.get('temperature')}, seed {book.sampling.get('seed')}, "
+        f"{book.threads} threads"
+    )
+    with ExitStack() as stack:
+        upstream = stack.enter_context(
+            start_embedded_upstream(arm, n_ctx=4096, n_threads=book.threads, prompt_cache=False)
+        )
+        port = free_port()
+        log = Path(upstream.log_path).with_suffix(".proxy.log")
+        proxy = ManagedProcess(
+            "proxy",
+            proxy_command(upstream.base_url, port, []),
+            f"http://127.0.0.1:{port}/healthz",
+            log,
+        )
+        try:
+            stack.enter_context(proxy)
+        except LaunchError as exc:
+            _say(f"error: {exc}")
+            return 1
+        _say(f"   (model and proxy up in {time.monotonic() - started:.0f} s)")
+        _say("")
+        results = run_scenes(
+            f"http://127.0.0.1:{port}/v1",
+            _model_id(upstream.base_url),
+            book,
+            _say,
+            metrics_url=f"http://127.0.0.1:{port}/metrics",
+        )
+        log.unlink(missing_ok=True)
+    _say(
+        "headers: x-repairproxy-tool-errors names each channel the proxy saw in any answer of "
+        "the exchange (first answer and re-asks) once; x-repairproxy-first-tool-errors the first "
+        "answer's alone; the delivered answer is described by x-repairproxy-delivered-tool-errors "
+        "where the proxy sends it, and the '=>' lines judge it here from the answer itself "
+        "(declared names, the schema)."
+    )
+    shown = sum(1 for r in results if r.outcomes == dict(r.scene.want))
+    _say(
+        f"scenes done in {time.monotonic() - started:.0f} s: {shown} of {len(results)} "
+        "reproduced what they are meant to show on this machine"
+    )
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    from repairproxy.local import ensure_model
+
+    if args.part != "episode":
+        ensure_model(args.arm)
+        code = _scenes(args.arm)
+        if code or args.part == "scenes":
+            return code
+        _say("")
+
+    try:
+        data_dir = resolve_data_dir(args.tau2_data, os.environ)
+    except (ChecksumError, DataNotFoundError) as exc:
+        parser.exit(2, f"error: τ²-bench data: {exc}\n")
+    modes = [args.repair] if args.repair is not None else [RepairMode.OFF, RepairMode.REFLEXIVE]
+    runs = []
+    for mode in modes:
+        one = {**vars(args), "repair": mode}
+        if args.save_to is not None and len(modes) > 1:
+            one["save_to"] = args.save_to / str(mode)
+        runs.append(_episode(parser, argparse.Namespace(**one), data_dir))
+        _say("")
+    if len(runs) == 2:
+        for line in first_divergence(*runs, labels=("repair off", "reflexive")):
+            _say(line)
+    return 0
+
+
+def _episode(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, data_dir: Path
+) -> list[TurnView]:
+    """One episode in ``args.repair``: run, told, saved under runs/demo-<mode>; its turns."""
     from repairproxy.local import ensure_model, start_embedded_upstream
 
     save_to: Path = args.save_to or Path("runs") / f"demo-{args.repair}"
@@ -190,10 +297,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Qwen2.5-Coder-1.5B-Instruct ({args.arm}, llama.cpp on CPU) behind the proxy "
         f"(--repair {args.repair}); user = {args.user}"
     )
-    try:
-        data_dir = resolve_data_dir(args.tau2_data, os.environ)
-    except (ChecksumError, DataNotFoundError) as exc:
-        parser.exit(2, f"error: τ²-bench data: {exc}\n")
     ensure_model(args.arm)
     started = time.monotonic()
     with ExitStack() as stack:
@@ -246,10 +349,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = asyncio.run(_run_with_ticker(config, proxy_log))
         _save_dashboard(port, save_to / "dashboard.html")  # while the proxy still runs
     _say(f"episode done in {time.monotonic() - started:.0f} s")
-    _report(results, args, data_dir, answers)
+    views = _report(results, args, data_dir, answers)
     other = RepairMode.OFF if args.repair != RepairMode.OFF else RepairMode.REFLEXIVE
     _next_steps(save_to, proxy_log, other)
-    return 0
+    return views
 
 
 if __name__ == "__main__":

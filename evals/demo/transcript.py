@@ -27,6 +27,7 @@ __all__ = [
     "TurnView",
     "delivered_channels",
     "episode_counts",
+    "first_divergence",
     "render_transcript",
     "turn_views",
     "verdict",
@@ -50,12 +51,17 @@ _TERMINATION_WORDS = {
 }
 
 
+# Answers are shown whole (flattened to one line): a reader must see why nothing was caught. The
+# bound only keeps a runaway answer (max_tokens of text) from flooding the terminal.
+ANSWER_CHARS = 2000
+
+
 def _one_line(text: str | None, limit: int) -> str:
     flat = " ".join((text or "").split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-def _call_text(name: str, arguments: Mapping[str, Any], limit: int = 90) -> str:
+def _call_text(name: str, arguments: Mapping[str, Any], limit: int = 400) -> str:
     shown = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
     return _one_line(f"{name}({shown})", limit)
 
@@ -229,7 +235,7 @@ def _delivered_line(view: TurnView) -> str:
     ran = [result for _, result in view.results if result is not None]
     failed = [result for result in ran if result.error]
     if failed:
-        why = _one_line(failed[0].content, 60)
+        why = _one_line(failed[0].content, ANSWER_CHARS)
         return f"the agent got a well-formed call; it ran and failed ({why!r})"
     if ran:
         return "the agent got a well-formed call; it ran"
@@ -248,12 +254,12 @@ def _wrote_line(view: TurnView) -> str:
             return "(nothing)"
         call = _CALL_START.search(text) if view.caught else None
         if call is None:
-            return repr(_one_line(text, 110))
-        prose = _one_line(text[: call.start()], 50)
-        written = _one_line(text[call.start(2) :], 90 if prose else 110)
+            return repr(_one_line(text, ANSWER_CHARS))
+        prose = _one_line(text[: call.start()], ANSWER_CHARS)
+        written = _one_line(text[call.start(2) :], ANSWER_CHARS)
         return f"{prose!r} + a call as text: {written}" if prose else f"a call as text: {written}"
     if view.message.content and view.message.content.strip():
-        return repr(_one_line(view.message.content, 110))
+        return repr(_one_line(view.message.content, ANSWER_CHARS))
     return "(a tool call, no text)" if view.message.tool_calls else "(nothing)"
 
 
@@ -268,24 +274,27 @@ def _took(view: TurnView) -> str:
 
 def _turn_lines(view: TurnView, repair: str) -> list[str]:
     if _plain(view):
-        return [f"[{view.index}] agent{_took(view)}: {_one_line(view.message.content, 100)!r}"]
+        return [
+            f"[{view.index}] agent{_took(view)}: {_one_line(view.message.content, ANSWER_CHARS)!r}"
+        ]
     lines = [f"[{view.index}] agent{_took(view)}", f"    wrote   {_wrote_line(view)}"]
     if view.raw_answers[1:]:
         again = view.raw_answers[1:]
         lines.append(
-            "    re-asks " + ", ".join(repr(_one_line(str(a.get("text")), 60)) for a in again)
+            "    re-asks "
+            + ", ".join(repr(_one_line(str(a.get("text")), ANSWER_CHARS)) for a in again)
         )
     lines.append(f"    proxy   {_proxy_line(view, repair)}")
     raw = str(view.raw_answers[0].get("text") or "") if view.raw_answers else None
     said = view.message.content or ""
     if raw is not None and said.strip() and " ".join(said.split()) != " ".join(raw.split()):
-        lines.append(f"    agent   got the text {_one_line(said, 100)!r}")
+        lines.append(f"    agent   got the text {_one_line(said, ANSWER_CHARS)!r}")
     for call, result in view.results:
         if result is None:
             lines.append(f"    ran     {call} -> (not run)")
         else:
             mark = "ERROR " if result.error else ""
-            lines.append(f"    ran     {call} -> {mark}{_one_line(result.content, 70)}")
+            lines.append(f"    ran     {call} -> {mark}{_one_line(result.content, ANSWER_CHARS)}")
     return lines
 
 
@@ -297,7 +306,7 @@ def _user_text(content: str | None) -> str:
     ended = any(marker in text for marker in STOP_MARKERS)
     for marker in STOP_MARKERS:
         text = text.replace(marker, "")
-    shown = _one_line(text, 110)
+    shown = _one_line(text, ANSWER_CHARS)
     if ended:
         return f"{shown} (and ends the conversation)" if shown else "(ends the conversation)"
     return shown
@@ -371,3 +380,35 @@ def verdict(run: SimulationRun, counts: EpisodeCounts, *, repair: str) -> str:
         f"{solved} (reward {reward:g}): {ending}; {proxy}; "
         f"{counts.tool_calls} tool call(s) ran, {counts.failed_tool_calls} failed."
     )
+
+
+def _delivered(view: TurnView) -> tuple[str, tuple[str, ...]]:
+    """What the agent received in a turn: its text and its calls (name and arguments)."""
+    calls = tuple(
+        _call_text(call.name, call.arguments, ANSWER_CHARS)
+        for call in view.message.tool_calls or []
+    )
+    return " ".join((view.message.content or "").split()), calls
+
+
+def first_divergence(
+    left: Sequence[TurnView], right: Sequence[TurnView], *, labels: tuple[str, str]
+) -> list[str]:
+    """Lines naming the first agent turn where the two runs' agents received different answers
+    (text or calls), with both sides; or that they never differed."""
+    for a, b in zip(left, right, strict=False):
+        if _delivered(a) == _delivered(b):
+            continue
+        lines = [f"first divergence: agent turn {a.index}"]
+        for label, view in zip(labels, (a, b), strict=True):
+            text, calls = _delivered(view)
+            got = "; ".join(calls) if calls else repr(_one_line(text, ANSWER_CHARS))
+            caught = ", ".join(dict.fromkeys(view.caught)) or "nothing"
+            lines.append(f"  {label}: the agent got {got} (the proxy caught {caught})")
+        return lines
+    if len(left) != len(right):
+        shorter = min(len(left), len(right))
+        return [
+            f"first divergence: after agent turn {shorter}, one run ended and the other went on"
+        ]
+    return ["the two runs never diverged: the agent received the same answers in every turn"]

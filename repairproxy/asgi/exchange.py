@@ -89,11 +89,11 @@ class Exchange:
         out: HeaderList = []
         record = self.record
         if verdict:
-            channels = record.channels
+            channels = tuple(dict.fromkeys(record.channels))  # each channel once
             out.append(
                 (b"x-repairproxy-tool-errors", ",".join(channels).encode() if channels else b"")
             )
-            if record.repair_attempts:  # tool-errors then lists every attempt's channels
+            if record.repair_attempts:  # tool-errors then names every attempt's channels
                 out.append((b"x-repairproxy-first-tool-errors", _first(record).encode()))
             out.append((b"x-repairproxy-repairs", b"%d" % record.repair_attempts))
             if record.promoted:
@@ -169,7 +169,7 @@ class Exchange:
     def trailer_comment(self) -> bytes:
         """The verdict for a stream whose headers left before it was known."""
         fields = {
-            "tool-errors": ",".join(self.record.channels),
+            "tool-errors": ",".join(dict.fromkeys(self.record.channels)),
             "repairs": str(self.record.repair_attempts),
             "overhead-ms": f"{self.overhead_ms():.3f}",
         }

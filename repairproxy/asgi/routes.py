@@ -343,7 +343,9 @@ class Proxy:
             )
         from repairproxy.observe.dashboard import render_dashboard
 
-        page = render_dashboard(self.dashboard)
+        query = scope.get("query_string", b"").split(b"&")
+        snapshot = any(part.split(b"=")[0] == b"snapshot" for part in query)
+        page = render_dashboard(self.dashboard, snapshot=snapshot)
         await responder.whole(200, [(b"content-type", b"text/html; charset=utf-8")], page)
 
     # -- helpers ----------------------------------------------------------------------------------

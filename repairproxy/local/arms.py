@@ -123,9 +123,15 @@ class ModelNotFetchedError(FileNotFoundError):
 
 
 def resolve_cache_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """The cache dir: the explicit argument, else ``$REPAIRPROXY_CACHE_DIR``, else the default."""
-    raw = explicit if explicit is not None else os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR
-    return Path(raw).expanduser()
+    """The cache dir: the explicit argument, else ``$REPAIRPROXY_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/repairproxy`` (as the τ²-bench data cache), else ``~/.cache/repairproxy``."""
+    if explicit is not None:
+        return Path(explicit).expanduser()
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "repairproxy"
+    return DEFAULT_CACHE_DIR.expanduser()
 
 
 def arm_named(name: str) -> Arm:

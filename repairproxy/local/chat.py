@@ -186,11 +186,9 @@ def _logprobs_body(plan: ChatPlan, logprobs: Sequence[TokenLogprob]) -> dict[str
 def completion_body(plan: ChatPlan, model: str, generation: Generation) -> dict[str, Any]:
     """The whole non-streaming ``chat.completion`` object."""
     parsed = parse_answer(plan, generation.text)
-    message: dict[str, Any] = {
-        "role": "assistant",
-        "content": parsed.content,
-        "tool_calls": [call.to_openai() for call in parsed.tool_calls],
-    }
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.tool_calls:  # OpenAI omits the field when there are none (vLLM sends [])
+        message["tool_calls"] = [call.to_openai() for call in parsed.tool_calls]
     return {
         "id": plan.completion_id,
         "object": "chat.completion",

@@ -1,4 +1,5 @@
-"""``GET /dashboard``: the headline numbers per model as one self-refreshing HTML page.
+"""``GET /dashboard``: the headline numbers per model as one self-refreshing HTML page
+(``?snapshot``: the same page to save, without the refresh).
 
 For people without Grafana: hallucination rate, channel mix, repair success, budget ladder and the
 invented names, read from the same Prometheus registry the metrics export (counts since the proxy
@@ -36,13 +37,23 @@ THIN_MARGIN = 0.5  # nats: margins below this are where quantization flips tool 
 UPSTREAM_TILE = "upstream time, median"
 MARGIN_TILE = "thin tool-name margins"
 TILE_HINTS = {
-    "hallucination rate": "tool calls naming a tool the request did not declare, per tool call",
-    "repair success": "invalid answers the proxy fixed (promoted or re-asked), per repair",
+    "hallucination rate": (
+        "tool calls naming a tool the request did not declare (structured or written as text), "
+        "per tool call"
+    ),
+    "repair success": (
+        "repairs that ended in valid calls (promoted, or re-asked and answered with calls), per "
+        "repair; a re-ask answered in prose is 'declined', not a success"
+    ),
+    "re-asks declined": "repairs whose re-ask the model answered in prose: no call, no fix",
     "tool calls": "calls in the model's first answers, text calls included",
     "episodes": "conversations seen (by episode header or conversation chaining)",
     "budget exhausted": "episodes whose error budget reached 0",
     "promoted text calls": "calls the model wrote as text, turned into real tool calls",
-    UPSTREAM_TILE: "median time the upstream took per request, from histogram buckets",
+    UPSTREAM_TILE: (
+        "the histogram bucket holding the median time the upstream took per request (a range: "
+        "the page has no exact times)"
+    ),
     MARGIN_TILE: (
         f"share of tool names chosen by less than {THIN_MARGIN} nats over the next declared name "
         "(--margin-probe): where quantization flips which tool is called"
@@ -51,7 +62,7 @@ TILE_HINTS = {
 _LEGEND = (
     '<p class="legend">Hover a tile for what it counts. Thin margins: the log-probability gap '
     f"between the tool the model named and the nearest other declared tool was under {THIN_MARGIN} "
-    "nats. Times are medians estimated from Prometheus histogram buckets.</p>"
+    "nats. Times are the histogram buckets that hold the median.</p>"
 )
 
 
@@ -76,8 +87,10 @@ class ModelSummary:
 
     @property
     def hallucination_rate(self) -> float | None:
-        unknown = self.errors.get(("answer", "unknown_tool"), 0.0)
-        return unknown / self.tool_calls if self.tool_calls else None
+        """Every call naming an undeclared tool, the ones written as text included (those are
+        caught as ``tool_call_in_content``; the invented-name counter holds them all)."""
+        invented = sum(self.invented.values())
+        return invented / self.tool_calls if self.tool_calls else None
 
     @property
     def repair_success(self) -> float | None:
@@ -340,7 +353,8 @@ def _model_section(summary: ModelSummary, ladder: tuple[int, ...]) -> str:
             _tile("episodes", _num(summary.episodes)),
             _tile("budget exhausted", _num(summary.exhausted)),
             _tile("promoted text calls", _num(summary.promoted)),
-            _tile(UPSTREAM_TILE, _ms(quantile(0.5, summary.upstream))),
+            _tile("re-asks declined", _num(summary.repairs.get("declined", 0.0))),
+            _tile(UPSTREAM_TILE, median_bucket(summary.upstream)),
             _tile(MARGIN_TILE, _pct(summary.thin_margin_share)),
         ]
     )
@@ -378,8 +392,31 @@ def _model_section(summary: ModelSummary, ladder: tuple[int, ...]) -> str:
     )
 
 
-def render_dashboard(metrics: DashboardSource, *, now: float | None = None) -> bytes:
-    """The whole page, encoded; it reloads itself every few seconds."""
+def median_bucket(buckets: list[tuple[float, float]]) -> str:
+    """The bucket that holds the median, as a range (``30–60 s``): buckets hold no exact
+    values, and an interpolated point inside one reads as a measurement."""
+    if not buckets or buckets[-1][1] == 0:
+        return "–"
+    rank = 0.5 * buckets[-1][1]
+    lower = 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if le == float("inf"):
+                return f"> {_seconds(lower)}"
+            return f"{_seconds(lower)}–{_seconds(le)}"
+        lower = le
+    return "–"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g} s" if value >= 1 else f"{value * 1000:g} ms"
+
+
+def render_dashboard(
+    metrics: DashboardSource, *, now: float | None = None, snapshot: bool = False
+) -> bytes:
+    """The whole page, encoded; live, it reloads itself every few seconds; ``snapshot`` (the
+    page saved to a file, ``/dashboard?snapshot``) carries no refresh and says it is one."""
     summary = summarize(metrics)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(time.time() if now is None else now))
     sections = "".join(
@@ -393,14 +430,17 @@ def render_dashboard(metrics: DashboardSource, *, now: float | None = None) -> b
         f"proxy overhead p50 {_ms(quantile(0.5, summary.overhead))}, "
         f"p99 {_ms(quantile(0.99, summary.overhead))}"
     )
+    refresh = "" if snapshot else f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">'
+    kind = "a snapshot: it does not refresh" if snapshot else f"refreshes every {REFRESH_SECONDS} s"
+    title = "snapshot" if snapshot else "live"
     page = (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
-        f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">'
+        f"{refresh}"
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>repairproxy dashboard</title><style>{_CSS}</style></head><body>"
-        "<h1>repairproxy: live tool-call diagnostics</h1>"
+        f"<h1>repairproxy: {title} tool-call diagnostics</h1>"
         f'<p class="sub">Since the proxy started · {html.escape(stamp)} · '
         f"active episodes {_num(summary.active_episodes)} · {overhead} · "
-        f"refreshes every {REFRESH_SECONDS} s</p>{sections}</body></html>"
+        f"{kind}</p>{sections}</body></html>"
     )
     return page.encode()

@@ -31,8 +31,11 @@ __all__ = [
 
 
 class RepairResultKind(enum.StrEnum):
-    FIXED = "fixed"
-    FAILED = "failed"
+    """How a repair ended, one meaning each (the ``result`` label of ``repairproxy_repairs``)."""
+
+    FIXED = "fixed"  # the agent got valid calls: promoted, or a re-ask answered with calls
+    DECLINED = "declined"  # re-asked, the model answered in prose: no call to run, not a fix
+    FAILED = "failed"  # invalid calls were still left when the re-asks ran out
     UPSTREAM_ERROR = "upstream_error"
     # The proxy refused a re-ask's reply (a listed tool called with made-up values after the
     # model asked for a tool none replaces) and delivered the answer it held: its own decision,

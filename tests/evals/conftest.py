@@ -34,7 +34,8 @@ def tau2_data_dir() -> Path:
     path = tau2_data_path()
     if not (path / "tau2" / "domains").is_dir():
         pytest.skip(
-            "no τ²-bench data (TAU2_DATA_DIR, ../shared/tau2-data, ~/.cache/repairproxy/tau2; "
-            "`make demo` fills the cache, or set TAU2_DATA_URL)"
+            "no τ²-bench data: set TAU2_DATA_DIR to a copy (the folder holding tau2/domains), "
+            "or TAU2_DATA_URL to a mirror to fill the cache (~/.cache/repairproxy/tau2); "
+            "make demo-data says which is reachable"
         )
     return path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,10 +25,14 @@ from evals.tau2.data import (
     resolve_data_dir,
 )
 
-# The read-only copy of the same τ²-bench files beside the checkout, where this machine has one.
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "tau2-data"
+# A local copy of the same τ²-bench files, where this machine has one (TAU2_DATA_DIR, else the
+# folder beside the checkout).
+SHARED = Path(
+    os.environ.get("TAU2_DATA_DIR") or Path(__file__).resolve().parents[3] / "shared" / "tau2-data"
+)
 needs_shared = pytest.mark.skipif(
-    not (SHARED / "tau2").is_dir(), reason="no ../shared/tau2-data beside this checkout"
+    not (SHARED / "tau2").is_dir(),
+    reason="no local τ²-bench copy to compare with (set TAU2_DATA_DIR)",
 )
 
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from evals.demo.transcript import episode_counts, render_transcript, turn_views, verdict
+from evals.demo.transcript import (
+    episode_counts,
+    first_divergence,
+    render_transcript,
+    turn_views,
+    verdict,
+)
 from evals.tau2.logs import AssistantMessage, RewardInfo, SimulationRun, ToolCall, ToolMessage
 from evals.tau2.logs import UserMessage as User
 from repairproxy.validation import ToolsCache
@@ -132,3 +138,29 @@ def test_a_promoted_call_that_fails_is_told_as_failed_and_its_charge_follows_the
     assert lines[ran + 1] == "    budget  9 of 10 left"  # right after the result that charged it
     assert "10 of 10" not in text
     assert "###STOP###" not in text and "user: No, thanks. (and ends the conversation)" in text
+
+
+def test_a_long_answer_is_shown_whole() -> None:
+    """The reader must see why nothing was caught: no cut at ~100 characters."""
+    long = "I can help with that. " + "Please tell me your order id and your email. " * 6
+    run = _episode(1.0, repaired=True)
+    run.messages[-2] = AssistantMessage(
+        content=long, repairproxy={"tool_errors": [], "repairs": 0, "upstream_calls": 1}
+    )
+    views = turn_views(run, _compiled(), RAW)
+    text = "\n".join(render_transcript(views, repair="reflexive", budget=10))
+    assert " ".join(long.split()) in text and "…" not in text
+
+
+def test_the_first_divergence_of_the_two_modes_names_the_turn_and_both_sides() -> None:
+    off = turn_views(_episode(0.0, repaired=False), _compiled(), RAW)
+    on = turn_views(_episode(1.0, repaired=True), _compiled(), RAW)
+    lines = first_divergence(off, on, labels=("repair off", "reflexive"))
+    assert lines[0] == "first divergence: agent turn 1"
+    assert "repair off: the agent got" in lines[1] and "find_user_id_by_email" in lines[1]
+    assert "(the proxy caught tool_call_in_content)" in lines[1]
+    assert 'reflexive: the agent got find_user_id_by_email(email="a@b.c")' in lines[2]
+    same = first_divergence(on, on, labels=("a", "b"))
+    assert same == [
+        "the two runs never diverged: the agent received the same answers in every turn"
+    ]

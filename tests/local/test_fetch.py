@@ -89,6 +89,19 @@ def test_cache_dir_env_and_missing_model_message(
         start_embedded_upstream("q4_k_m", fetch=False)
 
 
+def test_cache_dir_honours_xdg_cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the τ²-bench data cache does; REPAIRPROXY_CACHE_DIR still wins."""
+    monkeypatch.delenv("REPAIRPROXY_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert resolve_cache_dir() == tmp_path / "repairproxy"
+    monkeypatch.setenv("REPAIRPROXY_CACHE_DIR", str(tmp_path / "own"))
+    assert resolve_cache_dir() == tmp_path / "own"
+    monkeypatch.delenv("REPAIRPROXY_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert resolve_cache_dir() == tmp_path / "home" / ".cache" / "repairproxy"
+
+
 def test_stop_holdback_and_utf8_prefix() -> None:
     assert _stop_holdback("abc <tool", ("<tool_call>",)) == 5
     assert _stop_holdback("abc", ("<tool_call>",)) == 0

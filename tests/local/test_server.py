@@ -92,6 +92,18 @@ async def test_tool_call_non_streaming_with_usage_and_logprobs() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_text_answer_carries_no_tool_calls_field_as_openai() -> None:
+    """OpenAI omits ``tool_calls`` when there are none; vLLM sends ``[]`` (the proxy reads both:
+    tests/proxy)."""
+    transport = httpx.ASGITransport(app=create_app(Scripted(["Hello."]), "test-model"))
+    async with httpx.AsyncClient(transport=transport, base_url="http://local") as http:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
+        reply = (await http.post("/v1/chat/completions", json=body)).json()
+    message = reply["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": "Hello."}
+
+
+@pytest.mark.anyio
 async def test_tool_call_streaming_assembles_like_openai() -> None:
     fake = Scripted(CALL)
     async with _client(fake) as client:

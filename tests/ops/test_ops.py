@@ -26,7 +26,7 @@ ALERT_TESTS = Path(__file__).with_name("alerts_test.yaml")
 def tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.skip(f"{name} is not installed (Debian package; .ci/run installs it)")
+        pytest.skip(f"{name} is not installed (Debian package: apt-get install prometheus)")
     return path
 
 

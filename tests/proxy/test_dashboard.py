@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from repairproxy.observe.dashboard import quantile, render_dashboard, summarize
+from repairproxy.observe.dashboard import median_bucket, quantile, render_dashboard, summarize
 from repairproxy.observe.metrics import Metrics
-from repairproxy.observe.record import CaughtCall, RequestRecord
+from repairproxy.observe.record import CaughtCall, RepairResult, RepairResultKind, RequestRecord
 from repairproxy.settings import Settings
 from tests.support.chromium import chromium_binary, dump_dom, screenshot, serving
 from tests.support.metrics_workload import Truth, scripted_workload
@@ -60,6 +60,48 @@ def test_page_shows_the_headline_numbers() -> None:
     assert re.search(r"unknown_tool\s+10 · 25\.0%", text)
 
 
+def test_an_invented_name_written_as_text_counts_as_hallucinated_and_a_decline_is_no_success() -> (
+    None
+):
+    """One meaning per tile: a text call to ``lookup_order`` is caught as
+    ``tool_call_in_content``, and it names an undeclared tool all the same; a re-ask the model
+    answered in prose is ``declined``, not a repair success."""
+    metrics = Metrics(Settings())
+    text_call = [CaughtCall("tool_call_in_content", form="text", tool="lookup_order")]
+    declined = [RepairResult("tool_call_in_content", RepairResultKind.DECLINED)]
+    fixed = [RepairResult("tool_call_in_content", RepairResultKind.FIXED)]
+    for repairs in (declined, fixed):
+        metrics.request_finished(
+            RequestRecord(model="m", tool_calls=1, caught_calls=text_call, repair_results=repairs)
+        )
+    [model] = summarize(metrics).models.values()
+    assert model.hallucination_rate == 1.0
+    assert model.repair_success == 0.5
+    text = re.sub(r"<[^>]+>", " ", render_dashboard(metrics).decode())
+    assert re.search(r"100\.0%\s+hallucination rate", text)
+    assert re.search(r"50\.0%\s+repair success", text)
+    assert re.search(r"\b1\s+re-asks declined", text)
+
+
+def test_the_snapshot_says_it_is_one_and_does_not_refresh() -> None:
+    live = render_dashboard(fed(), now=0).decode()
+    saved = render_dashboard(fed(), now=0, snapshot=True).decode()
+    assert 'http-equiv="refresh"' in live and "refreshes every" in live
+    assert 'http-equiv="refresh"' not in saved and "refreshes" not in saved
+    assert "a snapshot: it does not refresh" in saved
+
+
+def test_the_upstream_median_is_shown_as_its_bucket_not_a_made_up_point() -> None:
+    """Answers of 22-35 s all fall in one bucket: the page says that bucket, not a point in it."""
+    metrics = Metrics(Settings())
+    for seconds in (22.0, 30.0, 35.0):
+        metrics.request_finished(RequestRecord(model="m", upstream_seconds=seconds))
+    [model] = summarize(metrics).models.values()
+    assert median_bucket(model.upstream) == "20 s–40 s"
+    text = re.sub(r"<[^>]+>", " ", render_dashboard(metrics).decode())
+    assert re.search(r"20 s–40 s\s+upstream time, median", text)
+
+
 def test_page_escapes_what_clients_and_models_named() -> None:
     metrics = Metrics(Settings())
     caught = [CaughtCall("unknown_tool", tool="<img src=x onerror=alert(1)>")]
@@ -100,7 +142,7 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 def test_headless_chromium_renders_the_page(tmp_path: Path) -> None:
     if chromium_binary() is None:
-        pytest.skip("chromium is not installed (Debian package; .ci/run installs it)")
+        pytest.skip("chromium is not installed (Debian package: apt-get install chromium)")
     metrics = fed()
     with serving(lambda: render_dashboard(metrics)) as url:
         dom = dump_dom(url)

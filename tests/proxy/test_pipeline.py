@@ -150,6 +150,17 @@ async def test_a_hallucinated_call_is_re_asked_and_the_fixed_answer_returned() -
     assert record.snapshot is not None and record.snapshot.errors == 1
 
 
+async def test_a_re_ask_answered_in_prose_is_declined_not_fixed() -> None:
+    """The study's vocabulary: the model was re-asked and answered the user in text; nothing
+    runs, so the dashboard's "repair success" must not count it."""
+    send = ScriptedSend(completion(content="I cannot do that."))
+    _, outcome, record = await decide(pipeline(), completion(HALLUCINATED), send)
+    assert outcome.answer["choices"][0]["message"]["content"] == "I cannot do that."
+    assert record.repair_attempts == 1
+    assert [r.result for r in record.repair_results] == [RepairResultKind.DECLINED]
+    assert record.outcome is Outcome.DECLINED
+
+
 async def test_repair_off_observes_and_forwards_the_invalid_answer() -> None:
     first = completion(HALLUCINATED)
     send = ScriptedSend()

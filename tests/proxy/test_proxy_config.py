@@ -97,3 +97,17 @@ async def test_the_collector_runs_less_often_while_the_app_serves() -> None:
         assert gc.get_threshold() == (YOUNG_GC_THRESHOLD, *before[1:])
         assert before[0] < YOUNG_GC_THRESHOLD
     assert gc.get_threshold() == before
+
+
+def test_each_channel_is_named_once_in_the_tool_errors_header(
+    upstream: ScriptedUpstream, start_proxy: StartProxy
+) -> None:
+    """Two re-asks that fail the same way: the channel once in ``tool-errors`` (the first
+    answer's channels stay in ``first-tool-errors``)."""
+    proxy = start_proxy(repair="reflexive", max_repairs=2)
+    invented = completion(tool_calls=[tool_call("get_order", {"order_id": "#W1"})])
+    upstream.push(invented, invented, invented)
+    response = _post(proxy.base_url, MESSAGES)
+    assert response.headers["x-repairproxy-repairs"] == "2"
+    assert response.headers["x-repairproxy-tool-errors"] == "unknown_tool"
+    assert response.headers["x-repairproxy-first-tool-errors"] == "unknown_tool"

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from repairproxy.cli import open_proxy_warning
 from repairproxy.settings import Settings, settings_from_args
 from tests.support.scripted_upstream import ScriptedUpstream, completion, tool_call
 from tests.support.tools import MESSAGES, TOOLS
@@ -135,3 +136,47 @@ def test_cli_rejects_bad_flags() -> None:
     )
     assert result.returncode != 0
     assert b"--repair" in result.stderr
+
+
+def test_a_busy_port_fails_at_once_naming_the_remedy_before_any_model_loads(
+    tmp_path: Path,
+) -> None:
+    """No --upstream: the embedded model would start (minutes on a cold cache); the port is
+    taken, so the proxy must say so first, with --port and REPAIRPROXY_PORT."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        env = {**os.environ, "REPAIRPROXY_CACHE_DIR": str(tmp_path)}  # no model there
+        done = subprocess.run(
+            [sys.executable, "-m", "repairproxy", "serve", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+    assert done.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "--port N" in done.stderr and "REPAIRPROXY_PORT" in done.stderr
+    assert "embedded CPU model" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("host", "keys", "warned"),
+    [
+        ("0.0.0.0", (), True),
+        ("::", (), True),
+        ("10.1.2.3", (), True),
+        ("0.0.0.0", ("k",), False),
+        ("127.0.0.1", (), False),
+        ("::1", (), False),
+        ("localhost", (), False),
+    ],
+)
+def test_listening_beyond_loopback_without_keys_warns(
+    host: str, keys: tuple[str, ...], warned: bool
+) -> None:
+    warning = open_proxy_warning(Settings(host=host, api_keys=keys))
+    assert (warning is not None) is warned
+    if warning:
+        assert "--api-key" in warning and host in warning

@@ -173,7 +173,11 @@ print(json.dumps({"person": person.model_dump(), "version": instructor.__version
 """
 
 
-@pytest.mark.skipif(not INSTRUCTOR_INSTALLED, reason="instructor's venv is absent")
+@pytest.mark.skipif(
+    not INSTRUCTOR_INSTALLED,
+    reason=f"instructor's venv is absent; make it: python3 -m venv {INSTRUCTOR_VENV} && "
+    f"{INSTRUCTOR_VENV}/bin/pip install instructor==1.17.0",
+)
 @pytest.mark.parametrize("streamed", [False, True], ids=["buffered", "streamed"])
 def test_instructor_json_mode(
     proxy: RunningProxy, upstream: ScriptedUpstream, streamed: bool
@@ -205,7 +209,11 @@ DSPY_VENV = INSTRUCTOR_VENV.parent / "dspy"
 DSPY_INSTALLED = any(DSPY_VENV.glob("lib/python*/site-packages/dspy"))
 
 
-@pytest.mark.skipif(not DSPY_INSTALLED, reason="dspy's venv is absent")
+@pytest.mark.skipif(
+    not DSPY_INSTALLED,
+    reason=f"dspy's venv is absent; make it: python3 -m venv {DSPY_VENV} && "
+    f"{DSPY_VENV}/bin/pip install dspy",
+)
 def test_dspy_json_adapter(proxy: RunningProxy, upstream: ScriptedUpstream) -> None:
     # dspy sends response_format only for a model litellm knows to support it (an unknown
     # name gets a prompt-only JSON request: nothing to validate).

@@ -48,7 +48,7 @@ def need(binary: str) -> str:
     )
     if found is None:
         package = "redis-server" if binary.startswith("redis") else binary
-        pytest.skip(f"{binary} is not installed (apt-get install {package}; .ci/run does)")
+        pytest.skip(f"{binary} is not installed (Debian package: apt-get install {package})")
     return found
 
 

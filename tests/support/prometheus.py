@@ -30,7 +30,7 @@ SCRAPE_SECONDS = 1
 def prometheus_binary() -> str:
     path = shutil.which("prometheus")
     if path is None:
-        pytest.skip("prometheus is not installed (Debian package; .ci/run installs it)")
+        pytest.skip("prometheus is not installed (Debian package: apt-get install prometheus)")
     return path
 
 
