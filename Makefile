@@ -77,6 +77,7 @@ export NO_MKDOCS_2_WARNING := 1
 docs: setup
 	$(PY) -m mkdocs build --strict --quiet
 
+# Screenshots of the built site (docs/screenshots/): python scripts/docs_screenshots.py
 docs-serve: setup
 	$(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
 

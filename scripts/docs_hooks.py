@@ -13,7 +13,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import docs_pages  # noqa: E402  (beside this file, not a package)
+import docs_pages  # beside this file, not a package
 
 ROOT = Path(__file__).resolve().parents[1]
 _LINK = re.compile(r"(?<!!)\]\((?!https?:|mailto:|#)([^)\s]+)\)")

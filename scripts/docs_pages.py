@@ -32,6 +32,8 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere: the checkout's p
 
 __all__ = ["PAGES", "generated_pages", "repository_url", "serve_flags"]
 
+# Wide tables: the reference pages give the table of contents' column to the table.
+WIDE = "---\nhide:\n  - toc\n---\n\n"
 GENERATED_NOTE = (
     "<!-- Written by scripts/docs_pages.py from the code (python scripts/docs_pages.py); "
     "edit the code it reads, not this page. -->\n\n"
@@ -123,7 +125,7 @@ def serve_flags() -> list[Flag]:
 def configuration_page() -> str:
     flags = serve_flags()
     lines = [
-        "# Configuration reference",
+        WIDE + "# Configuration reference",
         "",
         GENERATED_NOTE.rstrip(),
         "",
@@ -236,7 +238,7 @@ def metrics() -> list[Metric]:
 def metrics_page() -> str:
     found = metrics()
     lines = [
-        "# Metric reference",
+        WIDE + "# Metric reference",
         "",
         GENERATED_NOTE.rstrip(),
         "",
