@@ -267,7 +267,7 @@ def metrics_page() -> str:
 
 
 def definitions_page() -> str:
-    from evals.analysis.definitions import DEFINITIONS
+    from evals.analysis.definitions import definitions_markdown
 
     lines = [
         "# Definitions",
@@ -279,9 +279,7 @@ def definitions_page() -> str:
         "every count the analysis, the screen and the demo's transcript make follows it.",
         "",
     ]
-    for term, meaning in DEFINITIONS:
-        lines.append(f"- **{term}**: {meaning}")
-    lines.append("")
+    lines += [definitions_markdown(), ""]
     return "\n".join(lines)
 
 
