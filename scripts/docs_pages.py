@@ -22,6 +22,7 @@ import json
 import re
 import sys
 import typing
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -288,7 +289,16 @@ def definitions_page() -> str:
 
 
 def _question(path: Path) -> str:
-    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    """The benchmark's ``QUESTION`` (what its --help prints), else its docstring's first lines."""
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "QUESTION" for t in node.targets
+        ):
+            value = ast.literal_eval(node.value)
+            if isinstance(value, str):
+                return value
+    doc = ast.get_docstring(tree) or ""
     first = " ".join(doc.split("\n\n")[0].split())
     return first.replace("``", "`")
 
@@ -338,6 +348,27 @@ def _text_figure(text: str) -> list[str]:
     return [*head, "```text", *lines, "```", ""]
 
 
+def _slug(heading: str) -> str:
+    """The anchor Python-Markdown's toc extension gives a heading (its default slugify)."""
+    text = unicodedata.normalize("NFKD", heading).encode("ascii", "ignore").decode("ascii")
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def _archived(name: str) -> tuple[str, str] | None:
+    """The latest dated archive entry that ran ``benchmarks.<name>``: (heading, anchor)."""
+    archive = ROOT / "docs" / "measurements.md"
+    if not archive.is_file():
+        return None
+    sections = re.split(r"^## ", archive.read_text(), flags=re.M)[1:]
+    mention = re.compile(rf"\bbenchmarks\.{re.escape(name)}\b")
+    found = [s.splitlines()[0] for s in sections if mention.search(s)]
+    if not found:
+        return None
+    latest = max(found, key=lambda heading: heading[:10])  # headings start with the date
+    return latest, _slug(latest)
+
+
 def performance_page() -> str:
     results = ROOT / "benchmarks" / "results"
     modules = sorted(p for p in (ROOT / "benchmarks").glob("*.py") if p.name != "__init__.py")
@@ -346,7 +377,8 @@ def performance_page() -> str:
         "",
         GENERATED_NOTE.rstrip(),
         "",
-        "One section per benchmark: the question it answers (its module docstring) and the "
+        "One section per benchmark: the question it answers (its `QUESTION`, which its `--help` "
+        "prints) and the "
         "latest figure it recorded in `benchmarks/results/` (written by "
         f"{source_link('benchmarks/support/results.py')} when the benchmark runs as a command, "
         "with its command, time, commit and machine). The documentation build only reads those "
@@ -368,8 +400,14 @@ def performance_page() -> str:
         else:
             lines += [
                 f"No figure recorded yet: `python -m benchmarks.{name}` writes one "
-                f"(`benchmarks/results/{name}.txt`). Earlier figures, where there are any, are "
-                "in the [archive](measurements.md).",
+                f"(`benchmarks/results/{name}.txt`).",
+                "",
+            ]
+        archived = _archived(name)
+        if archived is not None:
+            heading, anchor = archived
+            lines += [
+                f"Its latest figure in the archive: [{heading}](measurements.md#{anchor}).",
                 "",
             ]
     lines.insert(4, f"{recorded} of {len(modules)} benchmarks have a recorded figure.\n")
