@@ -331,3 +331,18 @@ def test_every_relative_link_of_the_readme_exists() -> None:
     missing = [t for t in targets if not (ROOT / t).exists()]
     assert len(targets) > 10
     assert not missing, missing
+
+
+def test_the_readme_picture_names_every_package() -> None:
+    """The README's layout picture stays true when the code moves: every package of the proxy,
+    the study and the benchmarks is in it (``asgi/``, ``tau2/``, ``support/`` ...)."""
+    readme = (ROOT / "README.md").read_text()
+    picture = readme[readme.index("## How it fits together") :]
+    picture = picture[: picture.index("\n## ")]
+    missing = [
+        f"{top}/{package.name}/"
+        for top in ("repairproxy", "evals", "benchmarks")
+        for package in sorted((ROOT / top).iterdir())
+        if (package / "__init__.py").is_file() and f"{package.name}/" not in picture
+    ]
+    assert not missing, missing
