@@ -303,6 +303,54 @@ def _question(path: Path) -> str:
     return first.replace("``", "`")
 
 
+def _value(value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(_value(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return _cell(value if isinstance(value, str) else json.dumps(value))
+
+
+def _flat(prefix: str, value: Any) -> dict[str, Any]:
+    """Nested figures as dotted keys: ``{"memory": {"cases": 200}}`` -> ``memory.cases``."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for key, inner in value.items():
+        out.update(_flat(f"{prefix}.{key}" if prefix else str(key), inner))
+    return out
+
+
+def _figures_table(figures: Any) -> list[str]:
+    """Rows of like dicts (variants, stores, arms) as one wide table; the rest as figure/value."""
+    if isinstance(figures, list) and all(isinstance(r, dict) for r in figures):
+        rows = {str(i + 1): _flat("", r) for i, r in enumerate(figures)}
+        scalars: dict[str, Any] = {}
+    elif isinstance(figures, dict):
+        rows = {k: _flat("", v) for k, v in figures.items() if isinstance(v, dict)}
+        scalars = {k: v for k, v in figures.items() if not isinstance(v, dict)}
+        if len(rows) < 2:  # nothing to lay side by side
+            scalars, rows = _flat("", figures), {}
+    else:
+        return [f"Figure: {_value(figures)}", ""]
+    lines: list[str] = []
+    if scalars:
+        lines += ["| figure | value |", "| --- | --- |"]
+        lines += [f"| {_cell(k)} | {_value(v)} |" for k, v in scalars.items()]
+        lines.append("")
+    if rows:
+        keys: list[str] = []
+        for row in rows.values():
+            keys += [k for k in row if k not in keys]
+        lines.append("| | " + " | ".join(_cell(k) for k in keys) + " |")
+        lines.append("| --- | " + " | ".join("---" for _ in keys) + " |")
+        for label, row in rows.items():
+            cells = [_value(row[k]) if k in row else "" for k in keys]
+            lines.append(f"| **{_cell(label)}** | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
 def _json_figure(record: dict[str, Any]) -> list[str]:
     lines = [
         f"Measured {record.get('measured_at', 'at an unrecorded time')} at commit "
@@ -311,30 +359,9 @@ def _json_figure(record: dict[str, Any]) -> list[str]:
     ]
     machine = record.get("machine") or {}
     if machine:
-        lines += [
-            "Machine: "
-            + ", ".join(f"{key} {value}" for key, value in machine.items() if value is not None)
-            + ".",
-            "",
-        ]
-    figures = record.get("figures") or {}
-    rows = figures if isinstance(figures, list) else [figures]
-    flat_rows = [r for r in rows if isinstance(r, dict)]
-    if flat_rows:
-        keys: list[str] = []
-        for row in flat_rows:
-            keys += [k for k in row if k not in keys]
-        lines.append("| " + " | ".join(keys) + " |")
-        lines.append("| " + " | ".join("---" for _ in keys) + " |")
-        for row in flat_rows:
-            cells = []
-            for key in keys:
-                value = row.get(key, "")
-                text = value if isinstance(value, str) else json.dumps(value)
-                cells.append(_cell(text))
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
-    return lines
+        described = ", ".join(f"{k} {v}" for k, v in machine.items() if v is not None)
+        lines += [f"Machine: {described}.", ""]
+    return lines + _figures_table(record.get("figures") or {})
 
 
 def _text_figure(text: str) -> list[str]:
@@ -369,8 +396,8 @@ def _archived(name: str) -> tuple[str, str] | None:
     return latest, _slug(latest)
 
 
-def performance_page() -> str:
-    results = ROOT / "benchmarks" / "results"
+def performance_page(results: Path | None = None) -> str:
+    results = results or ROOT / "benchmarks" / "results"
     modules = sorted(p for p in (ROOT / "benchmarks").glob("*.py") if p.name != "__init__.py")
     lines = [
         "# Performance",
@@ -394,6 +421,9 @@ def performance_page() -> str:
         if as_json.is_file():
             recorded += 1
             lines += _json_figure(json.loads(as_json.read_text()))
+            if as_text.is_file():
+                printed = _text_figure(as_text.read_text())
+                lines += ['??? note "As printed"', ""] + [f"    {t}" if t else "" for t in printed]
         elif as_text.is_file():
             recorded += 1
             lines += _text_figure(as_text.read_text())

@@ -346,3 +346,29 @@ def test_the_readme_picture_names_every_package() -> None:
         if (package / "__init__.py").is_file() and f"{package.name}/" not in picture
     ]
     assert not missing, missing
+
+
+def test_the_performance_page_reads_each_benchmarks_record(tmp_path: Path) -> None:
+    """A JSON record's figures, command, commit and machine reach the page (variants side by
+    side); a text record is shown as printed; the page never runs a benchmark."""
+    import json
+
+    from benchmarks.support.results import write_json, write_text
+
+    figures = {"note": "n", "memory": {"cases": 200, "x": {"a": 1}}, "redis": {"cases": 100}}
+    write_json("fuzz", figures, command="python -m benchmarks.fuzz --cases 200", directory=tmp_path)
+    write_text(
+        "fuzz", "[memory] 200 cases", command="python -m benchmarks.fuzz", directory=tmp_path
+    )
+    write_text("soak", "soaked 1 minute", command="python -m benchmarks.soak", directory=tmp_path)
+    record = json.loads((tmp_path / "fuzz.json").read_text())
+    page = docs_pages.performance_page(tmp_path)
+    fuzz = page[page.index("## `fuzz`") : page.index("## `limits`")]
+    assert f"at commit `{record['commit']}` with `python -m benchmarks.fuzz --cases 200`" in fuzz
+    assert f"cpus {record['machine']['cpus']}" in fuzz
+    assert "| | cases | x.a |" in fuzz and "| **memory** | 200 | 1 |" in fuzz
+    assert "| **redis** | 100 |  |" in fuzz and "| note | n |" in fuzz
+    assert "    [memory] 200 cases" in fuzz  # the printed figure, folded under the table
+    soak = page[page.index("## `soak`") : page.index("## `textcalls`")]
+    assert "As printed by `python -m benchmarks.soak`" in soak and "soaked 1 minute" in soak
+    assert "No figure recorded yet: `python -m benchmarks.overhead`" in page
