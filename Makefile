@@ -18,7 +18,7 @@ ifneq ($(wildcard ../shared/tau2-data/tau2),)
 export TAU2_DATA_DIR ?= $(abspath ../shared/tau2-data)
 endif
 
-.PHONY: setup model models-all arms lint typecheck check test demo demo-data demo-scenes demo-episode demo-off demo-reflexive serve study bench clean
+.PHONY: setup model models-all arms lint typecheck docs docs-serve check test demo demo-data demo-scenes demo-episode demo-off demo-reflexive serve study bench clean
 
 LLAMA_CPP ?= llama-cpp-python==0.3.36
 FILTER = $(PY) scripts/setup_progress.py
@@ -34,9 +34,9 @@ $(VENV)/.installed: pyproject.toml
 	@set -o pipefail; $(PIP) wheel --no-deps -v -w $(VENV)/wheels "$(LLAMA_CPP)" 2>&1 \
 	  | tee $(VENV)/setup-llama.log | $(FILTER) cmake \
 	  || { tail -40 $(VENV)/setup-llama.log; exit 1; }
-	@echo "== set-up 3/3: the packages of the dev, evals and local extras (1-3 min)"
+	@echo "== set-up 3/3: the packages of the dev, evals, local and docs extras (1-3 min)"
 	@set -o pipefail; $(PIP) install --progress-bar off --find-links $(VENV)/wheels \
-	  -e ".[dev,evals,local]" 2>&1 | tee $(VENV)/setup-pip.log | $(FILTER) pip \
+	  -e ".[dev,evals,local,docs]" 2>&1 | tee $(VENV)/setup-pip.log | $(FILTER) pip \
 	  || { tail -40 $(VENV)/setup-pip.log; exit 1; }
 	@touch $@
 
@@ -71,7 +71,17 @@ typecheck: setup
 check: lint typecheck
 	$(PY) -m pytest -m "not model and not service and not models_all and not frameworks"
 
-test: model lint typecheck
+# The documentation site (docs/, mkdocs.yml): --strict fails on any broken link or warning; the
+# reference pages are written from the code by scripts/docs_hooks.py. Output in site/.
+export NO_MKDOCS_2_WARNING := 1
+docs: setup
+	$(PY) -m mkdocs build --strict --quiet
+
+# Screenshots of the built site (docs/screenshots/): python scripts/docs_screenshots.py
+docs-serve: setup
+	$(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
+
+test: model lint typecheck docs
 	$(PY) -m pytest
 
 # Before any compile: the τ²-bench data (or its source) reachable, else the remedy (stdlib only).

@@ -9,7 +9,7 @@ runs ``benchmarks.diagnostics.decision_cost`` (the app in process, every feature
 trees, interleaved, and prints each one's CPU per request. The project is ``mypy --strict``, so
 these modules compile as they are; instructions are what mypyc removes (the whole server under
 callgrind: 681k -> 567k a JSON request), but on the 2-core EPYC VM of 2026-12-03 the CPU time
-did not follow (README, "Measured"), which is why the package ships as Python.
+did not follow (docs/measurements.md), which is why the package ships as Python.
 """
 
 from __future__ import annotations

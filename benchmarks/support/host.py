@@ -17,7 +17,7 @@ On a VM whose idle CPUs halt at once (the guest's ``haltpoll`` cpuidle driver wi
 request is an exit to the hypervisor, and the work after it runs cold: one JSON client through
 ``benchmarks.vs_peers`` read repairproxy at 362 µs a request and the Portkey gateway at 1,520,
 and with the guest polling up to 200 µs before it halts, 192 and 1,162, the same code, minutes
-apart (README, "Measured"). ``HaltPolling`` sets that window for one run and puts it back.
+apart (docs/measurements.md). ``HaltPolling`` sets that window for one run and puts it back.
 """
 
 from __future__ import annotations

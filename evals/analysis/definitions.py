@@ -1,5 +1,6 @@
-"""What the study's words mean, written once: the report prints ``DEFINITIONS``, the README quotes
-them, and every view that counts answers (analysis, transcript) decides with ``answer_facts``.
+"""What the study's words mean, written once: the report prints ``DEFINITIONS``, the docs'
+definitions page quotes them, and every view that counts answers (analysis, transcript) decides
+with ``answer_facts``.
 
 Two views that each decided "caught" or "fixed" on their own disagreed (a first-answer count that
 took in the re-asks' mistakes; a "fixed" that needed a re-ask, so promotions never counted). This
@@ -114,7 +115,7 @@ INVALID_ON_DELIVERY = frozenset({"hallucinated_name", "user_side_tool", "argumen
 
 
 def definitions_markdown() -> str:
-    """The definitions as a markdown list (the README's copy is checked against this)."""
+    """The definitions as a markdown list (docs/reference/definitions.md is written from it)."""
     return "\n".join(f"- **{term}**: {text}" for term, text in DEFINITIONS)
 
 

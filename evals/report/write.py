@@ -501,7 +501,7 @@ def definitions_section() -> Section:
     """The study's definitions (``evals.analysis.definitions``), which every table above follows."""
     return Section(
         "Definitions",
-        ["Every number of this report follows these; the README quotes the same text."],
+        ["Every number of this report follows these; the documentation prints the same text."],
         ["term", "meaning"],
         [[term, text] for term, text in DEFINITIONS],
     )

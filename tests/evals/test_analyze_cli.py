@@ -256,9 +256,9 @@ def test_labels_come_from_the_path_as_given_not_the_symlink_target(tmp_path: Pat
     assert list(summary.arms) == ["q4/off", "q8/off"]
 
 
-def test_the_readme_and_the_report_carry_one_definitions_text(tmp_path: Path) -> None:
-    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    assert definitions_markdown() in readme
+def test_the_docs_and_the_report_carry_one_definitions_text(tmp_path: Path) -> None:
+    page = (REPO_ROOT / "docs" / "reference" / "definitions.md").read_text(encoding="utf-8")
+    assert definitions_markdown() in page
     off, reflexive = build(tmp_path)
     analyze([off, reflexive], None, tmp_path / "out")
     markdown = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")

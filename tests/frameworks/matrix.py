@@ -1,9 +1,9 @@
 """The framework compatibility matrix: each framework × API path × check, run against scripted
-upstreams through a real proxy on loopback, PASS/FAIL per cell; ``--write-readme`` puts the table
-into the README between its framework-matrix markers.
+upstreams through a real proxy on loopback, PASS/FAIL per cell; ``--write-docs`` puts the table
+into ``docs/frameworks.md`` between its framework-matrix markers.
 
     python -m tests.frameworks.matrix                  # print the cells
-    python -m tests.frameworks.matrix --write-readme   # and rewrite the README's table
+    python -m tests.frameworks.matrix --write-docs     # and rewrite the docs' table
 
 Frameworks in the project's dev extra run in process; those whose pins conflict run from their
 own venv under ``~/.cache/repairproxy/fw-venvs/NAME`` (smolagents), driven by
@@ -41,10 +41,10 @@ __all__ = ["CHECKS", "Cell", "main", "run_matrix"]
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no remote fetch at import
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "frameworks.md"
 FW_VENVS = Path(os.environ.get("REPAIRPROXY_FW_VENVS", Path.home() / ".cache/repairproxy/fw-venvs"))
 START, END = "<!-- framework-matrix:start -->", "<!-- framework-matrix:end -->"
-COMMAND = "python -m tests.frameworks.matrix --write-readme"
+COMMAND = "python -m tests.frameworks.matrix --write-docs"
 TASK = "Where is my order #W1?"
 GOOD = {"order_id": "#W1"}
 SCHEMA = {
@@ -626,7 +626,7 @@ def run_matrix(only: str | None = None) -> tuple[list[Cell], list[str]]:
     return cells, absent
 
 
-def readme_table(cells: list[Cell], absent: list[str], when: str) -> str:
+def matrix_table(cells: list[Cell], absent: list[str], when: str) -> str:
     rows: dict[tuple[str, str, str], dict[str, bool]] = {}
     for cell in cells:
         rows.setdefault((cell.framework, cell.version, cell.api), {})[cell.check] = cell.ok
@@ -649,20 +649,20 @@ def readme_table(cells: list[Cell], absent: list[str], when: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--write-readme", action="store_true")
+    parser.add_argument("--write-docs", action="store_true", help=f"rewrite the table in {PAGE}")
     parser.add_argument("--only", help="run the frameworks whose name contains this")
     args = parser.parse_args(argv)
     cells, absent = run_matrix(args.only)
     failed = sum(1 for cell in cells if not cell.ok)
     print(f"{len(cells) - failed} passed, {failed} failed")
-    if args.write_readme:
-        when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-        text = README.read_text()
-        table = readme_table(cells, absent, when)
+    if args.write_docs:
+        when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+        text = PAGE.read_text()
+        table = matrix_table(cells, absent, when)
         pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.DOTALL)
         if not pattern.search(text):
-            raise SystemExit(f"README.md has no {START} ... {END} markers")
-        README.write_text(pattern.sub(lambda _: table, text))
+            raise SystemExit(f"{PAGE} has no {START} ... {END} markers")
+        PAGE.write_text(pattern.sub(lambda _: table, text))
     return 1 if failed else 0
 
 

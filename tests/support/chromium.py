@@ -1,6 +1,6 @@
 """Headless Chromium (the Debian ``chromium`` binary): a page's rendered DOM and a screenshot.
 
-Also writes the README's screenshot from a scripted workload:
+Also writes the dashboard screenshot of docs/metrics.md from a scripted workload:
     .venv/bin/python -m tests.support.chromium docs/dashboard.png
 """
 
