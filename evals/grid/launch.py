@@ -239,6 +239,15 @@ class ArmEndpoint:
         return self
 
     def _launch(self, launch: Launch) -> str:
+        env = None
+        if isinstance(launch, VllmLaunch):
+            from repairproxy.local.vllm_cpu import VllmCpuError
+
+            try:
+                launch = launch.prepared()
+            except VllmCpuError as exc:
+                raise LaunchError(f"arms.{self.arm.name}: {exc}") from exc
+            env = dict(launch.env) or None
         port = launch.port or free_port(launch.host)
         kind = "vllm" if isinstance(launch, VllmLaunch) else "embedded"
         server = ManagedProcess(
@@ -246,6 +255,7 @@ class ArmEndpoint:
             launch.command(port),
             f"http://{launch.host}:{port}{launch.health_path}",
             self._logs / f"{kind}-{self.arm.name}.log",
+            env=env,
             ready_timeout_s=launch.ready_timeout_s,
         )
         self._start(server)

