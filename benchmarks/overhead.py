@@ -402,7 +402,7 @@ def _run(args: argparse.Namespace, variants: list[_Variant]) -> None:
             proxies.append((Target(label, ports[0], unchecked), processes[0].pid))
         print(
             f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f}, "
-            f"sum(range(1000)) takes {_speed_marker_us():.1f} us (other processes share the cpus)"
+            f"speed probe {_speed_marker_us():.1f} us (other processes share the cpus)"
         )
         print(idle_policy())
         print(

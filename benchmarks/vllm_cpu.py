@@ -14,6 +14,7 @@ on a shared 2-core machine: the speed figures are noisy. Writes ``benchmarks/res
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
@@ -21,11 +22,13 @@ from typing import Any
 
 import httpx
 
-from benchmarks.support.results import write_json, write_text
+from benchmarks.support.results import run_recorded, write_json, write_text
 from evals.grid.launch import ManagedProcess, free_port
 from repairproxy.local.vllm_cpu import SERVER_ENV, ensure_vllm_cpu
 from repairproxy.settings import Settings
 from tests.support.proxy_server import running_proxy
+
+QUESTION = "What does vLLM on CPU serve behind the proxy: set-up, start-up, speed, each answer?"
 
 COMMAND = "python -m benchmarks.vllm_cpu"
 WEATHER: dict[str, Any] = {
@@ -198,7 +201,10 @@ def _send(base: str, path: str, body: dict[str, Any], headers: dict[str, str]) -
     return summary
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(
+        description=f"{QUESTION}\n\n{__doc__}", formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args(argv)
     started = time.monotonic()
     setup = ensure_vllm_cpu()
     set_up_s = time.monotonic() - started
@@ -288,4 +294,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_recorded("vllm_cpu", main))

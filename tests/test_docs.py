@@ -152,7 +152,9 @@ def test_every_flag_in_prose_is_a_setting_or_its_commands() -> None:
     for name, text in _user_docs().items():
         if name in _HISTORY:
             continue
-        text = re.sub(r"```text\n.*?```", "", text, flags=re.S)  # printed output, not commands
+        # Printed output, not commands: a text fence ends at a fence of its own length, alone
+        # on its line (an answer quoted inside it may hold ``` of its own).
+        text = re.sub(r"^(`{3,})text\n.*?^\1[ \t]*$", "", text, flags=re.S | re.M)
         flags = set(_FLAG.findall(text)) - _serve_flags() - _OTHER_PROGRAMS
         if not flags:
             continue

@@ -246,7 +246,7 @@ def _scenes(arm: str) -> int:
     shown = sum(1 for r in results if r.outcomes == dict(r.scene.want))
     _say(
         f"scenes done in {time.monotonic() - started:.0f} s: {shown} of {len(results)} "
-        "reproduced what they are meant to show on this machine"
+        "reproduced what they are meant to show here"
     )
     return 0
 

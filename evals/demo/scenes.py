@@ -249,10 +249,10 @@ def render_scene(index: int, total: int, scene: Scene, off: Reply, default: Repl
         b = right[row] if row < len(right) else ""
         lines.append(f"   {a:<{_COLUMN}} | {b}".rstrip())
     if dict(got) == dict(scene.want):
-        lines.append("   reproduced on this machine")
+        lines.append("   reproduced here")
     else:
         lines.append(
-            f"   NOT reproduced on this machine: meant to show {scene.want['default']}, "
+            f"   NOT reproduced here: meant to show {scene.want['default']}, "
             f"got {got[DEFAULT_MODE]} (repair off: {got['off']}, meant {scene.want['off']})"
         )
     return lines

@@ -178,6 +178,14 @@ class _Family:
             "Calls of undeclared tools, by the invented name (bounded; the rest are _other).",
             ("model", "tool"),
         )
+        # Per model only, so its series exists (at zero) from the model's first request: a rate
+        # over the per-name counter above would miss each name's first calls (a new series).
+        self.invented_calls = counter(
+            "invented_tool_calls",
+            "Calls naming an undeclared tool, structured or written as text: the hallucination "
+            "rate's numerator (names in hallucinated_tool_calls).",
+            ("model",),
+        )
         self.repairs = counter(
             "repairs",
             "Repairs of invalid calls by channel and result.",
@@ -290,6 +298,7 @@ class _ModelMetrics:
             for outcome in Outcome
         }
         self.tool_calls = family.tool_calls.labels(model)
+        self.invented_calls = family.invented_calls.labels(model)
         self.errors: dict[tuple[str, str], Any] = {}
         for channel in ANSWER_CHANNELS:
             self.errors[channel, "answer"] = family.tool_call_errors.labels(
@@ -432,6 +441,7 @@ class Metrics:
             inc(m.error(call.channel, "answer"))
             if call.tool is not None:
                 inc(m.invented(call.tool))
+                inc(m.invented_calls)
         for label in record.env_errors:
             inc(m.error(label, "environment"))
         for repair in record.repair_results:

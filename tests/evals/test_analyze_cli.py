@@ -262,5 +262,5 @@ def test_the_docs_and_the_report_carry_one_definitions_text(tmp_path: Path) -> N
     off, reflexive = build(tmp_path)
     analyze([off, reflexive], None, tmp_path / "out")
     markdown = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
-    for term, text in DEFINITIONS:
-        assert f"| {term} | {text} |" in markdown
+    for term, text in DEFINITIONS:  # a table cell escapes the pipes of |delta|
+        assert f"| {term} | {text.replace('|', chr(92) + '|')} |" in markdown

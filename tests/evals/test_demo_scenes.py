@@ -118,7 +118,7 @@ def test_a_scene_that_does_not_reproduce_says_so() -> None:
     fixed = _reply(
         "default", {"tool_calls": [call]}, **{"tool-errors": "tool_call_in_content", "repairs": "1"}
     )
-    assert "   reproduced on this machine" in render_scene(3, 4, scene, off, fixed)
+    assert "   reproduced here" in render_scene(3, 4, scene, off, fixed)
 
 
 def test_the_data_check_agrees_with_the_data_module() -> None:
