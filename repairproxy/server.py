@@ -39,13 +39,18 @@ to the same header cap (h11 answers such a request 400, not 431).
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
 from urllib.parse import unquote
 
 import httptools
 import orjson
-from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
+from uvicorn.protocols.http.flow_control import (
+    HIGH_WATER_LIMIT,
+    FlowControl,
+    service_unavailable,
+)
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
     HEADER_VALUE_RE,
@@ -92,6 +97,33 @@ _TIMEOUT = _refusal(
     "request_timeout",
     "request headers not received in time",
 )
+_BAD_REQUEST = _refusal(
+    b"400 Bad Request", "invalid_request_error", "invalid_http_request", "invalid HTTP request"
+)
+_BODY_REFUSED = _refusal(
+    b"400 Bad Request",
+    "invalid_request_error",
+    "body_not_allowed",
+    "a GET or HEAD request may not carry a body",
+)
+_BODY_TIMEOUT = _refusal(
+    b"408 Request Timeout",
+    "invalid_request_error",
+    "request_timeout",
+    "request body not received in time",
+)
+_EXPECTATION = _refusal(
+    b"417 Expectation Failed",
+    "invalid_request_error",
+    "expectation_failed",
+    "only Expect: 100-continue is supported",
+)
+_NOT_IMPLEMENTED = _refusal(
+    b"501 Not Implemented",
+    "invalid_request_error",
+    "unsupported_transfer_coding",
+    "only Transfer-Encoding: chunked is supported",
+)
 _BUSY = _refusal(
     b"503 Service Unavailable",
     "overloaded_error",
@@ -112,27 +144,103 @@ def _find_settings(app: Any) -> tuple[Settings, Any]:
     return Settings(upstream="-"), None  # a foreign app: the defaults
 
 
+class _Stop(Exception):
+    """Raised in a parser callback to stop parsing the rest of a read (a refused request)."""
+
+
+class _GatedFlow(FlowControl):
+    """uvicorn's flow control, but reading stays paused while the protocol holds bytes it does
+    not feed (a full pipeline, a queued request's body, a refusal waiting its turn): the app's
+    ``receive`` and the disconnect watch resume reading, and would read without bound."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: LimitedProtocol) -> None:
+        super().__init__(transport)
+        self.protocol: LimitedProtocol | None = protocol  # dropped at the connection's end
+
+    def resume_reading(self) -> None:
+        protocol = self.protocol
+        if protocol is None or not protocol.holding():
+            super().resume_reading()
+
+
 class LimitedProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol plus a header-byte cap, a header timeout, a connection cap."""
+    """uvicorn's httptools protocol plus the limits of the module docstring."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         settings, self._owner = _find_settings(self.app)
         self._max_header_bytes = settings.max_header_bytes
         self._header_timeout = settings.header_timeout
+        self._body_timeout = settings.body_timeout
+        self._write_timeout = settings.write_timeout
         self._max_connections = settings.max_client_connections
-        self._in_headers = True  # between one request's first byte and its headers' end
-        self._header_bytes = 0
+        self._max_queued = settings.max_pipelined_requests
+        # A head that starts inside a piece is counted from the piece's start: pieces are small
+        # enough that a head of up to cap - _slice bytes always passes.
+        self._slice = max(256, min(4096, self._max_header_bytes // 8))
+        self._in_headers = True  # between one request's end and the next one's headers' end
+        self._header_bytes = 0  # fed since the current head began (its first piece whole)
+        self._began = False  # a request began in the piece being fed
+        self._piece = 0  # size of the piece being fed
+        self._chunked = False  # the request being parsed has a chunked body
+        self._expects_body = False
+        self._overhead = 0  # chunk framing, extensions and trailers fed since the last chunk
+        self._body_in_piece = 0
+        self._chunk_done = False
+        self._chunk_had_body = False
+        self._trailers = False
+        self._stash = b""  # bytes read but not fed (a full pipeline): at most one read
+        self._refusing = False  # a refusal is written or waits: nothing more is parsed
+        self._deferred: tuple[str, bytes] | None = None  # a refusal after the earlier answers
         self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body_since = 0.0  # loop time of the body phase's start or its last progress
+        self._write_timer: asyncio.TimerHandle | None = None
         self._idle_since: float | None = None  # loop time of the last answer while idle
 
-    def _refused(self, reason: str, answer: bytes) -> None:
+    # -- refusals ---------------------------------------------------------------------------------
+
+    def _count(self, reason: str) -> None:
         metrics = getattr(self._owner, "metrics", None)
         if metrics is not None:
             metrics.connection_refused(reason)
+
+    def _refused(self, reason: str, answer: bytes) -> None:
+        """Answer ``answer`` now and close (the earlier answers are out, or none was asked)."""
+        self._count(reason)
+        self._refusing = True
         if not self.transport.is_closing():
-            self.transport.write(answer)
+            if answer:
+                self.transport.write(answer)
             self.transport.close()
+
+    def _refuse(self, reason: str, answer: bytes) -> None:
+        """Refuse the request being parsed: after the answers to the requests before it (in
+        flight or queued), then close. Nothing after it is parsed."""
+        self._refusing = True
+        self._stash = b""
+        self._disarm_body_timer()
+        self.flow.pause_reading()
+        cycle = cast("_Cycle | None", self.cycle)
+        if cycle is not None and not cycle.response_complete and not self._in_headers:
+            # The refused request is this cycle itself (its body broke or never came).
+            if cycle.queued:  # never started: it simply is not dispatched
+                self.pipeline = deque(entry for entry in self.pipeline if entry[0] is not cycle)
+            else:
+                cycle.disconnected = True  # the app's answer, if any comes, is not written
+                cycle.wake()
+                if cycle.response_started:  # too late for a status: the answer is cut
+                    self._count(reason)
+                    self.transport.close()
+                    return
+                self._current = None
+        running = self._current
+        if running is not None and not running.response_complete or self.pipeline:
+            self._deferred = (reason, answer)
+        else:
+            self._refused(reason, answer)
+
+    # -- connection -------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         busy = len(self.connections) >= self._max_connections
@@ -140,6 +248,8 @@ class LimitedProtocol(HttpToolsProtocol):
         # the other connections' (coalesce.py).
         coalescing = CoalescingTransport(transport, self.loop, in_flight=self.tasks)
         super().connection_made(cast(asyncio.Transport, coalescing))
+        self.flow = _GatedFlow(cast(asyncio.Transport, coalescing), self)
+        self._current: _Cycle | None = None  # the cycle running (self.cycle: the last parsed)
         if busy:
             self._refused("max_connections", _BUSY)
             return
@@ -147,26 +257,50 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
+        self._disarm_body_timer()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
         if self.timeout_keep_alive_task is not None:
             self.timeout_keep_alive_task.cancel()
             self.timeout_keep_alive_task = None
         self.connections.discard(self)
-        cycle = cast("_Cycle | None", self.cycle)
-        if cycle is not None:
+        self._stash = b""
+        cycles = [cast("_Cycle | None", self.cycle), self._current]
+        cycles.extend(cycle for cycle, _ in self.pipeline)
+        for cycle in {id(c): c for c in cycles if c is not None}.values():
             if not cycle.response_complete:
                 cycle.disconnected = True
             cycle.wake()
         if self.flow is not None:
             self.flow.resume_writing()
+            if isinstance(self.flow, _GatedFlow):
+                self.flow.protocol = None  # the flow and the protocol hold each other
         if exc is None:
             self.transport.close()
         self.parser = None  # type: ignore[assignment]
-        if cycle is not None and cycle.disconnected:
-            cycle.disconnect_seen()
+        for cycle in {id(c): c for c in cycles if c is not None}.values():
+            if cycle.disconnected:
+                cycle.disconnect_seen()
         # The protocol and its last cycle hold each other (so do the requests a pipeline still
         # queues): dropped here, a closed connection goes without the cycle collector.
         self.cycle = None  # type: ignore[assignment]
+        self._current = None
         self.pipeline.clear()
+
+    def holding(self) -> bool:
+        """Whether bytes wait unfed, or feeding is stopped (reading must stay paused)."""
+        return bool(self._stash) or self._refusing or self._stalled()
+
+    def _stalled(self) -> bool:
+        """Feeding stops while the queue is full, or a queued request's body would be read
+        before the app takes the request."""
+        if len(self.pipeline) >= self._max_queued:
+            return True
+        cycle = cast("_Cycle | None", self.cycle)
+        return cycle is not None and cycle.queued and not self._in_headers
+
+    # -- timers -----------------------------------------------------------------------------------
 
     def _arm_header_timer(self) -> None:
         if self._header_timer is None:
@@ -179,53 +313,204 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def _header_timed_out(self) -> None:
         self._header_timer = None
-        if not self._in_headers or self.transport.is_closing():
+        if not self._in_headers or self.transport.is_closing() or self._refusing:
             return
-        cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
+        running = self._current
+        if running is not None and not running.response_complete or self.pipeline:
             return  # an answer is being made: the keep-alive timer takes over after it
         if self._header_bytes:
             self._refused("header_timeout", _TIMEOUT)
         else:  # an idle connection that never sent a request: nothing to answer
             self._refused("header_timeout", b"")
 
+    def _arm_body_timer(self) -> None:
+        self._body_since = self.loop.time()
+        if self._body_timer is None:
+            self._body_timer = self.loop.call_later(self._body_timeout, self._body_timed_out)
+
+    def _disarm_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_timed_out(self) -> None:
+        """A body that made no progress for ``--body-timeout`` (before the app took it: that
+        long since its head, however slowly bytes came)."""
+        self._body_timer = None
+        cycle = cast("_Cycle | None", self.cycle)
+        if cycle is None or self._in_headers or self.transport.is_closing() or self._refusing:
+            return
+        left = self._body_since + self._body_timeout - self.loop.time()
+        if cycle.queued or left > 0:  # queued: we stopped reading it, not the client
+            self._body_timer = self.loop.call_later(max(left, 0.05), self._body_timed_out)
+            return
+        self._refuse("body_timeout", _BODY_TIMEOUT)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self._write_timeout, self._write_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_timed_out(self) -> None:
+        """The client stopped reading: what we hold for it is dropped with the connection."""
+        self._write_timer = None
+        if self.flow.write_paused and not self.transport.is_closing():
+            self._count("write_timeout")
+            self.transport.abort()
+
+    # -- reading ----------------------------------------------------------------------------------
+
     def data_received(self, data: bytes) -> None:
-        if not self._in_headers or self.parser is None:
-            super().data_received(data)
+        self._idle_since = None  # bytes came: busy until the next answer completes
+        if self._refusing or self.parser is None:
             return
-        room = self._max_header_bytes - self._header_bytes
-        if len(data) <= room:
-            self._header_bytes += len(data)
-            super().data_received(data)
-            # A timer only for headers still incomplete after this read (most requests arrive
-            # whole in one read: no timer to arm and cancel on the hot path).
-            # (A read that completed a request resets the count: no request is then started,
-            # and a timer would cut the answer still being made.)
-            if self._in_headers and self._header_bytes and self._header_timer is None:
-                self._arm_header_timer()
+        if self._stash or self._stalled():
+            self._stash += data
+            self.flow.pause_reading()
             return
-        # Feed only what the cap allows; if the headers end within it, feed the rest as body.
-        view = memoryview(data)
-        self._header_bytes += room
-        super().data_received(bytes(view[:room]))
-        if self._in_headers:
-            self._refused("header_bytes", _TOO_LARGE)
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        """Feed ``data`` in pieces no larger than the caps allow, stopping (the rest stashed,
+        reading paused) when the queue is full or a refusal was decided."""
+        size = len(data)
+        pos = 0
+        while pos < size:
+            if self._refusing or self.parser is None or self.transport.is_closing():
+                return
+            if self._stalled():
+                self._stash = data[pos:]
+                self.flow.pause_reading()
+                return
+            rest = size - pos
+            if self._in_headers:
+                room = self._max_header_bytes - self._header_bytes
+                step = min(room, self._slice if rest > self._slice else rest)
+                if self.pipeline:
+                    step = min(step, 256)  # the queue may overshoot by one small piece's heads
+            elif self._chunked:
+                step = min(rest, self._max_header_bytes - self._overhead)
+            else:
+                step = rest
+            if step <= 0:
+                self._refuse("header_bytes", _TOO_LARGE)
+                return
+            piece = data if step == size else data[pos : pos + step]
+            pos += step
+            in_headers = self._in_headers
+            self._began = False
+            self._piece = step
+            self._body_in_piece = 0
+            self._chunk_done = False
+            try:
+                self.parser.feed_data(piece)
+            except httptools.HttpParserUpgrade:
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                else:
+                    self._unsupported_upgrade_warning()
+                return
+            except httptools.HttpParserError:
+                if not self._refusing:
+                    self.logger.warning("Invalid HTTP request received.")
+                    self._refuse("bad_request", _BAD_REQUEST)
+                return
+            if self._in_headers:
+                if in_headers and not self._began:
+                    self._header_bytes += step
+                if self._header_bytes >= self._max_header_bytes:
+                    self._refuse("header_bytes", _TOO_LARGE)
+                    return
+                if self._header_bytes and self._header_timer is None:
+                    # A timer only for heads still incomplete after a piece (most requests
+                    # arrive whole in one read: no timer armed and cancelled on the hot path).
+                    self._arm_header_timer()
+            elif self._chunked:
+                if self._chunk_done:
+                    self._overhead = 0
+                else:
+                    self._overhead += step - self._body_in_piece
+                if self._overhead >= self._max_header_bytes:
+                    self._refuse("header_bytes", _TOO_LARGE)
+                    return
+
+    def _feed_stash(self) -> None:
+        """The queue drained: feed what waits, then read again."""
+        if self._refusing or self.parser is None or self.transport.is_closing():
             return
-        if self.parser is not None and not self.transport.is_closing():
-            super().data_received(bytes(view[room:]))
+        stash, self._stash = self._stash, b""
+        if stash:
+            self._feed(stash)
+        if not self.holding():
+            self.flow.resume_reading()
+
+    # -- parser callbacks -------------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         # uvicorn's also builds a scope (and copies the app state) that on_headers_complete
         # below replaces whole: only the per-request fields are reset here.
+        if self._refusing:
+            raise _Stop
         self.url = b""
         self.expect_100_continue = False
         self.headers = []
+        self._began = True
+        self._header_bytes = self._piece
+        self._chunked = False
+        self._overhead = 0
+        self._trailers = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._in_headers:
+            super().on_header(name, value)
+        # Trailer fields are counted (as chunk overhead) and dropped: nothing forwards them.
+
+    def on_chunk_header(self) -> None:
+        self._chunk_had_body = False
+
+    def on_chunk_complete(self) -> None:
+        if self._chunk_had_body:
+            self._chunk_done = True
+
+    def _check_head(self, method: str) -> tuple[str, bytes] | None:
+        """A refusal for a head llhttp accepted but this server does not serve."""
+        length = 0
+        codings: list[bytes] = []
+        for name, value in self.headers:
+            if name == b"transfer-encoding":
+                codings.extend(token.strip().lower() for token in value.split(b","))
+            elif name == b"content-length":
+                length = int(value) if value.strip().isdigit() else 1
+            elif name == b"expect" and value.lower() != b"100-continue":
+                return "expectation_failed", _EXPECTATION
+        self._expects_body = bool(codings or length)
+        if codings:
+            if codings != [b"chunked"]:
+                return "unsupported_coding", _NOT_IMPLEMENTED
+            self._chunked = True
+        if (codings or length) and method in ("GET", "HEAD"):
+            return "body_refused", _BODY_REFUSED
+        return None
 
     def on_headers_complete(self) -> None:
+        if self._refusing:
+            raise _Stop
         self._in_headers = False
         if self._header_timer is not None:
             self._disarm_header_timer()
         parser = self.parser
+        method = parser.get_method().decode("ascii")
+        refusal = self._check_head(method)
+        if refusal is not None:
+            self._in_headers = True  # the refused request holds no cycle
+            self._refuse(*refusal)
+            raise _Stop
         http_version = parser.get_http_version()
         url = self.url
         if url[:1] == b"/" and b"?" not in url and b"#" not in url:
@@ -247,7 +532,7 @@ class LimitedProtocol(HttpToolsProtocol):
             "root_path": root,
             "headers": self.headers,
             "state": self.app_state.copy(),
-            "method": parser.get_method().decode("ascii"),
+            "method": method,
             "path": root + path if root else path,
             "raw_path": root.encode("ascii") + raw_path if root else raw_path,
             "query_string": query,
@@ -262,7 +547,6 @@ class LimitedProtocol(HttpToolsProtocol):
         ):
             app = service_unavailable
             self.logger.warning("Exceeded concurrency limit.")
-        existing = self.cycle
         cycle = _Cycle(
             self,
             scope,
@@ -274,15 +558,25 @@ class LimitedProtocol(HttpToolsProtocol):
             RESPONSE_EXTENSION: cycle,
         }
         self.cycle = cycle  # type: ignore[assignment]
-        if existing is None or existing.response_complete:
+        running = self._current
+        if (running is None or running.response_complete) and not self.pipeline:
+            self._current = cycle
             self._start_asgi_task(cycle, app)  # type: ignore[arg-type]
-        else:  # a pipelined request waits for the answer before it
-            self.flow.pause_reading()
+        else:  # a pipelined request waits for the answers before it
+            cycle.queued = True
             self.pipeline.appendleft((cycle, app))  # type: ignore[arg-type]
+        if self._expects_body:
+            self._arm_body_timer()
 
     def on_body(self, body: bytes) -> None:
+        self._body_in_piece += len(body)
+        self._chunk_had_body = True
+        if self.parser.should_upgrade() and self._should_upgrade():
+            return
         cycle = cast(_Cycle, self.cycle)
-        if cycle.response_complete or (self.parser.should_upgrade() and self._should_upgrade()):
+        if cycle.taken:  # progress (before the app takes the body, its deadline is fixed)
+            self._body_since = self.loop.time()
+        if cycle.response_complete:
             return
         cycle.received.append(body)
         cycle.received_bytes += len(body)
@@ -302,12 +596,26 @@ class LimitedProtocol(HttpToolsProtocol):
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        self.flow.resume_reading()
         if self.pipeline:
             self._idle_since = None
             cycle, app = self.pipeline.pop()
-            self._start_asgi_task(cycle, app)
+            cycle = cast(_Cycle, cycle)
+            cycle.queued = False
+            self._current = cycle
+            self._start_asgi_task(cycle, app)  # type: ignore[arg-type]
+            if self._stash and not self._refusing:
+                self.loop.call_soon(self._feed_stash)
             return
+        self._current = None
+        if self._deferred is not None:  # a refused request, answered after the earlier ones
+            reason, answer = self._deferred
+            self._deferred = None
+            self._refused(reason, answer)
+            return
+        if self._stash:
+            self.loop.call_soon(self._feed_stash)
+        else:
+            self.flow.resume_reading()
         self._idle_since = self.loop.time()
         if self.timeout_keep_alive_task is None:
             self.timeout_keep_alive_task = self.loop.call_later(
@@ -327,6 +635,8 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         cycle = cast(_Cycle, self.cycle)
+        if self._body_timer is not None:
+            self._disarm_body_timer()
         if not cycle.response_complete and not (
             self.parser.should_upgrade() and self._should_upgrade()
         ):
@@ -334,6 +644,7 @@ class LimitedProtocol(HttpToolsProtocol):
             cycle.wake()
         self._in_headers = True  # the next bytes on this connection start the next request
         self._header_bytes = 0
+        self._chunked = False
 
 
 # uvicorn's checks of response header names and values (``HEADER_RE``, ``HEADER_VALUE_RE``) as
@@ -390,6 +701,8 @@ class _Cycle:
         "_protocol",
         "_waiter",
         "chunked_encoding",
+        "queued",
+        "taken",
         "disconnected",
         "expected_content_length",
         "flow",
@@ -421,6 +734,8 @@ class _Cycle:
         self.keep_alive = keep_alive
         self.waiting_for_100_continue = expect_100_continue
         self.disconnected = False
+        self.queued = False  # waits in the pipeline behind an earlier request's answer
+        self.taken = False  # the app asked for the body (receive)
         self.response_started = False
         self.response_complete = False
         self.chunked_encoding: bool | None = None
@@ -485,6 +800,7 @@ class _Cycle:
     # -- ASGI -------------------------------------------------------------------------------------
 
     async def receive(self) -> dict[str, Any]:
+        self.taken = True
         if self.waiting_for_100_continue and not self.transport.is_closing():
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             self.waiting_for_100_continue = False
@@ -609,6 +925,11 @@ class _Cycle:
         """The status line and headers (checked as uvicorn checks them); the framing decided."""
         self.response_started = True
         self.waiting_for_100_continue = False
+        if self.more_body:
+            # An answer before the whole body was read (401, 413, a refused 100-continue): the
+            # connection closes rather than read a body nobody wants (whose bytes, were the
+            # client to skip it, would be read as its next request).
+            self.keep_alive = False
         protocol = self._protocol
         default_headers = protocol.server_state.default_headers
         if default_headers or type(headers) is not list:  # read more than once below
