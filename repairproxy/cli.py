@@ -82,8 +82,11 @@ def serve(settings: Settings) -> None:
     import uvicorn
 
     from repairproxy.app import create_app
-    from repairproxy.server import server_options
+    from repairproxy.server import fit_descriptors, server_options
 
+    settings, warning = fit_descriptors(settings)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     embedded = None
     if not settings.upstream:
         embedded = _start_embedded(settings.embedded_arm)

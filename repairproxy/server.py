@@ -39,6 +39,7 @@ to the same header cap (h11 answers such a request 400, not 431).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
@@ -64,7 +65,7 @@ from repairproxy.coalesce import CoalescingTransport
 from repairproxy.settings import Settings
 from repairproxy.types import HeaderList
 
-__all__ = ["LimitedProtocol", "RefusalCounter", "server_options"]
+__all__ = ["LimitedProtocol", "RefusalCounter", "fit_descriptors", "server_options"]
 
 
 class RefusalCounter(Protocol):
@@ -392,8 +393,10 @@ class LimitedProtocol(HttpToolsProtocol):
             if self._in_headers:
                 room = self._max_header_bytes - self._header_bytes
                 step = min(room, self._slice if rest > self._slice else rest)
-                if self.pipeline:
-                    step = min(step, 256)  # the queue may overshoot by one small piece's heads
+                if self.pipeline or data.count(b"\r\n\r\n", pos, pos + step) > 1:
+                    # Several heads in the piece (pipelining): small pieces, so the queue
+                    # overshoots its cap by one small piece's heads at most.
+                    step = min(step, 256)
             elif self._chunked:
                 step = min(rest, self._max_header_bytes - self._overhead)
             else:
@@ -1028,6 +1031,47 @@ class _Cycle:
 
 def _nothing() -> None:
     pass
+
+
+_RESERVED_DESCRIPTORS = 64  # listening sockets, the loop's own, logs, model files, a metrics port
+
+
+def fit_descriptors(
+    settings: Settings, limits: tuple[int, int] | None = None
+) -> tuple[Settings, str | None]:
+    """Raise the soft descriptor limit to the hard one, then clamp the client connection cap
+    (and, if even that cannot fit, the upstream pool) to what the limit holds beside the pools.
+    Returns the settings to serve with and the warning to print (None: they fit as given).
+    ``limits``: (soft, hard) to plan for, instead of the process's own (which are raised)."""
+    if limits is None:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard and (hard == resource.RLIM_INFINITY or soft < hard):
+            target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
+            except (ValueError, OSError):
+                pass
+    else:
+        soft, hard = limits
+        soft = hard
+    store = settings.episode_store or ""
+    redis = max(settings.max_connections, 16) if store.startswith(("redis", "rediss")) else 0
+    room = soft - _RESERVED_DESCRIPTORS - redis
+    clients, pool = settings.max_client_connections, settings.max_connections
+    if clients + pool <= room:
+        return settings, None
+    if pool > room // 3:  # each share at least a third of what there is
+        pool = max(1, room // 3)
+    clients = max(1, room - pool)
+    fitted = dataclasses.replace(settings, max_client_connections=clients, max_connections=pool)
+    return fitted, (
+        f"repairproxy: the descriptor limit is {soft}: --max-client-connections "
+        f"{settings.max_client_connections} -> {clients}, --max-connections "
+        f"{settings.max_connections} -> {pool} (raise the hard limit, ulimit -Hn, to keep them)"
+    )
 
 
 def server_options(settings: Settings) -> dict[str, Any]:
