@@ -287,6 +287,14 @@ class Settings:
         default=1024,
         metadata=_opt("a request declaring more tools gets 400 (default 1024)", parse=int),
     )
+    max_tools_bytes: int = field(
+        default=256 * 1024,
+        metadata=_opt(
+            "a request whose tools (JSON) are larger gets 400: compiling them holds the event "
+            "loop, ~200 ms per MiB at worst (default 256 KiB)",
+            parse=int,
+        ),
+    )
     store_timeout: float = field(
         default=0.25,
         metadata=_opt(

@@ -345,3 +345,50 @@ def test_11_the_soft_descriptor_limit_is_raised_to_the_hard_one() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     )
     assert out.stdout.strip() == "True", out.stderr
+
+
+# -- 10. the loop is never held by what a client declares ------------------------------------------
+
+
+def _chat_with_tools(tools: list[dict[str, object]]) -> bytes:
+    import orjson
+
+    body = orjson.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    )
+    return CHAT + b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+
+
+def _tool(name: str, properties: dict[str, object]) -> dict[str, object]:
+    parameters = {"type": "object", "properties": properties}
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+def test_10_a_pattern_too_large_to_compile_cheaply_is_refused_as_an_invalid_schema() -> None:
+    pattern = {f"p{i}": {"type": "string", "pattern": r"(\w{100}){30}"} for i in range(40)}
+    with ScriptedUpstream() as upstream:
+        settings = replace(BASE, upstream=upstream.base_url)
+        with serving(settings) as server, connect(server.port) as client:
+            send_all(client, _chat_with_tools([_tool("slow", pattern)]))
+            data, _ = read_until_close(client)
+        assert statuses(data) == [400] and b"valid JSON Schema" in data, data[-300:]
+        assert upstream.requests == []  # refused before anything went upstream
+
+
+def test_10_tools_larger_than_the_cap_are_refused_before_compiling() -> None:
+    settings = replace(BASE, max_tools_bytes=64 * 1024)
+    many = [_tool(f"t{i}", {"a": {"type": "string", "description": "d" * 200}}) for i in range(400)]
+    with serving(settings) as server, connect(server.port) as client:
+        send_all(client, _chat_with_tools(many))
+        data, _ = read_until_close(client)
+    assert statuses(data) == [400] and b"bytes of JSON" in data, data[-300:]
+
+
+def test_10_the_loop_lag_is_exported() -> None:
+    with serving(BASE) as server:
+        deadline = time.monotonic() + 10
+        registry = server.app.metrics.registry
+        while not registry.get_sample_value("repairproxy_event_loop_lag_seconds_count"):
+            assert time.monotonic() < deadline, "no loop-lag sample"
+            time.sleep(0.05)
+        assert registry.get_sample_value("repairproxy_event_loop_lag_max_seconds") is not None
