@@ -198,6 +198,7 @@ class LimitedProtocol(HttpToolsProtocol):
         self._body_since = 0.0  # loop time of the body phase's start or its last progress
         self._write_timer: asyncio.TimerHandle | None = None
         self._idle_since: float | None = None  # loop time of the last answer while idle
+        self._current: _Cycle | None = None  # the cycle running (self.cycle: the last parsed)
 
     # -- refusals ---------------------------------------------------------------------------------
 
@@ -226,7 +227,9 @@ class LimitedProtocol(HttpToolsProtocol):
         if cycle is not None and not cycle.response_complete and not self._in_headers:
             # The refused request is this cycle itself (its body broke or never came).
             if cycle.queued:  # never started: it simply is not dispatched
-                self.pipeline = deque(entry for entry in self.pipeline if entry[0] is not cycle)
+                self.pipeline = deque(
+                    entry for entry in self.pipeline if cast(object, entry[0]) is not cycle
+                )
             else:
                 cycle.disconnected = True  # the app's answer, if any comes, is not written
                 cycle.wake()
@@ -236,7 +239,7 @@ class LimitedProtocol(HttpToolsProtocol):
                     return
                 self._current = None
         running = self._current
-        if running is not None and not running.response_complete or self.pipeline:
+        if (running is not None and not running.response_complete) or self.pipeline:
             self._deferred = (reason, answer)
         else:
             self._refused(reason, answer)
@@ -250,7 +253,7 @@ class LimitedProtocol(HttpToolsProtocol):
         coalescing = CoalescingTransport(transport, self.loop, in_flight=self.tasks)
         super().connection_made(cast(asyncio.Transport, coalescing))
         self.flow = _GatedFlow(cast(asyncio.Transport, coalescing), self)
-        self._current: _Cycle | None = None  # the cycle running (self.cycle: the last parsed)
+        self._current = None  # the cycle running (self.cycle: the last parsed)
         if busy:
             self._refused("max_connections", _BUSY)
             return
@@ -268,7 +271,7 @@ class LimitedProtocol(HttpToolsProtocol):
         self.connections.discard(self)
         self._stash = b""
         cycles = [cast("_Cycle | None", self.cycle), self._current]
-        cycles.extend(cycle for cycle, _ in self.pipeline)
+        cycles.extend(cast(_Cycle, cycle) for cycle, _ in self.pipeline)
         for cycle in {id(c): c for c in cycles if c is not None}.values():
             if not cycle.response_complete:
                 cycle.disconnected = True
@@ -317,7 +320,7 @@ class LimitedProtocol(HttpToolsProtocol):
         if not self._in_headers or self.transport.is_closing() or self._refusing:
             return
         running = self._current
-        if running is not None and not running.response_complete or self.pipeline:
+        if (running is not None and not running.response_complete) or self.pipeline:
             return  # an answer is being made: the keep-alive timer takes over after it
         if self._header_bytes:
             self._refused("header_timeout", _TIMEOUT)
@@ -601,11 +604,11 @@ class LimitedProtocol(HttpToolsProtocol):
             return
         if self.pipeline:
             self._idle_since = None
-            cycle, app = self.pipeline.pop()
-            cycle = cast(_Cycle, cycle)
+            queued, app = self.pipeline.pop()
+            cycle = cast(_Cycle, queued)
             cycle.queued = False
             self._current = cycle
-            self._start_asgi_task(cycle, app)  # type: ignore[arg-type]
+            self._start_asgi_task(queued, app)
             if self._stash and not self._refusing:
                 self.loop.call_soon(self._feed_stash)
             return
@@ -704,19 +707,19 @@ class _Cycle:
         "_protocol",
         "_waiter",
         "chunked_encoding",
-        "queued",
-        "taken",
         "disconnected",
         "expected_content_length",
         "flow",
         "keep_alive",
         "more_body",
+        "queued",
         "ready",
         "received",
         "received_bytes",
         "response_complete",
         "response_started",
         "scope",
+        "taken",
         "transport",
         "waiting_for_100_continue",
     )

@@ -373,8 +373,7 @@ class Settings:
         if self.upstream_timeout <= 0 or self.max_body_bytes <= 0:
             raise ValueError("--upstream-timeout and --max-body-bytes must be > 0")
         if (
-            min(self.max_header_bytes, self.max_client_connections, self.max_pipelined_requests)
-            < 1
+            min(self.max_header_bytes, self.max_client_connections, self.max_pipelined_requests) < 1
             or min(
                 self.header_timeout, self.keep_alive_timeout, self.body_timeout, self.write_timeout
             )

@@ -36,17 +36,16 @@ a request line is never built from text that could end it.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import base64
 import collections
+import fcntl
 import ssl
+import termios
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
-
-import array
-import fcntl
-import termios
 
 import httptools
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 
 import pytest
@@ -240,7 +241,7 @@ def test_7_many_small_pipelined_heads_in_one_read_all_pass() -> None:
     assert server.refused("header_bytes") == 0
 
 
-# -- 8. Expect ---------------------------------------------------------------------------------------
+# -- 8. Expect -------------------------------------------------------------------------------------
 
 
 def test_8_a_refused_100_continue_closes_and_sends_no_continue() -> None:
@@ -328,7 +329,7 @@ def test_11_connection_caps_are_clamped_to_the_descriptor_limit() -> None:
 def test_11_the_soft_descriptor_limit_is_raised_to_the_hard_one() -> None:
     import resource
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 256:
         pytest.skip("the hard limit leaves no room to test")
     code = (
@@ -359,7 +360,7 @@ def _chat_with_tools(tools: list[dict[str, object]]) -> bytes:
     return CHAT + b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
 
 
-def _tool(name: str, properties: dict[str, object]) -> dict[str, object]:
+def _tool(name: str, properties: Mapping[str, object]) -> dict[str, object]:
     parameters = {"type": "object", "properties": properties}
     return {"type": "function", "function": {"name": name, "parameters": parameters}}
 

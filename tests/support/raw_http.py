@@ -66,7 +66,9 @@ class _CountingParser:
 
 
 @contextmanager
-def serving(settings: Settings, protocol: type[LimitedProtocol] = LimitedProtocol) -> Iterator[Served]:
+def serving(
+    settings: Settings, protocol: type[LimitedProtocol] = LimitedProtocol
+) -> Iterator[Served]:
     """The proxy app behind the production server options, on a free port, in a thread."""
     app = create_app(settings, log_stream=io.BytesIO())
     sock = socket.socket()
@@ -76,7 +78,7 @@ def serving(settings: Settings, protocol: type[LimitedProtocol] = LimitedProtoco
     class Counting(protocol):  # type: ignore[valid-type,misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.parser = _CountingParser(self.parser, served)
+            self.parser = _CountingParser(self.parser, served)  # type: ignore[has-type]
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
