@@ -170,6 +170,9 @@ class LimitedProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         settings, self._owner = _find_settings(self.app)
+        # A bare LF ends a line, as in h11 (RFC 9112 2.2 lets a recipient accept it): requests
+        # are re-framed upstream, so what a lone LF delimits here is what the upstream sees.
+        self.parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
         self._max_header_bytes = settings.max_header_bytes
         self._header_timeout = settings.header_timeout
         self._body_timeout = settings.body_timeout
