@@ -330,11 +330,6 @@ class LimitedProtocol(HttpToolsProtocol):
         else:  # an idle connection that never sent a request: nothing to answer
             self._refused("header_timeout", b"")
 
-    def _arm_body_timer(self) -> None:
-        self._body_since = self.loop.time()
-        if self._body_timer is None:
-            self._body_timer = self.loop.call_later(self._body_timeout, self._body_timed_out)
-
     def _disarm_body_timer(self) -> None:
         if self._body_timer is not None:
             self._body_timer.cancel()
@@ -440,7 +435,14 @@ class LimitedProtocol(HttpToolsProtocol):
                     # A timer only for heads still incomplete after a piece (most requests
                     # arrive whole in one read: no timer armed and cancelled on the hot path).
                     self._arm_header_timer()
-            elif self._chunked:
+            elif self._chunked or self._expects_body:
+                # A body still to come (most arrive with their head: no timer then).
+                if self._body_timer is None:
+                    self._body_timer = self.loop.call_later(
+                        self._body_timeout, self._body_timed_out
+                    )
+                if not self._chunked:
+                    continue
                 if self._chunk_done:
                     self._overhead = 0
                 else:
@@ -474,11 +476,6 @@ class LimitedProtocol(HttpToolsProtocol):
         self._chunked = False
         self._overhead = 0
         self._trailers = False
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self._in_headers:
-            super().on_header(name, value)
-        # Trailer fields are counted (as chunk overhead) and dropped: nothing forwards them.
 
     def on_chunk_header(self) -> None:
         self._chunk_had_body = False
@@ -547,6 +544,9 @@ class LimitedProtocol(HttpToolsProtocol):
             "query_string": query,
         }
         self.scope = scope  # type: ignore[assignment]
+        # Trailer fields (on_header after the head) go to a list nobody reads, counted as chunk
+        # overhead: nothing forwards them, and the scope's headers stay as the head left them.
+        self.headers = []
         if parser.should_upgrade() and self._should_upgrade():
             return  # uvicorn's websocket hand-over follows (data_received)
         app = self.app
@@ -574,8 +574,7 @@ class LimitedProtocol(HttpToolsProtocol):
         else:  # a pipelined request waits for the answers before it
             cycle.queued = True
             self.pipeline.appendleft((cycle, app))  # type: ignore[arg-type]
-        if self._expects_body:
-            self._arm_body_timer()
+        self._body_since = self.loop.time()
 
     def on_body(self, body: bytes) -> None:
         self._body_in_piece += len(body)

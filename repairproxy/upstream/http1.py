@@ -36,7 +36,6 @@ a request line is never built from text that could end it.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import base64
 import collections
@@ -77,7 +76,10 @@ _FRAMING = frozenset(
         b"proxy-connection",
     }
 )
-DEFAULT_MAX_HEAD_BYTES = 64 * 1024  # an answer's status line + headers (and its trailers)
+DEFAULT_MAX_HEAD_BYTES = 64 * 1024
+_FOUR_ZEROS = bytes(
+    4
+)  # FIONREAD's int, as the ioctl's in/out buffer  # an answer's status line + headers (and its trailers)
 # Connection states: no request outstanding / a response being read / read to its end.
 _IDLE, _READING, _DONE_STATE = 0, 1, 2
 
@@ -166,6 +168,7 @@ class _Connection(asyncio.Protocol):
         self._timeout = 0.0
         self._waiting: asyncio.Future[None] | None = None
         self._max_head = pool.max_head_bytes
+        self._fd = -1  # the socket's descriptor, for dirty() (plain TCP only)
         self._head_fed = 0  # bytes fed to the parser since the request was sent, head not done
         self._trailer_bytes = 0
 
@@ -175,6 +178,8 @@ class _Connection(asyncio.Protocol):
         # The request leaves at the end of the loop iteration, with the other connections'
         # (coalesce.py).
         self.transport = CoalescingTransport(transport, self._loop)  # type: ignore[arg-type]
+        sock = transport.get_extra_info("socket")
+        self._fd = sock.fileno() if sock is not None and self._pool._ssl is None else -1
 
     def data_received(self, data: bytes) -> None:
         if self._state != _READING or self._parser is None:
@@ -341,6 +346,7 @@ class _Connection(asyncio.Protocol):
     def rearm(self, transport: asyncio.Transport) -> None:
         """After a CONNECT tunnel: speak on ``transport`` (TLS) as a fresh connection."""
         self.transport = CoalescingTransport(transport, self._loop)
+        self._fd = -1
         self._state = _IDLE
         self._parser = None
 
@@ -373,17 +379,16 @@ class _Connection(asyncio.Protocol):
 
     def dirty(self) -> bool:
         """Whether bytes wait unread in the kernel's buffer of this idle connection (or it cannot
-        be asked): an answer nobody asked for, which must never reach the next client."""
-        transport = self.transport
-        sock = transport.raw.get_extra_info("socket") if transport is not None else None
-        if sock is None:
-            return False  # a TLS transport's own buffer: the loop reads it (data_received)
-        waiting = array.array("i", [0])
+        be asked): an answer nobody asked for, which must never reach the next client. One
+        ``ioctl`` (~3 us on the 2-core dev VM, where a system call is dear)."""
+        fd = self._fd
+        if fd < 0:
+            return False  # a TLS or tunnelled transport: its own buffer, read by the loop
         try:
-            fcntl.ioctl(sock.fileno(), termios.FIONREAD, waiting, True)
+            waiting = fcntl.ioctl(fd, termios.FIONREAD, _FOUR_ZEROS)
         except OSError:
             return True
-        return waiting[0] != 0
+        return waiting != _FOUR_ZEROS
 
     @property
     def reusable(self) -> bool:
@@ -618,7 +623,7 @@ class ConnectionPool:
         while True:
             while self._idle:
                 conn = self._idle.pop()
-                if not conn.closed and not (self._ssl is None and conn.dirty()):
+                if not conn.closed and not conn.dirty():
                     conn.reused = True
                     return conn
                 conn.close()
