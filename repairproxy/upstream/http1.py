@@ -76,10 +76,8 @@ _FRAMING = frozenset(
         b"proxy-connection",
     }
 )
-DEFAULT_MAX_HEAD_BYTES = 64 * 1024
-_FOUR_ZEROS = bytes(
-    4
-)  # FIONREAD's int, as the ioctl's in/out buffer  # an answer's status line + headers (and its trailers)
+DEFAULT_MAX_HEAD_BYTES = 64 * 1024  # an answer's status line + headers (and its trailers)
+_FOUR_ZEROS = bytes(4)  # FIONREAD's int, as the ioctl's in/out buffer
 # Connection states: no request outstanding / a response being read / read to its end.
 _IDLE, _READING, _DONE_STATE = 0, 1, 2
 
