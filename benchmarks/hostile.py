@@ -357,7 +357,11 @@ def main(argv: list[str] | None = None) -> None:
         lag = _metric(port, "repairproxy_event_loop_lag_max_seconds") or 0.0
     finally:
         proxy.terminate()
-        proxy.wait(timeout=30)
+        try:
+            proxy.wait(timeout=40)  # a graceful drain (--drain-timeout 30) first
+        except subprocess.TimeoutExpired:
+            proxy.kill()
+            proxy.wait(timeout=10)
         upstream.shutdown()
     figures = {
         "seconds": args.seconds,

@@ -193,7 +193,8 @@ class LimitedProtocol(HttpToolsProtocol):
         self._chunk_done = False
         self._chunk_had_body = False
         self._trailers = False
-        self._stash = b""  # bytes read but not fed (a full pipeline): at most one read
+        self._stash = b""  # bytes read but not fed (a full pipeline): at most one read,
+        self._stash_at = 0  # from this offset (kept whole: no copy of the rest per stall)
         self._refusing = False  # a refusal is written or waits: nothing more is parsed
         self._deferred: tuple[str, bytes] | None = None  # a refusal after the earlier answers
         self._header_timer: asyncio.TimerHandle | None = None
@@ -373,21 +374,21 @@ class LimitedProtocol(HttpToolsProtocol):
         if self._refusing or self.parser is None:
             return
         if self._stash or self._stalled():
-            self._stash += data
+            self._stash = self._stash[self._stash_at :] + data
+            self._stash_at = 0
             self.flow.pause_reading()
             return
         self._feed(data)
 
-    def _feed(self, data: bytes) -> None:
-        """Feed ``data`` in pieces no larger than the caps allow, stopping (the rest stashed,
-        reading paused) when the queue is full or a refusal was decided."""
+    def _feed(self, data: bytes, pos: int = 0) -> None:
+        """Feed ``data`` from ``pos`` in pieces no larger than the caps allow, stopping (the rest
+        stashed, reading paused) when the queue is full or a refusal was decided."""
         size = len(data)
-        pos = 0
         while pos < size:
             if self._refusing or self.parser is None or self.transport.is_closing():
                 return
             if self._stalled():
-                self._stash = data[pos:]
+                self._stash, self._stash_at = data, pos
                 self.flow.pause_reading()
                 return
             rest = size - pos
@@ -455,9 +456,10 @@ class LimitedProtocol(HttpToolsProtocol):
         """The queue drained: feed what waits, then read again."""
         if self._refusing or self.parser is None or self.transport.is_closing():
             return
-        stash, self._stash = self._stash, b""
+        stash, at = self._stash, self._stash_at
+        self._stash, self._stash_at = b"", 0
         if stash:
-            self._feed(stash)
+            self._feed(stash, at)
         if not self.holding():
             self.flow.resume_reading()
 

@@ -83,7 +83,8 @@ def serving(
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
             served.most_queued = max(served.most_queued, len(self.pipeline))
-            served.most_stashed = max(served.most_stashed, len(getattr(self, "_stash", b"")))
+            stashed = len(getattr(self, "_stash", b"")) - getattr(self, "_stash_at", 0)
+            served.most_stashed = max(served.most_stashed, stashed)
 
     options = {k: v for k, v in server_options(settings).items() if k not in ("host", "port")}
     options["http"] = Counting
