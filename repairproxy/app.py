@@ -10,6 +10,7 @@ uvicorn stops accepting and lets in-flight requests, streams and re-asks finish 
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import signal
 import threading
@@ -72,6 +73,7 @@ class RepairProxyApp:
         self._sigterm: tuple[Any, Any] | None = None  # (our handler, the one it chains to)
         self._gc_threshold: tuple[int, int, int] | None = None  # the collector's, before start
         self._metrics_server: Any = None  # --metrics-port's own server, closed at shutdown
+        self._loop_lag: Any = None  # the event-loop lag timer (observe/looplag.py)
         self.metrics: Any = None  # built with the Proxy; None with --metrics false
 
     def begin_drain(self) -> None:
@@ -131,6 +133,7 @@ class RepairProxyApp:
             settings.tools_cache_size,
             max_bytes=settings.tools_cache_bytes,
             max_tools=settings.max_tools,
+            max_tools_bytes=settings.max_tools_bytes,
             forbid_extra_arguments=settings.forbid_extra_arguments,
         )
         observer: PipelineObserver = metrics if metrics is not None else NullObserver()
@@ -190,6 +193,13 @@ class RepairProxyApp:
                     await send({"type": "lifespan.startup.failed", "message": repr(exc)})
                     return
                 self._watch_sigterm()
+                if self.metrics is not None:
+                    from repairproxy.observe.looplag import LoopLagMonitor
+
+                    self._loop_lag = LoopLagMonitor(
+                        asyncio.get_running_loop(), self.metrics.loop_lagged
+                    )
+                    self._loop_lag.start()
                 # Start-up objects (imports, compiled schemas) never die: keep them out of the
                 # collector's scans, which otherwise show up in the latency tail.
                 gc.freeze()
@@ -201,6 +211,9 @@ class RepairProxyApp:
                     gc.set_threshold(*self._gc_threshold)
                     self._gc_threshold = None
                 self._unwatch_sigterm()
+                if self._loop_lag is not None:
+                    self._loop_lag.stop()
+                    self._loop_lag = None
                 if self.proxy is not None:
                     await self.proxy.upstream.aclose()
                     self.proxy = None

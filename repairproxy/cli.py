@@ -120,11 +120,12 @@ def serve(settings: Settings) -> None:
     import uvicorn
 
     from repairproxy.app import create_app
-    from repairproxy.server import server_options
+    from repairproxy.server import fit_descriptors, server_options
 
-    warning = open_proxy_warning(settings)
-    if warning:
-        print(warning, file=sys.stderr, flush=True)
+    settings, fitted = fit_descriptors(settings)
+    for warning in (open_proxy_warning(settings), fitted):
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
     listener = _bind(settings)
     embedded = None
     if not settings.upstream:

@@ -39,13 +39,19 @@ to the same header cap (h11 answers such a request 400, not 431).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
 from urllib.parse import unquote
 
 import httptools
 import orjson
-from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
+from uvicorn.protocols.http.flow_control import (
+    HIGH_WATER_LIMIT,
+    FlowControl,
+    service_unavailable,
+)
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
     HEADER_VALUE_RE,
@@ -59,7 +65,7 @@ from repairproxy.coalesce import CoalescingTransport
 from repairproxy.settings import Settings
 from repairproxy.types import HeaderList
 
-__all__ = ["LimitedProtocol", "RefusalCounter", "server_options"]
+__all__ = ["LimitedProtocol", "RefusalCounter", "fit_descriptors", "server_options"]
 
 
 class RefusalCounter(Protocol):
@@ -92,6 +98,33 @@ _TIMEOUT = _refusal(
     "request_timeout",
     "request headers not received in time",
 )
+_BAD_REQUEST = _refusal(
+    b"400 Bad Request", "invalid_request_error", "invalid_http_request", "invalid HTTP request"
+)
+_BODY_REFUSED = _refusal(
+    b"400 Bad Request",
+    "invalid_request_error",
+    "body_not_allowed",
+    "a GET or HEAD request may not carry a body",
+)
+_BODY_TIMEOUT = _refusal(
+    b"408 Request Timeout",
+    "invalid_request_error",
+    "request_timeout",
+    "request body not received in time",
+)
+_EXPECTATION = _refusal(
+    b"417 Expectation Failed",
+    "invalid_request_error",
+    "expectation_failed",
+    "only Expect: 100-continue is supported",
+)
+_NOT_IMPLEMENTED = _refusal(
+    b"501 Not Implemented",
+    "invalid_request_error",
+    "unsupported_transfer_coding",
+    "only Transfer-Encoding: chunked is supported",
+)
 _BUSY = _refusal(
     b"503 Service Unavailable",
     "overloaded_error",
@@ -112,27 +145,110 @@ def _find_settings(app: Any) -> tuple[Settings, Any]:
     return Settings(upstream="-"), None  # a foreign app: the defaults
 
 
+class _Stop(Exception):
+    """Raised in a parser callback to stop parsing the rest of a read (a refused request)."""
+
+
+class _GatedFlow(FlowControl):
+    """uvicorn's flow control, but reading stays paused while the protocol holds bytes it does
+    not feed (a full pipeline, a queued request's body, a refusal waiting its turn): the app's
+    ``receive`` and the disconnect watch resume reading, and would read without bound."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: LimitedProtocol) -> None:
+        super().__init__(transport)
+        self.protocol: LimitedProtocol | None = protocol  # dropped at the connection's end
+
+    def resume_reading(self) -> None:
+        protocol = self.protocol
+        if protocol is None or not protocol.holding():
+            super().resume_reading()
+
+
 class LimitedProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol plus a header-byte cap, a header timeout, a connection cap."""
+    """uvicorn's httptools protocol plus the limits of the module docstring."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         settings, self._owner = _find_settings(self.app)
+        # A bare LF ends a line, as in h11 (RFC 9112 2.2 lets a recipient accept it): requests
+        # are re-framed upstream, so what a lone LF delimits here is what the upstream sees.
+        self.parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
         self._max_header_bytes = settings.max_header_bytes
         self._header_timeout = settings.header_timeout
+        self._body_timeout = settings.body_timeout
+        self._write_timeout = settings.write_timeout
         self._max_connections = settings.max_client_connections
-        self._in_headers = True  # between one request's first byte and its headers' end
-        self._header_bytes = 0
+        self._max_queued = settings.max_pipelined_requests
+        # A head that starts inside a piece is counted from the piece's start: pieces are small
+        # enough that a head of up to cap - _slice bytes always passes.
+        self._slice = max(256, min(4096, self._max_header_bytes // 8))
+        self._in_headers = True  # between one request's end and the next one's headers' end
+        self._header_bytes = 0  # fed since the current head began (its first piece whole)
+        self._began = False  # a request began in the piece being fed
+        self._piece = 0  # size of the piece being fed
+        self._chunked = False  # the request being parsed has a chunked body
+        self._expects_body = False
+        self._overhead = 0  # chunk framing, extensions and trailers fed since the last chunk
+        self._body_in_piece = 0
+        self._chunk_done = False
+        self._chunk_had_body = False
+        self._trailers = False
+        self._stash = b""  # bytes read but not fed (a full pipeline): at most one read,
+        self._stash_at = 0  # from this offset (kept whole: no copy of the rest per stall)
+        self._refusing = False  # a refusal is written or waits: nothing more is parsed
+        self._deferred: tuple[str, bytes] | None = None  # a refusal after the earlier answers
         self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body_since = 0.0  # loop time of the body phase's start or its last progress
+        self._write_timer: asyncio.TimerHandle | None = None
         self._idle_since: float | None = None  # loop time of the last answer while idle
+        self._current: _Cycle | None = None  # the cycle running (self.cycle: the last parsed)
 
-    def _refused(self, reason: str, answer: bytes) -> None:
+    # -- refusals ---------------------------------------------------------------------------------
+
+    def _count(self, reason: str) -> None:
         metrics = getattr(self._owner, "metrics", None)
         if metrics is not None:
             metrics.connection_refused(reason)
+
+    def _refused(self, reason: str, answer: bytes) -> None:
+        """Answer ``answer`` now and close (the earlier answers are out, or none was asked)."""
+        self._count(reason)
+        self._refusing = True
         if not self.transport.is_closing():
-            self.transport.write(answer)
+            if answer:
+                self.transport.write(answer)
             self.transport.close()
+
+    def _refuse(self, reason: str, answer: bytes) -> None:
+        """Refuse the request being parsed: after the answers to the requests before it (in
+        flight or queued), then close. Nothing after it is parsed."""
+        self._refusing = True
+        self._stash = b""
+        self._disarm_body_timer()
+        self.flow.pause_reading()
+        cycle = cast("_Cycle | None", self.cycle)
+        if cycle is not None and not cycle.response_complete and not self._in_headers:
+            # The refused request is this cycle itself (its body broke or never came).
+            if cycle.queued:  # never started: it simply is not dispatched
+                self.pipeline = deque(
+                    entry for entry in self.pipeline if cast(object, entry[0]) is not cycle
+                )
+            else:
+                cycle.disconnected = True  # the app's answer, if any comes, is not written
+                cycle.wake()
+                if cycle.response_started:  # too late for a status: the answer is cut
+                    self._count(reason)
+                    self.transport.close()
+                    return
+                self._current = None
+        running = self._current
+        if (running is not None and not running.response_complete) or self.pipeline:
+            self._deferred = (reason, answer)
+        else:
+            self._refused(reason, answer)
+
+    # -- connection -------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         busy = len(self.connections) >= self._max_connections
@@ -140,6 +256,8 @@ class LimitedProtocol(HttpToolsProtocol):
         # the other connections' (coalesce.py).
         coalescing = CoalescingTransport(transport, self.loop, in_flight=self.tasks)
         super().connection_made(cast(asyncio.Transport, coalescing))
+        self.flow = _GatedFlow(cast(asyncio.Transport, coalescing), self)
+        self._current = None  # the cycle running (self.cycle: the last parsed)
         if busy:
             self._refused("max_connections", _BUSY)
             return
@@ -147,26 +265,50 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
+        self._disarm_body_timer()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
         if self.timeout_keep_alive_task is not None:
             self.timeout_keep_alive_task.cancel()
             self.timeout_keep_alive_task = None
         self.connections.discard(self)
-        cycle = cast("_Cycle | None", self.cycle)
-        if cycle is not None:
+        self._stash = b""
+        cycles = [cast("_Cycle | None", self.cycle), self._current]
+        cycles.extend(cast(_Cycle, cycle) for cycle, _ in self.pipeline)
+        for cycle in {id(c): c for c in cycles if c is not None}.values():
             if not cycle.response_complete:
                 cycle.disconnected = True
             cycle.wake()
         if self.flow is not None:
             self.flow.resume_writing()
+            if isinstance(self.flow, _GatedFlow):
+                self.flow.protocol = None  # the flow and the protocol hold each other
         if exc is None:
             self.transport.close()
         self.parser = None  # type: ignore[assignment]
-        if cycle is not None and cycle.disconnected:
-            cycle.disconnect_seen()
+        for cycle in {id(c): c for c in cycles if c is not None}.values():
+            if cycle.disconnected:
+                cycle.disconnect_seen()
         # The protocol and its last cycle hold each other (so do the requests a pipeline still
         # queues): dropped here, a closed connection goes without the cycle collector.
         self.cycle = None  # type: ignore[assignment]
+        self._current = None
         self.pipeline.clear()
+
+    def holding(self) -> bool:
+        """Whether bytes wait unfed, or feeding is stopped (reading must stay paused)."""
+        return bool(self._stash) or self._refusing or self._stalled()
+
+    def _stalled(self) -> bool:
+        """Feeding stops while the queue is full, or a queued request's body would be read
+        before the app takes the request."""
+        if len(self.pipeline) >= self._max_queued:
+            return True
+        cycle = cast("_Cycle | None", self.cycle)
+        return cycle is not None and cycle.queued and not self._in_headers
+
+    # -- timers -----------------------------------------------------------------------------------
 
     def _arm_header_timer(self) -> None:
         if self._header_timer is None:
@@ -179,53 +321,204 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def _header_timed_out(self) -> None:
         self._header_timer = None
-        if not self._in_headers or self.transport.is_closing():
+        if not self._in_headers or self.transport.is_closing() or self._refusing:
             return
-        cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
+        running = self._current
+        if (running is not None and not running.response_complete) or self.pipeline:
             return  # an answer is being made: the keep-alive timer takes over after it
         if self._header_bytes:
             self._refused("header_timeout", _TIMEOUT)
         else:  # an idle connection that never sent a request: nothing to answer
             self._refused("header_timeout", b"")
 
+    def _disarm_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_timed_out(self) -> None:
+        """A body that made no progress for ``--body-timeout`` (before the app took it: that
+        long since its head, however slowly bytes came)."""
+        self._body_timer = None
+        cycle = cast("_Cycle | None", self.cycle)
+        if cycle is None or self._in_headers or self.transport.is_closing() or self._refusing:
+            return
+        left = self._body_since + self._body_timeout - self.loop.time()
+        if cycle.queued or left > 0:  # queued: we stopped reading it, not the client
+            self._body_timer = self.loop.call_later(max(left, 0.05), self._body_timed_out)
+            return
+        self._refuse("body_timeout", _BODY_TIMEOUT)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self._write_timeout, self._write_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_timed_out(self) -> None:
+        """The client stopped reading: what we hold for it is dropped with the connection."""
+        self._write_timer = None
+        if self.flow.write_paused and not self.transport.is_closing():
+            self._count("write_timeout")
+            self.transport.abort()
+
+    # -- reading ----------------------------------------------------------------------------------
+
     def data_received(self, data: bytes) -> None:
-        if not self._in_headers or self.parser is None:
-            super().data_received(data)
+        self._idle_since = None  # bytes came: busy until the next answer completes
+        if self._refusing or self.parser is None:
             return
-        room = self._max_header_bytes - self._header_bytes
-        if len(data) <= room:
-            self._header_bytes += len(data)
-            super().data_received(data)
-            # A timer only for headers still incomplete after this read (most requests arrive
-            # whole in one read: no timer to arm and cancel on the hot path).
-            # (A read that completed a request resets the count: no request is then started,
-            # and a timer would cut the answer still being made.)
-            if self._in_headers and self._header_bytes and self._header_timer is None:
-                self._arm_header_timer()
+        if self._stash or self._stalled():
+            self._stash = self._stash[self._stash_at :] + data
+            self._stash_at = 0
+            self.flow.pause_reading()
             return
-        # Feed only what the cap allows; if the headers end within it, feed the rest as body.
-        view = memoryview(data)
-        self._header_bytes += room
-        super().data_received(bytes(view[:room]))
-        if self._in_headers:
-            self._refused("header_bytes", _TOO_LARGE)
+        self._feed(data)
+
+    def _feed(self, data: bytes, pos: int = 0) -> None:
+        """Feed ``data`` from ``pos`` in pieces no larger than the caps allow, stopping (the rest
+        stashed, reading paused) when the queue is full or a refusal was decided."""
+        size = len(data)
+        while pos < size:
+            if self._refusing or self.parser is None or self.transport.is_closing():
+                return
+            if self._stalled():
+                self._stash, self._stash_at = data, pos
+                self.flow.pause_reading()
+                return
+            rest = size - pos
+            if self._in_headers:
+                room = self._max_header_bytes - self._header_bytes
+                step = min(room, self._slice if rest > self._slice else rest)
+                if self.pipeline or data.count(b"\r\n\r\n", pos, pos + step) > 1:
+                    # Several heads in the piece (pipelining): small pieces, so the queue
+                    # overshoots its cap by one small piece's heads at most.
+                    step = min(step, 256)
+            elif self._chunked:
+                step = min(rest, self._max_header_bytes - self._overhead)
+            else:
+                step = rest
+            if step <= 0:
+                self._refuse("header_bytes", _TOO_LARGE)
+                return
+            piece = data if step == size else data[pos : pos + step]
+            pos += step
+            in_headers = self._in_headers
+            self._began = False
+            self._piece = step
+            self._body_in_piece = 0
+            self._chunk_done = False
+            try:
+                self.parser.feed_data(piece)
+            except httptools.HttpParserUpgrade:
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                else:
+                    self._unsupported_upgrade_warning()
+                return
+            except httptools.HttpParserError:
+                if not self._refusing:
+                    self.logger.warning("Invalid HTTP request received.")
+                    self._refuse("bad_request", _BAD_REQUEST)
+                return
+            if self._in_headers:
+                if in_headers and not self._began:
+                    self._header_bytes += step
+                if self._header_bytes >= self._max_header_bytes:
+                    self._refuse("header_bytes", _TOO_LARGE)
+                    return
+                if self._header_bytes and self._header_timer is None:
+                    # A timer only for heads still incomplete after a piece (most requests
+                    # arrive whole in one read: no timer armed and cancelled on the hot path).
+                    self._arm_header_timer()
+            elif self._chunked or self._expects_body:
+                # A body still to come (most arrive with their head: no timer then).
+                if self._body_timer is None:
+                    self._body_timer = self.loop.call_later(
+                        self._body_timeout, self._body_timed_out
+                    )
+                if not self._chunked:
+                    continue
+                if self._chunk_done:
+                    self._overhead = 0
+                else:
+                    self._overhead += step - self._body_in_piece
+                if self._overhead >= self._max_header_bytes:
+                    self._refuse("header_bytes", _TOO_LARGE)
+                    return
+
+    def _feed_stash(self) -> None:
+        """The queue drained: feed what waits, then read again."""
+        if self._refusing or self.parser is None or self.transport.is_closing():
             return
-        if self.parser is not None and not self.transport.is_closing():
-            super().data_received(bytes(view[room:]))
+        stash, at = self._stash, self._stash_at
+        self._stash, self._stash_at = b"", 0
+        if stash:
+            self._feed(stash, at)
+        if not self.holding():
+            self.flow.resume_reading()
+
+    # -- parser callbacks -------------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         # uvicorn's also builds a scope (and copies the app state) that on_headers_complete
         # below replaces whole: only the per-request fields are reset here.
+        if self._refusing:
+            raise _Stop
         self.url = b""
         self.expect_100_continue = False
         self.headers = []
+        self._began = True
+        self._header_bytes = self._piece
+        self._chunked = False
+        self._overhead = 0
+        self._trailers = False
+
+    def on_chunk_header(self) -> None:
+        self._chunk_had_body = False
+
+    def on_chunk_complete(self) -> None:
+        if self._chunk_had_body:
+            self._chunk_done = True
+
+    def _check_head(self, method: str) -> tuple[str, bytes] | None:
+        """A refusal for a head llhttp accepted but this server does not serve."""
+        length = 0
+        codings: list[bytes] = []
+        for name, value in self.headers:
+            if name == b"transfer-encoding":
+                codings.extend(token.strip().lower() for token in value.split(b","))
+            elif name == b"content-length":
+                length = int(value) if value.strip().isdigit() else 1
+            elif name == b"expect" and value.lower() != b"100-continue":
+                return "expectation_failed", _EXPECTATION
+        self._expects_body = bool(codings or length)
+        if codings:
+            if codings != [b"chunked"]:
+                return "unsupported_coding", _NOT_IMPLEMENTED
+            self._chunked = True
+        if (codings or length) and method in ("GET", "HEAD"):
+            return "body_refused", _BODY_REFUSED
+        return None
 
     def on_headers_complete(self) -> None:
+        if self._refusing:
+            raise _Stop
         self._in_headers = False
         if self._header_timer is not None:
             self._disarm_header_timer()
         parser = self.parser
+        method = parser.get_method().decode("ascii")
+        refusal = self._check_head(method)
+        if refusal is not None:
+            self._in_headers = True  # the refused request holds no cycle
+            self._refuse(*refusal)
+            raise _Stop
         http_version = parser.get_http_version()
         url = self.url
         if url[:1] == b"/" and b"?" not in url and b"#" not in url:
@@ -247,12 +540,15 @@ class LimitedProtocol(HttpToolsProtocol):
             "root_path": root,
             "headers": self.headers,
             "state": self.app_state.copy(),
-            "method": parser.get_method().decode("ascii"),
+            "method": method,
             "path": root + path if root else path,
             "raw_path": root.encode("ascii") + raw_path if root else raw_path,
             "query_string": query,
         }
         self.scope = scope  # type: ignore[assignment]
+        # Trailer fields (on_header after the head) go to a list nobody reads, counted as chunk
+        # overhead: nothing forwards them, and the scope's headers stay as the head left them.
+        self.headers = []
         if parser.should_upgrade() and self._should_upgrade():
             return  # uvicorn's websocket hand-over follows (data_received)
         app = self.app
@@ -262,7 +558,6 @@ class LimitedProtocol(HttpToolsProtocol):
         ):
             app = service_unavailable
             self.logger.warning("Exceeded concurrency limit.")
-        existing = self.cycle
         cycle = _Cycle(
             self,
             scope,
@@ -274,15 +569,24 @@ class LimitedProtocol(HttpToolsProtocol):
             RESPONSE_EXTENSION: cycle,
         }
         self.cycle = cycle  # type: ignore[assignment]
-        if existing is None or existing.response_complete:
+        running = self._current
+        if (running is None or running.response_complete) and not self.pipeline:
+            self._current = cycle
             self._start_asgi_task(cycle, app)  # type: ignore[arg-type]
-        else:  # a pipelined request waits for the answer before it
-            self.flow.pause_reading()
+        else:  # a pipelined request waits for the answers before it
+            cycle.queued = True
             self.pipeline.appendleft((cycle, app))  # type: ignore[arg-type]
+        self._body_since = self.loop.time()
 
     def on_body(self, body: bytes) -> None:
+        self._body_in_piece += len(body)
+        self._chunk_had_body = True
+        if self.parser.should_upgrade() and self._should_upgrade():
+            return
         cycle = cast(_Cycle, self.cycle)
-        if cycle.response_complete or (self.parser.should_upgrade() and self._should_upgrade()):
+        if cycle.taken:  # progress (before the app takes the body, its deadline is fixed)
+            self._body_since = self.loop.time()
+        if cycle.response_complete:
             return
         cycle.received.append(body)
         cycle.received_bytes += len(body)
@@ -302,12 +606,26 @@ class LimitedProtocol(HttpToolsProtocol):
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        self.flow.resume_reading()
         if self.pipeline:
             self._idle_since = None
-            cycle, app = self.pipeline.pop()
-            self._start_asgi_task(cycle, app)
+            queued, app = self.pipeline.pop()
+            cycle = cast(_Cycle, queued)
+            cycle.queued = False
+            self._current = cycle
+            self._start_asgi_task(queued, app)
+            if self._stash and not self._refusing:
+                self.loop.call_soon(self._feed_stash)
             return
+        self._current = None
+        if self._deferred is not None:  # a refused request, answered after the earlier ones
+            reason, answer = self._deferred
+            self._deferred = None
+            self._refused(reason, answer)
+            return
+        if self._stash:
+            self.loop.call_soon(self._feed_stash)
+        else:
+            self.flow.resume_reading()
         self._idle_since = self.loop.time()
         if self.timeout_keep_alive_task is None:
             self.timeout_keep_alive_task = self.loop.call_later(
@@ -327,6 +645,8 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         cycle = cast(_Cycle, self.cycle)
+        if self._body_timer is not None:
+            self._disarm_body_timer()
         if not cycle.response_complete and not (
             self.parser.should_upgrade() and self._should_upgrade()
         ):
@@ -334,6 +654,7 @@ class LimitedProtocol(HttpToolsProtocol):
             cycle.wake()
         self._in_headers = True  # the next bytes on this connection start the next request
         self._header_bytes = 0
+        self._chunked = False
 
 
 # uvicorn's checks of response header names and values (``HEADER_RE``, ``HEADER_VALUE_RE``) as
@@ -395,12 +716,14 @@ class _Cycle:
         "flow",
         "keep_alive",
         "more_body",
+        "queued",
         "ready",
         "received",
         "received_bytes",
         "response_complete",
         "response_started",
         "scope",
+        "taken",
         "transport",
         "waiting_for_100_continue",
     )
@@ -421,6 +744,8 @@ class _Cycle:
         self.keep_alive = keep_alive
         self.waiting_for_100_continue = expect_100_continue
         self.disconnected = False
+        self.queued = False  # waits in the pipeline behind an earlier request's answer
+        self.taken = False  # the app asked for the body (receive)
         self.response_started = False
         self.response_complete = False
         self.chunked_encoding: bool | None = None
@@ -485,6 +810,7 @@ class _Cycle:
     # -- ASGI -------------------------------------------------------------------------------------
 
     async def receive(self) -> dict[str, Any]:
+        self.taken = True
         if self.waiting_for_100_continue and not self.transport.is_closing():
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             self.waiting_for_100_continue = False
@@ -609,6 +935,11 @@ class _Cycle:
         """The status line and headers (checked as uvicorn checks them); the framing decided."""
         self.response_started = True
         self.waiting_for_100_continue = False
+        if self.more_body:
+            # An answer before the whole body was read (401, 413, a refused 100-continue): the
+            # connection closes rather than read a body nobody wants (whose bytes, were the
+            # client to skip it, would be read as its next request).
+            self.keep_alive = False
         protocol = self._protocol
         default_headers = protocol.server_state.default_headers
         if default_headers or type(headers) is not list:  # read more than once below
@@ -707,6 +1038,47 @@ class _Cycle:
 
 def _nothing() -> None:
     pass
+
+
+_RESERVED_DESCRIPTORS = 64  # listening sockets, the loop's own, logs, model files, a metrics port
+
+
+def fit_descriptors(
+    settings: Settings, limits: tuple[int, int] | None = None
+) -> tuple[Settings, str | None]:
+    """Raise the soft descriptor limit to the hard one, then clamp the client connection cap
+    (and, if even that cannot fit, the upstream pool) to what the limit holds beside the pools.
+    Returns the settings to serve with and the warning to print (None: they fit as given).
+    ``limits``: (soft, hard) to plan for, instead of the process's own (which are raised)."""
+    if limits is None:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard and (hard == resource.RLIM_INFINITY or soft < hard):
+            target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
+            except (ValueError, OSError):
+                pass
+    else:
+        soft, hard = limits
+        soft = hard
+    store = settings.episode_store or ""
+    redis = max(settings.max_connections, 16) if store.startswith(("redis", "rediss")) else 0
+    room = soft - _RESERVED_DESCRIPTORS - redis
+    clients, pool = settings.max_client_connections, settings.max_connections
+    if clients + pool <= room:
+        return settings, None
+    if pool > room // 3:  # each share at least a third of what there is
+        pool = max(1, room // 3)
+    clients = max(1, room - pool)
+    fitted = dataclasses.replace(settings, max_client_connections=clients, max_connections=pool)
+    return fitted, (
+        f"repairproxy: the descriptor limit is {soft}: --max-client-connections "
+        f"{settings.max_client_connections} -> {clients}, --max-connections "
+        f"{settings.max_connections} -> {pool} (raise the hard limit, ulimit -Hn, to keep them)"
+    )
 
 
 def server_options(settings: Settings) -> dict[str, Any]:

@@ -130,6 +130,30 @@ class Settings:
             "seconds a request's headers may take to arrive, else 408 (default 10)", parse=float
         ),
     )
+    body_timeout: float = field(
+        default=30.0,
+        metadata=_opt(
+            "seconds a request body may go without progress, else 408; before the app takes it, "
+            "seconds from its head (default 30)",
+            parse=float,
+        ),
+    )
+    write_timeout: float = field(
+        default=60.0,
+        metadata=_opt(
+            "seconds an answer may wait on a client that stopped reading, then the connection "
+            "is dropped (default 60)",
+            parse=float,
+        ),
+    )
+    max_pipelined_requests: int = field(
+        default=16,
+        metadata=_opt(
+            "requests queued on one connection behind the one answered; beyond, its bytes wait "
+            "unread (default 16)",
+            parse=int,
+        ),
+    )
     keep_alive_timeout: float = field(
         default=5.0,
         metadata=_opt("seconds an idle keep-alive connection is kept (default 5)", parse=float),
@@ -263,6 +287,14 @@ class Settings:
         default=1024,
         metadata=_opt("a request declaring more tools gets 400 (default 1024)", parse=int),
     )
+    max_tools_bytes: int = field(
+        default=256 * 1024,
+        metadata=_opt(
+            "a request whose tools (JSON) are larger gets 400: compiling them holds the event "
+            "loop, ~200 ms per MiB at worst (default 256 KiB)",
+            parse=int,
+        ),
+    )
     store_timeout: float = field(
         default=0.25,
         metadata=_opt(
@@ -341,12 +373,16 @@ class Settings:
         if self.upstream_timeout <= 0 or self.max_body_bytes <= 0:
             raise ValueError("--upstream-timeout and --max-body-bytes must be > 0")
         if (
-            min(self.max_header_bytes, self.max_client_connections) < 1
-            or min(self.header_timeout, self.keep_alive_timeout) <= 0
+            min(self.max_header_bytes, self.max_client_connections, self.max_pipelined_requests) < 1
+            or min(
+                self.header_timeout, self.keep_alive_timeout, self.body_timeout, self.write_timeout
+            )
+            <= 0
         ):
             raise ValueError(
-                "--max-header-bytes, --max-client-connections, --header-timeout and "
-                "--keep-alive-timeout must be > 0"
+                "--max-header-bytes, --max-client-connections, --max-pipelined-requests, "
+                "--header-timeout, --body-timeout, --write-timeout and --keep-alive-timeout "
+                "must be > 0"
             )
         if self.workers < 1:
             raise ValueError("--workers must be >= 1")

@@ -234,7 +234,9 @@ class CompiledTools:
             enforced = _closed(schema) if forbid_extra_arguments else dict(schema)
             try:
                 # offline: a remote $ref must never make the proxy fetch a URL.
-                validators[name] = jsonschema_rs.validator_for(enforced, offline=True)
+                validators[name] = jsonschema_rs.validator_for(
+                    enforced, offline=True, pattern_options=PATTERN_OPTIONS
+                )
             except (
                 jsonschema_rs.ValidationError,
                 jsonschema_rs.ReferencingError,
@@ -697,6 +699,16 @@ COMPILED_BYTES_PER_JSON_BYTE = 24
 COMPILED_BYTES_PER_TOOL = 4096
 DEFAULT_TOOLS_CACHE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_TOOLS = 1024
+# The worst accepted tools list compiles in ~50 ms on the loop (benchmarks/hostile.py measures
+# ~100-200 ms per MiB of tools JSON and ~40 us per tool on the 2-core dev machine).
+DEFAULT_MAX_TOOLS_BYTES = 256 * 1024
+# Patterns run in fancy-regex with bounded backtracking and a bounded program: a pattern whose
+# compiled size passes the limit (``(\w{100}){30}``) is refused as an invalid schema (400)
+# instead of costing seconds of matching; one near the limit matches 3,000 characters in
+# ~10 ms.
+PATTERN_OPTIONS = jsonschema_rs.FancyRegexOptions(
+    backtrack_limit=10_000, size_limit=256 * 1024, dfa_size_limit=256 * 1024
+)
 
 
 def compiled_size(key: bytes, tools: int) -> int:
@@ -718,13 +730,15 @@ class ToolsCache:
         *,
         max_bytes: int = DEFAULT_TOOLS_CACHE_BYTES,
         max_tools: int = DEFAULT_MAX_TOOLS,
+        max_tools_bytes: int = DEFAULT_MAX_TOOLS_BYTES,
         forbid_extra_arguments: bool = False,
     ) -> None:
-        if max_entries < 1 or max_bytes < 1 or max_tools < 1:
+        if max_entries < 1 or max_bytes < 1 or max_tools < 1 or max_tools_bytes < 1:
             raise ValueError("max_entries, max_bytes and max_tools must be at least 1")
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.max_tools = max_tools
+        self.max_tools_bytes = max_tools_bytes
         # Also treat arguments the schema does not name as violations (see ``_closed``).
         self.forbid_extra_arguments = forbid_extra_arguments
         self._entries: OrderedDict[bytes, tuple[CompiledTools, int]] = OrderedDict()
@@ -746,6 +760,12 @@ class ToolsCache:
                 param="tools" if isinstance(tools, list) and tools else "functions",
             )
         key = self._key(body)
+        if len(key) > self.max_tools_bytes:
+            raise InvalidToolsError(
+                f"the tools declared take {len(key)} bytes of JSON; at most "
+                f"{self.max_tools_bytes} are accepted",
+                param="tools" if isinstance(tools, list) and tools else "functions",
+            )
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)

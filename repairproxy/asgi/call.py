@@ -114,7 +114,10 @@ class PipelineCall:
     async def send_whole(self, responder: Responder, reply: UpstreamReply, content: bytes) -> None:
         """One JSON (or error) answer with every header the verdict gives."""
         self.ex.record.status = reply.status_code
-        headers = response_headers(reply.headers)
+        # A 2xx body was read as plain JSON (and may be re-serialised): the upstream's
+        # content-encoding cannot describe what is sent.
+        rewritten = content is not reply.content or 200 <= reply.status_code < 300
+        headers = response_headers(reply.headers, rewritten=rewritten)
         headers.extend(self.ex.proxy_headers())
         responder.first_byte_at = time.perf_counter()
         await responder.whole(reply.status_code, headers, content)
@@ -126,7 +129,8 @@ class PipelineCall:
         async with upstream.stream(
             "POST", path, self.out_headers, body, ex.timer, self.query
         ) as response:
-            headers = response_headers(response.headers)
+            # The event stream is re-framed by the relay: its upstream encoding no longer holds.
+            headers = response_headers(response.headers, rewritten=True)
             content_type = response.header(b"content-type") or b""
             if response.status_code != 200 or b"text/event-stream" not in content_type:
                 with upstream.reading():

@@ -275,6 +275,19 @@ class _Family:
             registry=registry,
             multiprocess_mode="max",
         )
+        self.loop_lag = Histogram(
+            "repairproxy_event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 50 ms: the time one client's input "
+            "held every other client (repairproxy.observe.looplag).",
+            registry=registry,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+        )
+        self.loop_lag_max = Gauge(
+            "repairproxy_event_loop_lag_max_seconds",
+            "The largest event-loop lag seen since start.",
+            registry=registry,
+            multiprocess_mode="max",
+        )
         self.connections_refused = counter(
             "connections_refused",
             "Client connections the server closed before the app saw a request "
@@ -388,10 +401,19 @@ class Metrics:
         self.ladder = self._family.ladder
         self._models: dict[str, _ModelMetrics] = {}
         self._lock = threading.Lock()  # only creating a model's children takes it
+        self.max_loop_lag = 0.0
 
     def dashboard_view(self) -> DashboardSource:
         """What ``/dashboard`` shows: this process's numbers (every worker's when several run)."""
         return self
+
+    def loop_lagged(self, seconds: float) -> None:
+        """One sample of the event loop's lag (``repairproxy.observe.looplag``)."""
+        family = self._family
+        family.loop_lag.observe(seconds)
+        if seconds > self.max_loop_lag:
+            self.max_loop_lag = seconds
+            family.loop_lag_max.set(seconds)
 
     def connection_refused(self, reason: str) -> None:
         """One connection the server layer refused (``repairproxy.server``); reason is bounded."""

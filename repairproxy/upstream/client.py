@@ -76,6 +76,8 @@ _HOP_BY_HOP = frozenset(
         b"content-length",
     }
 )
+# Headers that describe the body's bytes: wrong once the proxy rewrote the body.
+_BODY_DESCRIBING = frozenset({b"content-encoding", b"content-md5", b"digest", b"etag"})
 _PROXY_PREFIX = b"proxy-"  # proxy-authorization, proxy-connection, ...: for the client's proxy
 # Our own control headers are consumed by the proxy, never forwarded.
 _OWN_PREFIX = b"x-repairproxy-"
@@ -276,17 +278,22 @@ def chat_completion_of(content: bytes, status: int) -> ChatCompletion:
     return cast(ChatCompletion, completion)
 
 
-def response_headers(raw: Iterable[tuple[bytes, bytes]], *, head: bool = False) -> HeaderList:
+def response_headers(
+    raw: Iterable[tuple[bytes, bytes]], *, head: bool = False, rewritten: bool = False
+) -> HeaderList:
     """Upstream response headers fit to send on (bodies are relayed as they came, encoding kept).
 
     An upstream's own ``x-repairproxy-*`` headers (a chained proxy) are dropped: ours replace them.
     ``head``: the answer to a HEAD, whose Content-Length describes a body that is not sent.
+    ``rewritten``: the proxy sends a body of its own making, which the upstream's
+    ``content-encoding`` (and digests of its bytes) would misdescribe: they are dropped.
     """
     return [
         (name, value)
         for name, value in raw
         if (name not in _HOP_BY_HOP or (head and name == b"content-length"))
         and not name.startswith(_OWN_PREFIX)
+        and not (rewritten and name in _BODY_DESCRIBING)
     ]
 
 
