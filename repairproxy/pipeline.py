@@ -156,7 +156,7 @@ class ChatPipeline:
         self.tools_cache = tools_cache
         self.episodes = episodes  # episode identity, chaining and the error budget
         self.policies = policies
-        self.formats = FormatCache()
+        self.formats = FormatCache(max_format_bytes=settings.max_response_format_bytes)
 
     # -- before the upstream ----------------------------------------------------------------------
 

@@ -295,6 +295,14 @@ class Settings:
             parse=int,
         ),
     )
+    max_response_format_bytes: int = field(
+        default=256 * 1024,
+        metadata=_opt(
+            "a request whose response_format (JSON) is larger gets 400: its schema is compiled "
+            "on the event loop as tools are (default 256 KiB)",
+            parse=int,
+        ),
+    )
     store_timeout: float = field(
         default=0.25,
         metadata=_opt(

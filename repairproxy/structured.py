@@ -2,10 +2,12 @@
 
 Quantized models break a ``json_schema`` the way they break tool arguments, and the clients that
 ask for one (openai's ``.parse()``, pydantic-ai's native output, instructor's JSON modes) fail on
-the first bad answer. A request's format is compiled once (jsonschema-rs, like tools, in a small
-LRU keyed by its JSON); an answer's text is then one of two channels, kept beside the tool-call
-vocabulary of ``validation`` because they are not tool-call errors and τ²-bench does not count
-them: they are never charged to an episode's error budget.
+the first bad answer. A request's format is compiled once (jsonschema-rs, the way tools are: the
+same regex limits, and a byte cap, since the client controls the schema and the compile and the
+check run on the event loop) in a small LRU keyed by its JSON; an answer's text is then one of
+two channels, kept beside the tool-call vocabulary of ``validation`` because they are not
+tool-call errors and τ²-bench does not count them: they are never charged to an episode's error
+budget.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import jsonschema_rs
 import orjson
 
 from repairproxy.errors import BadRequestError
-from repairproxy.validation import MAX_ERROR_PATHS, MAX_MESSAGE_CHARS
+from repairproxy.validation import MAX_ERROR_PATHS, MAX_MESSAGE_CHARS, schema_validator
 
 __all__ = [
     "FormatCache",
@@ -32,7 +34,11 @@ __all__ = [
 
 # Distinct response formats kept compiled; a client has a handful of output types.
 DEFAULT_MAX_FORMATS = 256
-# A schema above this many bytes of JSON is compiled for its request and not kept.
+# A response_format above this many bytes of JSON gets 400 (``--max-response-format-bytes``):
+# compiling it holds the event loop, as tools do (``validation.DEFAULT_MAX_TOOLS_BYTES``).
+DEFAULT_MAX_FORMAT_BYTES = 256 * 1024
+# A schema above this many bytes of JSON is compiled for its request and not kept. Only an
+# operator who raises the cap above it reaches this; each compile is still bounded by the cap.
 MAX_CACHED_SCHEMA_BYTES = 1024 * 1024
 
 
@@ -83,8 +89,7 @@ class OutputFormat:
         self._validator: Any = None
         if schema is not None:
             try:
-                # offline: a remote $ref must never make the proxy fetch a URL.
-                self._validator = jsonschema_rs.validator_for(dict(schema), offline=True)
+                self._validator = schema_validator(schema)
             except (
                 jsonschema_rs.ValidationError,
                 jsonschema_rs.ReferencingError,
@@ -174,12 +179,19 @@ def _schema(schema: Any) -> Mapping[str, Any]:
 
 
 class FormatCache:
-    """Compiled response formats per distinct ``response_format`` JSON (an LRU)."""
+    """Compiled response formats per distinct ``response_format`` JSON (an LRU); a format over
+    ``max_format_bytes`` of JSON is refused before anything is compiled."""
 
-    def __init__(self, max_entries: int = DEFAULT_MAX_FORMATS) -> None:
-        if max_entries < 1:
-            raise ValueError("max_entries must be at least 1")
+    def __init__(
+        self,
+        max_entries: int = DEFAULT_MAX_FORMATS,
+        *,
+        max_format_bytes: int = DEFAULT_MAX_FORMAT_BYTES,
+    ) -> None:
+        if max_entries < 1 or max_format_bytes < 1:
+            raise ValueError("max_entries and max_format_bytes must be at least 1")
         self.max_entries = max_entries
+        self.max_format_bytes = max_format_bytes
         self._entries: OrderedDict[bytes, OutputFormat] = OrderedDict()
 
     def __len__(self) -> int:
@@ -198,6 +210,12 @@ class FormatCache:
             raise BadRequestError(
                 f"response_format is not JSON-serializable: {exc}", param="response_format"
             ) from exc
+        if len(key) > self.max_format_bytes:
+            raise BadRequestError(
+                f"the response_format takes {len(key)} bytes of JSON; at most "
+                f"{self.max_format_bytes} are accepted",
+                param="response_format",
+            )
         found = self._entries.get(key)
         if found is not None:
             self._entries.move_to_end(key)

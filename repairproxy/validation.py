@@ -43,6 +43,7 @@ __all__ = [
     "ToolsCache",
     "compiled_size",
     "find_call_in_text",
+    "schema_validator",
     "text_calls_allowed",
 ]
 
@@ -231,12 +232,9 @@ class CompiledTools:
         validators: dict[str, Any] = {}
         schemas: dict[str, Mapping[str, Any]] = {}
         for name, schema in tools:
-            enforced = _closed(schema) if forbid_extra_arguments else dict(schema)
+            enforced = _closed(schema) if forbid_extra_arguments else schema
             try:
-                # offline: a remote $ref must never make the proxy fetch a URL.
-                validators[name] = jsonschema_rs.validator_for(
-                    enforced, offline=True, pattern_options=PATTERN_OPTIONS
-                )
+                validators[name] = schema_validator(enforced)
             except (
                 jsonschema_rs.ValidationError,
                 jsonschema_rs.ReferencingError,
@@ -709,6 +707,14 @@ DEFAULT_MAX_TOOLS_BYTES = 256 * 1024
 PATTERN_OPTIONS = jsonschema_rs.FancyRegexOptions(
     backtrack_limit=10_000, size_limit=256 * 1024, dfa_size_limit=256 * 1024
 )
+
+
+def schema_validator(schema: Mapping[str, Any]) -> jsonschema_rs.Validator:
+    """A client-declared JSON Schema compiled the one way the proxy compiles them (a tool's
+    parameters, a ``response_format``): offline, so a remote ``$ref`` never makes the proxy fetch
+    a URL, and with ``PATTERN_OPTIONS``, so matching a declared pattern is bounded (backtracking
+    and program size). Raises what ``jsonschema_rs.validator_for`` raises for an invalid schema."""
+    return jsonschema_rs.validator_for(dict(schema), offline=True, pattern_options=PATTERN_OPTIONS)
 
 
 def compiled_size(key: bytes, tools: int) -> int:
