@@ -351,6 +351,24 @@ def _figures_table(figures: Any) -> list[str]:
     return lines
 
 
+# A recorded figure keeps the paths of the machine that measured it; the page shows them as any
+# checkout has them, so every checkout writes the same page and no reader sees another's folders:
+# a path into a checkout from its top folder on (`/srv/x/.venv/bin/python` -> `.venv/bin/python`;
+# the checkout's own folder may bear a top folder's name, as in `/srv/repairproxy/.venv`), then a
+# home folder as `~` (`/root/.cache/x` -> `~/.cache/x`: a path through a hidden folder such as a
+# cache is no checkout). URLs are left alone.
+_CHECKOUT_TOPS = r"\.venv|benchmarks|docs|evals|repairproxy|scripts|studies|tests"
+_INTO_CHECKOUT = re.compile(
+    rf"(?<![\w.~/:-])/(?:[\w@+-][\w.@+-]*/)*?(?=(?:{_CHECKOUT_TOPS})/(?!(?:{_CHECKOUT_TOPS})/))"
+)
+_HOME = re.compile(r"(?<![\w.~/:-])(?:/root|/home/[\w.-]+)(?=/)")
+
+
+def _portable(text: str) -> str:
+    """``text`` with absolute checkout paths made relative and home folders written ``~``."""
+    return _HOME.sub("~", _INTO_CHECKOUT.sub("", text))
+
+
 def _json_figure(record: dict[str, Any]) -> list[str]:
     lines = [
         f"Measured {record.get('measured_at', 'at an unrecorded time')} at commit "
@@ -410,7 +428,9 @@ def performance_page(results: Path | None = None) -> str:
         f"{source_link('benchmarks/support/results.py')} when the benchmark runs as a command, "
         "with its command, time, commit and machine). The documentation build only reads those "
         "files; it never runs a benchmark. Figures from before the benchmarks recorded their "
-        "results, with the method of each, are in the [measurements archive](measurements.md).",
+        "results, with the method of each, are in the [measurements archive](measurements.md). "
+        "A path the measuring machine printed is shown as a checkout has it: relative to the "
+        "checkout (`.venv/bin/python`), or under the home folder (`~/.cache/...`).",
         "",
     ]
     recorded = 0
@@ -420,13 +440,13 @@ def performance_page(results: Path | None = None) -> str:
         as_json, as_text = results / f"{name}.json", results / f"{name}.txt"
         if as_json.is_file():
             recorded += 1
-            lines += _json_figure(json.loads(as_json.read_text()))
+            lines += _json_figure(json.loads(_portable(as_json.read_text())))
             if as_text.is_file():
-                printed = _text_figure(as_text.read_text())
+                printed = _text_figure(_portable(as_text.read_text()))
                 lines += ['??? note "As printed"', ""] + [f"    {t}" if t else "" for t in printed]
         elif as_text.is_file():
             recorded += 1
-            lines += _text_figure(as_text.read_text())
+            lines += _text_figure(_portable(as_text.read_text()))
         else:
             lines += [
                 f"No figure recorded yet: `python -m benchmarks.{name}` writes one "

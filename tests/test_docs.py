@@ -237,7 +237,8 @@ def test_every_written_metric_name_exists() -> None:
 # Wording
 
 # What a reader of the user docs cannot act on: the development machine, its speed markers,
-# hour-by-hour windows, the sibling data folder of the development checkout, the CI entry.
+# hour-by-hour windows, the sibling data folder of the development checkout, the CI entry,
+# the absolute paths of a checkout or a home folder (write them relative, or with `~`).
 _DEVELOPMENT_WORDING = {
     "this machine / this VM": re.compile(r"\bthis (?:\d+-core )?(?:machine|VM|box|host)\b", re.I),
     "the 2-core machine": re.compile(r"\b\d+-core machine\b", re.I),
@@ -246,6 +247,8 @@ _DEVELOPMENT_WORDING = {
     "a dated UTC window": re.compile(r"\d{1,2}:\d{2}\s*[-–]\s*\d{1,2}:\d{2}\s*UTC"),
     "the sibling data folder": re.compile(r"\.\./shared"),
     "the CI entry script": re.compile(r"\.ci/run"),
+    "a development checkout's path": re.compile(r"(?<![\w.~/:-])/work/"),
+    "a home folder's path": re.compile(r"(?<![\w.~/:-])(?:/root|/home/[\w.-]+)/"),
 }
 
 
@@ -269,6 +272,8 @@ def test_the_wording_check_catches_what_it_names() -> None:
         "a dated UTC window": "2026-12-02 (17:24-17:48 UTC, at 3f3f4f0)",
         "the sibling data folder": "no `../shared`",
         "the CI entry script": "CI runs `.ci/run`",
+        "a development checkout's path": "interpreter /work/main/.venv/bin/python",
+        "a home folder's path": "no virtualenv at /home/dev/.cache/x",
     }
     assert set(samples) == set(_DEVELOPMENT_WORDING)
     for kind, sample in samples.items():
@@ -374,3 +379,23 @@ def test_the_performance_page_reads_each_benchmarks_record(tmp_path: Path) -> No
     soak = page[page.index("## `soak`") : page.index("## `textcalls`")]
     assert "As printed by `python -m benchmarks.soak`" in soak and "soaked 1 minute" in soak
     assert "No figure recorded yet: `python -m benchmarks.overhead`" in page
+
+
+def test_the_performance_page_shows_recorded_paths_as_a_checkout_has_them(tmp_path: Path) -> None:
+    """The machine that measured wrote its own folders; the page writes them relative to the
+    checkout, or under `~`, and leaves URLs and other absolute paths alone."""
+    from benchmarks.support.results import write_text
+
+    printed = (
+        "interpreter /work/main/.venv/bin/python: CPython\n"
+        "missing: litellm (no virtualenv at /root/.cache/repairproxy/bench-venvs/litellm)\n"
+        "relay: /srv/repairproxy/.venv/bin/python --upstream http://127.0.0.1:8/v1 --out /tmp/x\n"
+        "(figures written to /home/dev/src/rp/benchmarks/results/fuzz.json)"
+    )
+    write_text("fuzz", printed, command="python -m benchmarks.fuzz", directory=tmp_path)
+    page = docs_pages.performance_page(tmp_path)
+    fuzz = page[page.index("## `fuzz`") : page.index("## `limits`")]
+    assert "interpreter .venv/bin/python: CPython" in fuzz
+    assert "no virtualenv at ~/.cache/repairproxy/bench-venvs/litellm" in fuzz
+    assert "relay: .venv/bin/python --upstream http://127.0.0.1:8/v1 --out /tmp/x" in fuzz
+    assert "(figures written to benchmarks/results/fuzz.json)" in fuzz

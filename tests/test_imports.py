@@ -278,6 +278,21 @@ def test_study_entries_load_only_what_they_need(entry: str) -> None:
     assert not heavy, f"import {entry} loads {heavy}"
 
 
+@pytest.mark.parametrize("entry", sorted(ENTRY_MUST_NOT_LOAD))
+def test_study_entries_print_their_usage(entry: str) -> None:
+    """``python -m evals.<entry> --help``, as a user types it, needs no model, data or network."""
+    done = subprocess.run(
+        [sys.executable, "-m", entry, "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"python -m {entry} --help: {done.stderr}"
+    assert done.stdout.startswith(f"usage: python -m {entry} "), done.stdout[:500]
+    assert "-h, --help" in done.stdout
+
+
 HEAVY = ("repairproxy.validation", "repairproxy.upstream.http1", "jsonschema_rs", "uvicorn")
 
 
