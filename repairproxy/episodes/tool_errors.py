@@ -55,9 +55,11 @@ KNOWN_FORMATS: tuple[ToolErrorFormat, ...] = (
     ),
     ToolErrorFormat(
         "openai-agents",
-        r"^An error occurred while (?:running the tool|parsing tool arguments)\. Please try again",
+        r"^An error occurred while (?:running the tool|parsing tool arguments)\."
+        r"(?: Please try again|$)",
         "openai-agents src/agents/tool.py default_tool_error_function: v0.0.3-v0.22.0 "
-        "'... Please try again. Error: {error}', 0.24.0 without the error text",
+        "'... Please try again. Error: {error}', 0.24.0 without the error text, 0.25.0 the "
+        "sentence alone ('An error occurred while running the tool.', the whole result)",
     ),
     ToolErrorFormat(
         "openai-agents-timeout",

@@ -84,6 +84,13 @@ REAL_ERRORS: list[tuple[str, str, str]] = [
         "env_other_error",
         "An error occurred while running the tool. Please try again.",
     ),
+    # openai-agents 0.25.0 default_tool_error_function (src/agents/tool.py): the sentence alone,
+    # for a raising tool and invalid JSON input alike.
+    (
+        "openai-agents",
+        "env_other_error",
+        "An error occurred while running the tool.",
+    ),
     # openai-agents v0.0.3-v0.22.0 src/agents/tool.py default_tool_error_function:
     # f"An error occurred while running the tool. Please try again. Error: {str(error)}"
     (
@@ -151,6 +158,9 @@ NOT_ERRORS = [
     "The word Error: mid-text",
     "",
     '{"errors_found": 0}',
+    # the openai-agents sentence opening a result that goes on: a tool's own text, not the
+    # framework's error (0.25.0's is the sentence alone)
+    "An error occurred while running the tool. The retry succeeded: order #W1 is delivered.",
     # langchain-core 1.8.3: a ToolException("Order not found") with handle_tool_error=True is
     # sent as its bare message, which no text rule can tell from a result (documented limit).
     "Order not found",
