@@ -331,8 +331,13 @@ def _native_calls(text: str, tools: Mapping[str, Mapping[str, Any]] | None) -> l
         return []
     calls: list[TextCall] = []
     # The built-in readings cover bare and fenced JSON already; the native ``json`` reading adds
-    # only calls joined by ``;`` (Llama 3), so it runs only where there is one.
-    skip = _READ_BY_BUILT_INS if ";" not in text else _READ_BY_BUILT_INS - {"json"}
+    # only calls joined by ``;`` (Llama 3), and the native fence only ``tool_name`` keys (Command
+    # R+'s "Action:" fence), so each runs only where there is one.
+    skip = _READ_BY_BUILT_INS
+    if ";" in text:
+        skip -= {"json"}
+    if '"tool_name"' in text:
+        skip -= {"fenced_json"}
     for match in native(text, tools, skip=skip):
         source = text[match.start : match.end]
         cuts = match.cuts if match.kept else ()

@@ -16,7 +16,8 @@ recogniser into one of three outcomes:
   answer, in a call shape; prose before it ("Let me look that up.") and a reasoning block before it
   do not change that, nor does a closing remark that asks about nothing the call does ("Would you
   like to know more?"). A call opened by a family's special token (``[TOOL_CALLS]``,
-  ``<|tool_call>``, ``<｜tool▁calls▁begin｜>``, ``<tool_call>``) is an act, not a quotation: prose
+  ``<|tool_call>``, ``<｜tool▁calls▁begin｜>``, ``<tool_call>``) is an act, not a quotation, and
+  so is bare JSON that opens the answer (Llama 3's format answers with the call object): prose
   glued to it on its line ("Hello[TOOL_CALLS]add{...}", "{...}<|tools_suffix|> After tools.") is
   text of its own, unless it carries a sentence on through the call ("... and the refund went
   through"); the sentences each side are still read as below. Validation then promotes it when it
@@ -26,16 +27,15 @@ recogniser into one of three outcomes:
   it sits inside a sentence, the sentence leading into it declines, conditions, narrates or
   exemplifies ("If you confirm, I'll call: {...}"), the sentence after it makes it wait for the
   user ("Shall I proceed?", "... requires your confirmation"), it sits inside a reasoning block
-  (``<think>``, ``<seed:think>``, ...) or a code fence whose language is not JSON or a tool-call tag
-  (```` ```python ````), or it appears verbatim in a tool result or user message of the request
-  (an injection). An answer that *presents* calls is not making them: after a lead-in such as
-  "Here is an example of how you can call these functions:" (read over any fences between)
-  every later call shape is part of the presentation; several values listed in one fence are a
-  listing; an answer cut off by the token limit (``finish_reason: "length"``, or one that ends
-  inside an unclosed fence or an unclosed value after its calls) promotes nothing; an answer
-  calling ``TOOLKIT_RUN`` or more declared tools one after another in declared order recites
-  the toolkit. Delivered as
-  text: no re-ask, not a failure.
+  (``<think>``, ``<seed:think>``, ``<mm:think>``, ...) or a code fence whose language is not JSON
+  or a tool-call tag (```` ```python ````), or it appears verbatim in a tool result or user
+  message of the request (an injection). An answer that *presents* calls is not making them:
+  after a lead-in such as "Here is an example of how you can call these functions:" (read over
+  any fences between) every later call shape is part of the presentation; several values listed
+  in one fence are a listing; an answer cut off by the token limit (``finish_reason:
+  "length"``, or one that ends inside an unclosed fence or an unclosed value after its calls)
+  promotes nothing; an answer calling ``TOOLKIT_RUN`` or more declared tools one after another
+  in declared order recites the toolkit. Delivered as text: no re-ask, not a failure.
 * **ambiguous**: a candidate that conflicts with the request (``tool_choice`` names another
   function; ``parallel_tool_calls: false`` and more than one call; ``tool_choice: "required"``
   and no valid call). Validation marks these (``CallVerdict.conflict``); they are counted as
@@ -96,7 +96,7 @@ __all__ = [
 # --- which call shapes are calls -----------------------------------------------------------------
 
 # Reasoning blocks: whatever they hold is the model thinking, never an action.
-_REASONING_TAGS = r"think|thinking|thought|reasoning|seed:think"
+_REASONING_TAGS = r"think|thinking|thought|reasoning|seed:think|mm:think"
 _REASONING = re.compile(rf"<({_REASONING_TAGS})>.*?(?:</\1>|\Z)", re.DOTALL | re.IGNORECASE)
 _REASONING_OPEN = re.compile(rf"<(?:{_REASONING_TAGS})>", re.IGNORECASE)
 _REASONING_CLOSE = re.compile(rf"</(?:{_REASONING_TAGS})>", re.IGNORECASE)
@@ -375,6 +375,12 @@ def _unclosed(call: TextCall) -> bool:
     return "</function>" not in call.source and "</tool_call>" not in call.source
 
 
+def _is_a_fence(call: TextCall) -> bool:
+    """Whether the call's shape is a whole JSON fence (read built in, or by the native reading
+    of Command R+'s ``tool_name`` fence)."""
+    return call.shape is Shape.FENCED or call.family == "fenced_json"
+
+
 def _inside(call: TextCall, spans: Sequence[tuple[int, int]]) -> bool:
     return any(start <= call.start and call.end <= end for start, end in spans)
 
@@ -463,7 +469,7 @@ def read_text_calls(
             prose.append((call, NotACall.REASONING))
         elif fences.code and _inside(call, fences.code):
             prose.append((call, NotACall.CODE))
-        elif fences.json and call.shape is not Shape.FENCED and _inside(call, fences.json):
+        elif fences.json and not _is_a_fence(call) and _inside(call, fences.json):
             # A JSON fence that is not itself one call value lists several (alternatives, a
             # commented sample): a listing, not an act.
             prose.append((call, NotACall.EXAMPLE))
@@ -537,7 +543,9 @@ def _standing(
     for call in calls:
         span = (call.start, call.end)
         if span not in verdicts:
-            opened = _SPECIAL_OPENER.match(text, call.start) is not None
+            opened = _SPECIAL_OPENER.match(text, call.start) is not None or _opens_the_answer(
+                rest, call
+            )
             presenting = presenting or call.start > instructed
             verdicts[span] = (
                 NotACall.EXAMPLE if presenting else _standing_reason(rest, *span, opened=opened)
@@ -549,6 +557,14 @@ def _standing(
         else:
             prose.append((call, reason))
     return kept
+
+
+def _opens_the_answer(rest: str, call: TextCall) -> bool:
+    """Whether ``call`` is bare JSON with nothing but blanked blocks (reasoning, other calls)
+    before it: Llama 3's JSON format, whose template has the model answer with the call object
+    itself, so prose after it on its line is a remark of its own, read like a next sentence."""
+    bare = call.shape is Shape.JSON or (call.shape is Shape.NATIVE and call.family == "json")
+    return bare and not rest[: call.start].strip()
 
 
 # Prose telling the reader how to use the tools ("You can do this by calling the `X` function",

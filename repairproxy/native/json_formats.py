@@ -142,12 +142,22 @@ def fenced_json(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
         matches.append(
             NativeMatch(
                 "fenced_json",
-                start,
+                _action_label(text, start),
                 close + 3,
                 make_calls((n, a, body, read[1], False) for n, a in calls),
             )
         )
     return matches
+
+
+# Command R+'s template writes its call as "Action:" then the fence: the label is the wrapper's.
+_ACTION_LABEL = re.compile(r"(?:^|\n)(Action:[ \t]*\n?)\Z")
+
+
+def _action_label(text: str, fence: int) -> int:
+    """Where the fence at ``fence`` starts, with Command R+'s "Action:" label right before it."""
+    found = _ACTION_LABEL.search(text, max(0, fence - 12), fence)
+    return found.start(1) if found is not None else fence
 
 
 def apertus(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:

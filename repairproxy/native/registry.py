@@ -13,6 +13,7 @@ from typing import Any
 from repairproxy.native.base import MAX_MATCHES, NativeMatch, Scanner, Schemas
 from repairproxy.native.gemma import gemma_format, gemma_may
 from repairproxy.native.json_formats import apertus, cohere, fenced_json, llama3_json, marker_json
+from repairproxy.native.minimax_m3 import M3, minimax_m3
 from repairproxy.native.pythonic import (
     bare_lines_may,
     lfm2_list,
@@ -54,12 +55,10 @@ from repairproxy.native.tokens import (
     mistral_may,
 )
 from repairproxy.native.xml_formats import (
-    M3,
     bare_function_xml,
     glm_format,
     glm_may,
     invoke_format,
-    minimax_m3,
     tagged_xml,
 )
 

@@ -1,4 +1,4 @@
-"""Formats that write XML-like parameters: MiniMax M2/M3 and Step-3 ``<invoke>``, DeepSeek DSML,
+"""Formats that write XML-like parameters: MiniMax-M2 and Step-3 ``<invoke>``, DeepSeek DSML,
 Qwen3 ``<function=...>`` (Qwen3-Coder, Step-3.5, Seed-OSS), GLM and Hunyuan v3 ``<arg_key>``."""
 
 from __future__ import annotations
@@ -8,11 +8,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from repairproxy.native.base import (
-    MAX_DEPTH,
     MAX_MATCHES,
     NOT_JSON,
     SPACE,
-    Malformed,
     NativeCall,
     NativeMatch,
     Scanner,
@@ -20,15 +18,13 @@ from repairproxy.native.base import (
     grouped,
     loads,
 )
-from repairproxy.native.values import allowed_types, typed_arguments, typed_value
+from repairproxy.native.values import typed_arguments, typed_value
 
 __all__ = [
-    "M3",
     "bare_function_xml",
     "glm_format",
     "glm_may",
     "invoke_format",
-    "minimax_m3",
     "tagged_xml",
 ]
 
@@ -85,8 +81,12 @@ def invoke_format(
             raw: dict[str, str] = {}
             strings: dict[str, bool] = {}
             inner = opened.end()
+            stray = False  # text outside the parameters: written in another format
             while True:
                 param = parameter.search(text, inner, close)
+                stray = stray or bool(
+                    text[inner : close if param is None else param.start()].strip()
+                )
                 if param is None:
                     break
                 end = scanner.find(parameter_close, param.end(), close)
@@ -96,6 +96,11 @@ def invoke_format(
                 strings[param.group(1)] = param.group(2) != "false"
                 inner = end + len(parameter_close)
             name = opened.group(1)
+            if stray:  # values this format cannot read exactly: reported with the raw text
+                arguments: Any = text[opened.start() : close + len(invoke_close)]
+                calls.append(NativeCall(name, arguments, opened.start(), close + len(invoke_close)))
+                position = close + len(invoke_close)
+                continue
             if string_attribute:
                 arguments = _dsml_arguments(name, raw, strings, schemas)
                 untyped = False
@@ -405,124 +410,3 @@ def glm_format(
         return grouped(scanner, family, calls, spans, outer)
 
     return recognise
-
-
-M3 = "]<]minimax[>["
-_M3_ELEMENT = re.compile(r"<([A-Za-z_][\w.\-]{0,200})>|</([A-Za-z_][\w.\-]{0,200})>")
-_M3_INVOKE = re.compile(r'<invoke name="([^"]{1,200})">')
-
-
-def minimax_m3(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
-    """MiniMax-M3: ``]<]minimax[>[`` before every tag; arguments as nested elements."""
-    text = scanner.text
-    opener, closer = M3 + "<tool_call>", M3 + "</tool_call>"
-    matches: list[NativeMatch] = []
-    position = 0
-    while len(matches) < MAX_MATCHES:
-        start = scanner.find(opener, position)
-        if start < 0:
-            break
-        close = scanner.find(closer, start)
-        if close < 0:
-            break
-        position = close + len(closer)
-        body = text[start + len(opener) : close].replace(M3, "")
-        scanner.count(close - start)
-        calls = _m3_invokes(body, schemas, start, position)
-        if calls:
-            matches.append(NativeMatch("minimax_m3", start, position, tuple(calls)))
-    return matches
-
-
-def _m3_invokes(
-    body: str, schemas: Schemas | None, start: int, end: int
-) -> list[NativeCall] | None:
-    calls = []
-    position = 0
-    while True:
-        opened = _M3_INVOKE.search(body, position)
-        if opened is None:
-            break
-        if body[position : opened.start()].strip():
-            return None
-        close = body.find("</invoke>", opened.end())
-        if close < 0:
-            return None
-        name = opened.group(1)
-        schema = schemas.get(name) if schemas is not None else None
-        try:
-            tree, rest = _m3_elements(body, opened.end(), close, 0)
-        except Malformed:
-            return None
-        if rest.strip():
-            return None
-        arguments = _m3_typed(tree, schema)
-        if not isinstance(arguments, dict):
-            return None
-        calls.append(NativeCall(name, arguments, start, end))
-        position = close + len("</invoke>")
-    return calls if calls and not body[position:].strip() else None
-
-
-def _m3_elements(
-    body: str, position: int, stop: int, depth: int
-) -> tuple[list[tuple[str, Any]], str]:
-    """Child elements ``<k>...</k>`` of one element: (key, text or children) in order, and the
-    text left between them."""
-    if depth > MAX_DEPTH:
-        raise Malformed
-    children: list[tuple[str, Any]] = []
-    text_parts: list[str] = []
-    while position < stop:
-        tag = _M3_ELEMENT.search(body, position, stop)
-        if tag is None:
-            text_parts.append(body[position:stop])
-            break
-        text_parts.append(body[position : tag.start()])
-        if tag.group(2) is not None:
-            raise Malformed  # a closing tag with no opening one
-        key = tag.group(1)
-        close = _m3_close(body, key, tag.end(), stop)
-        inner, inner_text = _m3_elements(body, tag.end(), close, depth + 1)
-        children.append((key, inner if inner else inner_text))
-        position = close + len(key) + 3
-    return children, "".join(text_parts) if not children else "".join(text_parts).strip()
-
-
-def _m3_close(body: str, key: str, position: int, stop: int) -> int:
-    depth = 1
-    opening, closing = f"<{key}>", f"</{key}>"
-    while True:
-        next_close = body.find(closing, position, stop)
-        if next_close < 0:
-            raise Malformed
-        next_open = body.find(opening, position, next_close)
-        if next_open >= 0:
-            depth += 1
-            position = next_open + len(opening)
-            continue
-        depth -= 1
-        if depth == 0:
-            return next_close
-        position = next_close + len(closing)
-
-
-def _m3_typed(value: Any, schema: Any) -> Any:
-    """An element's content typed by its schema: objects from children, arrays from repeats."""
-    kinds = allowed_types(schema)
-    if isinstance(value, str):
-        return typed_value(value, schema) if kinds else value
-    if "array" in kinds and "object" not in kinds:
-        item_schema = schema.get("items") if isinstance(schema, Mapping) else None
-        return [_m3_typed(child, item_schema) for _, child in value]
-    properties = schema.get("properties") if isinstance(schema, Mapping) else None
-    properties = properties if isinstance(properties, Mapping) else {}
-    result: dict[str, Any] = {}
-    for key, child in value:
-        typed = _m3_typed(child, properties.get(key))
-        if key in result:
-            previous = result[key]
-            result[key] = (previous if isinstance(previous, list) else [previous]) + [typed]
-        else:
-            result[key] = typed
-    return result

@@ -1,5 +1,6 @@
-"""Prose glued to a call: a family's special-token opener is an act; what the prose says still
-counts; a closing remark that asks about nothing the call does leaves the call a call.
+"""Prose glued to a call: a family's special-token opener is an act, and so is bare JSON opening
+the answer (Llama 3's format); what the prose says still counts; a closing remark that asks about
+nothing the call does leaves the call a call.
 
 The shapes come from vLLM's tool-parser tests (the native corpus: "Hello[TOOL_CALLS]add{...}",
 "normal text<｜tool▁calls▁begin｜>...", "...<|tool_calls_section_end|> After tools.",
@@ -44,6 +45,10 @@ def _reasons(text: str) -> set[NotACall]:
         f"Let me check. <tool_call>{BARE}</tool_call> Anything else?",
         f"{BARE}\nWould you like to know more?",
         f"Here is the result: {BARE} Would you like to know more?",
+        # Llama 3's JSON format answers with the call object itself: a remark after it on its
+        # line is read like a next sentence (vLLM's llama3_json brace-in-trailing-text test).
+        f"{BARE} I used it for this.",
+        f"<think>Adding.</think>{BARE} I used it for this.",
     ],
 )
 def test_a_call_with_prose_glued_to_it_is_still_a_call(text: str) -> None:
@@ -63,6 +68,9 @@ def test_a_call_with_prose_glued_to_it_is_still_a_call(text: str) -> None:
         (f"Sending {DEEPSEEK} requires your confirmation first.", NotACall.FOLLOWED),
         (f"{BARE}\nShall I proceed?", NotACall.FOLLOWED),
         (f"{BARE}\nWould you like me to run it?", NotACall.FOLLOWED),
+        (f"{BARE} This was executed yesterday.", NotACall.FOLLOWED),
+        (f"{BARE} I will not run it unless you confirm.", NotACall.FOLLOWED),
+        (f"{BARE} was what I ran.", NotACall.FOLLOWED),
     ],
 )
 def test_what_glued_prose_says_still_counts(text: str, reason: NotACall) -> None:
@@ -74,7 +82,7 @@ def test_what_glued_prose_says_still_counts(text: str, reason: NotACall) -> None
     "text",
     [
         f"Sending {BARE} now",  # no special token: a call inside a sentence stays prose
-        f"{BARE} I used it for this.",  # bare JSON followed on its line: narrated
+        f"Result: {BARE} I used it for this.",  # bare JSON inside the answer, followed on its line
     ],
 )
 def test_without_a_special_token_the_line_rules_hold(text: str) -> None:
