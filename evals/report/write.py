@@ -423,7 +423,9 @@ def _pair_sections(summary: Summary) -> list[Section]:
         "Pairs: compared − reference",
         [
             f"Paired by task id and trial; the task is the unit (see Definitions). Difference with "
-            f"its task-level 95% t interval (CR1 variance at the estimate, t with G − 1 df); "
+            f"its task-level 95% t interval (CR1 variance at the estimate, t with G − 1 df; "
+            f"where every task has the same difference, which gives a t interval no width, "
+            f"TOST's 95% inversion instead); "
             f"change test: the within-task sign-flip test, exact "
             f"(Holm within the family); beside it, as in the paper, McNemar's exact p over episode "
             f"pairs (trials taken as independent: not valid when tasks differ); TOST at "
