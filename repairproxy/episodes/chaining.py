@@ -36,6 +36,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import orjson
@@ -232,16 +233,21 @@ def canonical_message(message: Mapping[str, Any], *, with_call_ids: bool = True)
     return form.encode("utf-8", "surrogatepass")
 
 
-# A key's estimated bytes: the tuple, and each string it holds (CPython's str header + text).
-_KEY_TUPLE_BYTES = 64
+# A cache entry's bytes besides the texts of its key and forms (CPython 3.11, as tracemalloc
+# counts them): the key's str header, each form's bytes header, the entry's list (80) and its
+# OrderedDict slot and node (~64).
 _KEY_STRING_BYTES = 56
+_FORM_BYTES = 33
+_ENTRY_BYTES = 144
 
 
-def _cache_key(message: Any, with_call_ids: bool) -> tuple[Any, ...] | None:
+def _cache_key(message: Any) -> str | None:
     """What ``canonical_message`` reads of an assistant message with tool calls (its content,
-    and each call's id, name and arguments), when every one of them is a str (or null where
-    it may be): then equal keys mean equal canonical forms. None for any other message
-    (computed afresh, never cached).
+    and each call's id, name and arguments), when every one of them is a str, as one string:
+    the values joined by NUL. None for any other message (computed afresh, never cached), and
+    for a value holding a NUL: then the key splits back into the values, so equal keys mean
+    equal values and equal forms, with call ids and without. A null content, id or name is
+    the empty string (its form is); null arguments are not (their form is ``""``), so refused.
 
     Never dict equality: ``1 == 1.0 == True`` while their forms differ (arguments sent as
     numbers digest as ``1``, ``1.0``, ``true``); a value that is not exactly a str or None (a
@@ -256,9 +262,11 @@ def _cache_key(message: Any, with_call_ids: bool) -> tuple[Any, ...] | None:
     if type(message["role"]) is not str:
         return None
     content = message.get("content")
-    if content is not None and type(content) is not str:
+    if content is None:
+        content = ""
+    elif type(content) is not str or "\x00" in content:
         return None
-    key: list[Any] = [with_call_ids, content]
+    values = [content]
     for call in calls:
         if type(call) is not dict:
             return None
@@ -266,20 +274,26 @@ def _cache_key(message: Any, with_call_ids: bool) -> tuple[Any, ...] | None:
         if type(function) is not dict:
             return None
         call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
+        if call_id is None:
+            call_id = ""
+        if name is None:
+            name = ""
         if (
-            (call_id is not None and type(call_id) is not str)
-            or (name is not None and type(name) is not str)
-            or (arguments is not None and type(arguments) is not str)
+            type(call_id) is not str
+            or type(name) is not str
+            or type(arguments) is not str
+            or "\x00" in call_id
+            or "\x00" in name
+            or "\x00" in arguments
         ):
             return None
-        key += (call_id, name, arguments)
-    return tuple(key)
+        values += (call_id, name, arguments)
+    return "\x00".join(values)
 
 
-def _key_bytes(key: tuple[Any, ...]) -> int:
-    return _KEY_TUPLE_BYTES + sum(
-        _KEY_STRING_BYTES + len(value) for value in key if type(value) is str
-    )
+def _entry_bytes(key: str, entry: list[Any]) -> int:
+    forms = (form for form in entry[1:] if type(form) is bytes)
+    return _ENTRY_BYTES + _KEY_STRING_BYTES + len(key) + sum(_FORM_BYTES + len(f) for f in forms)
 
 
 class CanonicalCache:
@@ -288,11 +302,13 @@ class CanonicalCache:
     re-serialising each call's arguments: ~7 us a message here, ~1 us this way).
 
     Only assistant messages with tool calls are kept (the only ones whose form costs much more
-    than reading their strings), keyed by the strings their form is made of (``_cache_key``;
-    a tuple: serialising the message for a key cost more than the tuple), the forms with and
-    without call ids apart. Bounded by ``max_bytes`` of keys (estimated) and forms together;
-    the oldest entries go first (a turn still in use is remembered again on its next miss). One
-    per process, on the event loop: no lock.
+    than reading their strings), keyed by the strings their form is made of (``_cache_key``),
+    one entry for the forms with and without call ids. Bounded by ``max_bytes`` of keys and
+    forms (estimated); the least recently used entries go first, but never one the running
+    scan (a request's passes over its history, ``scan``) has read: a history whose turns
+    outgrow the bound keeps those that fit, where LRU or FIFO would evict, on each miss, the
+    turn the scan reads next and hit nothing (a 40,000-message history missed all its turns on
+    every resend). One per process, on the event loop: no lock.
     """
 
     def __init__(self, max_bytes: int = 8 << 20) -> None:
@@ -300,37 +316,73 @@ class CanonicalCache:
             raise ValueError("max_bytes must be >= 0")
         self.max_bytes = max_bytes
         self.size = 0  # bytes held: keys and forms
-        # (with call ids?, content, id, name, arguments, ...) -> the form. Oldest first. An
-        # OrderedDict: a dict's ``next(iter())`` walks the slots its evictions left at the front,
-        # so evicting from a full dict cost a walk each (quadratic in a long history's turns).
-        self._forms: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
+        self._scans = 0  # scans begun; an entry's first slot holds the last that read it
+        # key -> [scan, form with call ids, form without or its length where the form with ids
+        # begins with it], least recently used first. An OrderedDict: a dict's ``next(iter())``
+        # walks the slots its evictions left at the front, so evicting from a full dict cost a
+        # walk each (quadratic in a long history's turns).
+        self._forms: OrderedDict[str, list[Any]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._forms)
 
+    def scan(self) -> Canonical:
+        """``canonical`` for one request's passes over its history: what it reads stays."""
+        self._scans += 1
+        return partial(self._canonical, self._scans)
+
     def canonical(self, message: Mapping[str, Any], *, with_call_ids: bool = True) -> bytes:
         """``canonical_message(message, with_call_ids=...)``, from memory when it was seen."""
+        self._scans += 1  # a scan of its own
+        return self._canonical(self._scans, message, with_call_ids=with_call_ids)
+
+    def _canonical(
+        self, scan: int, message: Mapping[str, Any], *, with_call_ids: bool = True
+    ) -> bytes:
         if not message.get("tool_calls"):  # most messages: not kept, no key to make
             return canonical_message(message, with_call_ids=with_call_ids)
-        key = _cache_key(message, with_call_ids)
+        key = _cache_key(message)
         if key is None:
             return canonical_message(message, with_call_ids=with_call_ids)
-        form = self._forms.get(key)
-        if form is None:
-            form = canonical_message(message, with_call_ids=with_call_ids)
-            self._remember(key, form)
+        slot = 1 if with_call_ids else 2
+        forms = self._forms
+        entry = forms.get(key)
+        if entry is not None:
+            if entry[0] != scan:  # read again: the most recently used
+                forms.move_to_end(key)
+                entry[0] = scan
+            held = entry[slot]
+            if type(held) is bytes:
+                return held
+            if held is not None:  # the form without call ids: the first bytes of the one with
+                form: bytes = entry[1][:held]
+                return form
+        form = canonical_message(message, with_call_ids=with_call_ids)
+        if entry is None:
+            entry = [scan, None, None]
+            entry[slot] = form
+            cost = _entry_bytes(key, entry)
+            if cost <= self.max_bytes and self._make_room(cost, scan):
+                forms[key] = entry
+                self.size += cost
+        elif slot == 2 and entry[1] is not None and entry[1].startswith(form):
+            entry[2] = len(form)  # one call: its id ends the form with ids, held once
+        elif self._make_room(_FORM_BYTES + len(form), scan):
+            entry[slot] = form
+            self.size += _FORM_BYTES + len(form)
         return form
 
-    def _remember(self, key: tuple[Any, ...], form: bytes) -> None:
-        cost = _key_bytes(key) + len(form)
-        if cost > self.max_bytes:
-            return
+    def _make_room(self, cost: int, scan: int) -> bool:
+        """Evict the least recently used entries until ``cost`` more bytes fit; False (nothing
+        evicted further) at an entry ``scan`` read, which every later entry was read after."""
         forms = self._forms
-        forms[key] = form
-        self.size += cost
-        while self.size > self.max_bytes:
-            old_key, old_form = forms.popitem(last=False)
-            self.size -= _key_bytes(old_key) + len(old_form)
+        while self.size + cost > self.max_bytes:
+            old_key, old_entry = next(iter(forms.items()))
+            if old_entry[0] == scan:
+                return False
+            del forms[old_key]
+            self.size -= _entry_bytes(old_key, old_entry)
+        return True
 
 
 Canonical = Callable[..., bytes]
@@ -428,7 +480,7 @@ def conversation_keys(
     under different scopes never share a key); ``cache`` remembers the costly message forms
     across requests (the same keys either way)."""
     kept = _messages(messages)
-    canonical = canonical_message if cache is None else cache.canonical
+    canonical = canonical_message if cache is None else cache.scan()
     stream, resume = _stream(kept, True, scope, canonical)
     ids_matter = any(m.get("role") == "assistant" and _has_calls(m) for m in kept)
     elided_resume = elided_link = None
