@@ -155,17 +155,25 @@ def _history_turn(messages: int) -> Callable[[], Any]:
         history.append({"role": "assistant", "content": None, "tool_calls": [call]})
         history.append({"role": "tool", "tool_call_id": call_id, "content": '{"ok": true}'})
         turn += 1
-    history = history[: messages + 2]
+    history = history[: messages + 1]
+    while history[-1]["role"] != "tool":  # the resent history ends with the last call's result
+        history.pop()
     budget = ErrorBudget(MemoryEpisodeStore())
     answer = {"role": "assistant", "content": "Done."}
 
-    async def one(messages_sent: list[dict[str, Any]], answered: Any) -> None:
+    async def one(messages_sent: list[dict[str, Any]], answered: Any) -> Any:
         body = {"model": "m", "messages": messages_sent}
         ref = await budget.resolve_episode({}, body)
         await budget.observe_request(ref, body)
         await budget.remember_answer(ref, body, answered)
+        return ref
 
-    asyncio.run(one(history[:messages], history[messages]))  # the turn before: seen
+    # The turn before, answered by the proxy with the call whose result ends the history: the
+    # timed turn then continues that episode (a chained turn, as in a running agent).
+    first = asyncio.run(one(history[:-2], history[-2]))
+    again = asyncio.run(one(history, answer))
+    if again.id != first.id:
+        raise RuntimeError("the timed history turn did not chain to the turn before")
     return lambda: asyncio.run(one(history, answer))
 
 
