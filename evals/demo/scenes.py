@@ -14,7 +14,7 @@ import textwrap
 import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,13 @@ class Scene:
     response_format: dict[str, Any] | None
     want: Mapping[str, str]  # mode ("off", "default") -> outcome the scene is meant to show
     observed: Mapping[str, str]  # mode -> outcome on the reference machine (the model test)
+    # mode -> other outcomes seen on other machines for a scene at the edge (llama.cpp's CPU
+    # kernels differ by processor, so a near tie at temperature 0 can fall either way)
+    also_observed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def observed_outcomes(self, mode: str) -> frozenset[str]:
+        """Every outcome this scene has shown in ``mode`` on the machines it was run on."""
+        return frozenset((self.observed[mode], *self.also_observed.get(mode, ())))
 
     @property
     def declared(self) -> frozenset[str]:
@@ -90,6 +97,7 @@ def load_scenes(path: Path = SCENES_PATH) -> SceneBook:
             response_format=s.get("response_format"),
             want=dict(s["want"]),
             observed=dict(s["observed"]),
+            also_observed={m: tuple(o) for m, o in s.get("also_observed", {}).items()},
         )
         for s in raw["scene"]
     )
