@@ -7,6 +7,10 @@
 * the memory a compiled tools list really takes per byte of its JSON (RSS, since jsonschema-rs
   allocates outside Python's allocator, where tracemalloc cannot see it): the factor behind
   ``validation.COMPILED_BYTES_PER_JSON_BYTE``.
+* the worst accepted schemas at the default caps (bytes, tools, distinct regular expressions,
+  JSON nodes), one shape per dimension: what compiling them (through the caches, as a request
+  does) and checking an answer against them cost, for the tools and for a ``response_format``;
+  and one shape no cap bounds (``$ref`` fan-out, whose check doubles per level).
 
 Run it on today's tree and on an older checkout to compare (``PYTHONPATH=/path/to/old``):
 
@@ -21,6 +25,7 @@ import functools
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -28,9 +33,11 @@ import orjson
 from benchmarks.support.results import run_recorded
 from repairproxy.asgi.gate import SSEParser, ToolCallGate
 from repairproxy.repair import RepairPolicy, escalated_tool_choice
+from repairproxy.settings import Settings
+from repairproxy.structured import FormatCache
 from repairproxy.types import RepairMode
 from repairproxy.upstream.client import UpstreamTimer, timed
-from repairproxy.validation import CompiledTools, ToolsCache
+from repairproxy.validation import CompiledTools, ToolsCache, schema_nodes
 
 __all__ = ["main"]
 
@@ -100,6 +107,8 @@ def _compiled_factor(lists: int = 8, tools: int = 200) -> tuple[float, int]:
     cache: Any = ToolsCache(max_entries=lists + 1)
     if hasattr(cache, "max_bytes"):
         cache.max_bytes = 1 << 40
+    if hasattr(cache, "max_tools_bytes"):  # each list passes the cap: the factor needs size
+        cache.max_tools_bytes = 1 << 40
     bodies = []
     for variant in range(lists):
         properties = {
@@ -126,6 +135,213 @@ def _compiled_factor(lists: int = 8, tools: int = 200) -> tuple[float, int]:
     return (_rss() - before) / json_bytes, json_bytes
 
 
+@dataclass(frozen=True)
+class _Caps:
+    """What a request's schemas may be: the serve defaults unless given."""
+
+    tools_bytes: int
+    format_bytes: int
+    tools: int
+    patterns: int
+    nodes: int
+
+    @classmethod
+    def defaults(cls) -> _Caps:
+        settings = Settings(upstream="http://127.0.0.1:9/v1")
+        return cls(
+            settings.max_tools_bytes,
+            settings.max_response_format_bytes,
+            settings.max_tools,
+            settings.max_schema_patterns,
+            settings.max_schema_nodes,
+        )
+
+
+# One pattern near PATTERN_OPTIONS' size limit: 14 bytes whose program takes ~1-3 ms to build.
+_NEAR_LIMIT = r"(\w{{100}}){{27}}{}"
+_LOOKAROUND = r"^(?!x{})[a-z]{{1,2}}\d*$"
+_SIMPLE = r"^[a-z]{{1,2}}\d*{}$"
+# A 3,000-character value: what a pattern near the limit is slowest to match.
+_LONG_VALUE = ("a" * 99 + " ") * 30
+
+
+def _fits(document: Any, limit: int, caps: _Caps, wrap: Callable[[Any], Any]) -> bool:
+    key = orjson.dumps(wrap(document))
+    return len(key) <= limit and schema_nodes(key) <= caps.nodes
+
+
+def _grow(make: Callable[[int], Any], fits: Callable[[Any], bool]) -> tuple[Any, int]:
+    """The largest ``make(count)`` that still ``fits`` (the step doubles, then halves), and its
+    count."""
+    count, step = 0, 1
+    while step:
+        trial = make(count + step)
+        if fits(trial):
+            count += step
+            step *= 2
+        else:
+            step //= 2
+    return make(count), count
+
+
+def _properties(count: int, pattern: str | None, patterns: int) -> dict[str, Any]:
+    properties: dict[str, Any] = {}
+    for i in range(count):
+        spec: dict[str, Any] = {"type": "string"}
+        if pattern is not None and i < patterns:
+            spec["pattern"] = pattern.format(i)
+        properties[f"p{i}"] = spec
+    return {"type": "object", "properties": properties}
+
+
+def _shapes(caps: _Caps) -> list[tuple[str, Callable[[int], Any], Callable[[Any], Any]]]:
+    """(label, count -> object schema, schema -> an answer that reaches every subschema: each
+    property a short string, or 3,000 characters where a pattern is to match)."""
+
+    def answer(schema: Any) -> Any:
+        properties = schema["properties"]
+        values: dict[str, Any] = {
+            k: _LONG_VALUE if "pattern" in v else "ab1" for k, v in properties.items()
+        }
+        if "patternProperties" in schema:
+            values["a" * 2701] = _LONG_VALUE
+        if "anyOf" in properties.get("a", {}):
+            values["a"] = -1  # matches no branch: every one is tried, and the errors listed
+        return values
+
+    def patterned(template: str) -> Callable[[int], Any]:
+        return lambda n: _properties(max(n, 1), template, caps.patterns)
+
+    def pattern_keys(n: int) -> Any:
+        schema = _properties(n, None, 0)
+        keys = range(min(n, caps.patterns))
+        schema["patternProperties"] = {_NEAR_LIMIT.format(i): {"type": "string"} for i in keys}
+        return schema
+
+    def any_of(branch: Callable[[int], Any]) -> Callable[[int], Any]:
+        return lambda n: {
+            "type": "object",
+            "properties": {"a": {"anyOf": [branch(i) for i in range(n)]}},
+        }
+
+    def refs(n: int) -> Any:
+        properties = {f"p{i}": {"$ref": f"#/$defs/d{i}"} for i in range(n)}
+        defs = {f"d{i}": {"type": "string"} for i in range(n)}
+        return {"type": "object", "properties": properties, "$defs": defs}
+
+    return [
+        ("typed properties", lambda n: _properties(n, None, 0), answer),
+        ("empty subschemas (anyOf)", any_of(lambda i: {}), answer),
+        ("consts (anyOf)", any_of(lambda i: {"const": i}), answer),
+        ("$refs to $defs", refs, answer),
+        ("simple patterns", patterned(_SIMPLE), answer),
+        ("lookaround patterns", patterned(_LOOKAROUND), answer),
+        ("near-limit patterns", patterned(_NEAR_LIMIT), answer),
+        ("near-limit patternProperties", pattern_keys, answer),
+    ]
+
+
+def _best(work: Callable[[], object], repeat: int) -> float:
+    """The fastest of ``repeat`` runs, in ms: the others lost the CPU to something else."""
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        work()
+        best = min(best, time.perf_counter() - started)
+    return best * 1000
+
+
+def _tools_body(schemas: list[Any]) -> dict[str, Any]:
+    return {
+        "tools": [
+            {"type": "function", "function": {"name": f"t{i}", "parameters": schema}}
+            for i, schema in enumerate(schemas)
+        ]
+    }
+
+
+def _format_body(schema: Any) -> dict[str, Any]:
+    return {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "o", "schema": schema}}
+    }
+
+
+def _tools_cost(body: dict[str, Any], answer: dict[str, Any], caps: _Caps, repeat: int) -> str:
+    def compile_() -> CompiledTools | None:
+        cache = ToolsCache(max_tools=caps.tools, max_tools_bytes=caps.tools_bytes)
+        return cache.compile(body, max_patterns=caps.patterns, max_nodes=caps.nodes)
+
+    compiled = compile_()
+    assert compiled is not None
+    compile_ms = _best(compile_, repeat)
+    validate_ms = _best(lambda: compiled.check_message(answer), repeat)
+    return f"compile {compile_ms:7.1f} ms, check {validate_ms:7.1f} ms"
+
+
+def _format_cost(body: dict[str, Any], content: str, caps: _Caps, repeat: int) -> str:
+    def compile_() -> Any:
+        cache = FormatCache(max_format_bytes=caps.format_bytes)
+        return cache.compile(body, max_patterns=caps.patterns, max_nodes=caps.nodes)
+
+    output = compile_()
+    compile_ms = _best(compile_, repeat)
+    validate_ms = _best(lambda: output.check(content), repeat)
+    return f"compile {compile_ms:7.1f} ms, check {validate_ms:7.1f} ms"
+
+
+def _call(name: str, arguments: Any) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {"name": name, "arguments": orjson.dumps(arguments).decode()},
+    }
+
+
+def worst_schemas(caps: _Caps, repeat: int = 3) -> None:
+    """Print each shape's worst accepted tools and response_format: compile and check, in ms."""
+    print(
+        f"worst accepted schemas at tools {caps.tools_bytes} B / {caps.tools} tools, "
+        f"response_format {caps.format_bytes} B, {caps.patterns} regular expressions, "
+        f"{caps.nodes} JSON nodes (best of {repeat}):"
+    )
+    for label, make, answer_of in _shapes(caps):
+        schema, count = _grow(
+            make,
+            lambda d: _fits(d, caps.tools_bytes, caps, lambda s: [_tools_body([s])["tools"], None]),
+        )
+        answer = answer_of(schema)
+        message = {"role": "assistant", "content": None, "tool_calls": [_call("t0", answer)]}
+        tools = _tools_cost(_tools_body([schema]), message, caps, repeat)
+        schema, _ = _grow(make, lambda d: _fits(d, caps.format_bytes, caps, _format_body))
+        fmt = _format_cost(
+            _format_body(schema), orjson.dumps(answer_of(schema)).decode(), caps, repeat
+        )
+        print(f"  {label:30s} {count:6d} items  tools: {tools}  response_format: {fmt}", flush=True)
+    # As many tools as accepted, each as small as the bytes and nodes let them be.
+    per_tool, _ = _grow(
+        lambda n: [_properties(n, None, 0)] * caps.tools,
+        lambda d: _fits(_tools_body(d)["tools"], caps.tools_bytes, caps, lambda t: [t, None]),
+    )
+    body = _tools_body(per_tool)
+    calls = [
+        _call(f"t{i}", {name: "ab1" for name in per_tool[i]["properties"]})
+        for i in range(caps.tools)
+    ]
+    message = {"role": "assistant", "content": None, "tool_calls": calls}
+    tools = _tools_cost(body, message, caps, repeat)
+    print(f"  {caps.tools} tools, one call each{'':13s} tools: {tools}")
+    # No cap bounds this one: each level's allOf checks the next level twice.
+    for levels in (12, 16, 20):
+        defs: dict[str, Any] = {
+            f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(levels)
+        }
+        defs[f"d{levels}"] = {"type": "integer"}
+        schema = {"$defs": defs, "$ref": "#/$defs/d0"}
+        fmt = _format_cost(_format_body(schema), "1", caps, 1)
+        print(
+            f"  $ref fan-out, {levels} levels (uncapped){'':6s} response_format: {fmt}", flush=True
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     argparse.ArgumentParser(description=QUESTION).parse_args(argv)
     for label, first in (
@@ -146,6 +362,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     factor, json_bytes = _compiled_factor()
     print(f"compiled tools: {factor:.1f} bytes of RSS per byte of tools JSON ({json_bytes} bytes)")
+    worst_schemas(_Caps.defaults())
 
 
 if __name__ == "__main__":

@@ -178,11 +178,19 @@ class ChatPipeline:
         model = body.get("model")
         record.model = model if isinstance(model, str) else None
         record.stream = body.get("stream") is True
-        tools = self.tools_cache.compile(body)
+        # The two schemas share the request's caps on what their compiles cost.
+        max_patterns, max_nodes = self.settings.max_schema_patterns, self.settings.max_schema_nodes
+        tools = self.tools_cache.compile(body, max_patterns=max_patterns, max_nodes=max_nodes)
         request = ChatRequest(
             cast(ChatRequestBody, body), raw, tools, self._mode(headers), self._budget(headers)
         )
-        request.output = self.formats.compile(body)
+        request.output = self.formats.compile(
+            body,
+            max_patterns=max_patterns,
+            max_nodes=max_nodes,
+            tools_patterns=tools.patterns if tools is not None else 0,
+            tools_nodes=tools.nodes if tools is not None else 0,
+        )
         record.mode = request.mode
         return request
 

@@ -291,7 +291,8 @@ class Settings:
         default=256 * 1024,
         metadata=_opt(
             "a request whose tools (JSON) are larger gets 400: compiling them holds the event "
-            "loop, ~200 ms per MiB at worst (default 256 KiB)",
+            "loop (with --max-schema-patterns and --max-schema-nodes, ~40 ms at worst; "
+            "default 256 KiB)",
             parse=int,
         ),
     )
@@ -300,6 +301,24 @@ class Settings:
         metadata=_opt(
             "a request whose response_format (JSON) is larger gets 400: its schema is compiled "
             "on the event loop as tools are (default 256 KiB)",
+            parse=int,
+        ),
+    )
+    max_schema_patterns: int = field(
+        default=16,
+        metadata=_opt(
+            "a request whose tools and response_format hold more distinct regular expressions "
+            "(pattern, patternProperties keys) gets 400: one near the regex size limit takes "
+            "~1.5-3 ms to compile on the event loop (default 16)",
+            parse=int,
+        ),
+    )
+    max_schema_nodes: int = field(
+        default=8 * 1024,
+        metadata=_opt(
+            "a request whose tools and response_format hold more JSON objects and arrays gets "
+            "400: each costs the compile up to ~4 us on the event loop; at the defaults the "
+            "worst accepted request compiles in ~40 ms (default 8192)",
             parse=int,
         ),
     )
@@ -399,6 +418,8 @@ class Settings:
                 "--workers > 1 needs --episode-store redis://...: with the memory store each "
                 "worker would keep its own half of every episode's budget"
             )
+        if self.max_schema_patterns < 0 or self.max_schema_nodes < 1:
+            raise ValueError("--max-schema-patterns must be >= 0 and --max-schema-nodes >= 1")
         if self.max_tool_labels < 1 or self.max_model_labels < 1:
             raise ValueError("--max-tool-labels and --max-model-labels must be >= 1")
 

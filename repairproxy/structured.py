@@ -22,7 +22,15 @@ import jsonschema_rs
 import orjson
 
 from repairproxy.errors import BadRequestError
-from repairproxy.validation import MAX_ERROR_PATHS, MAX_MESSAGE_CHARS, schema_validator
+from repairproxy.validation import (
+    DEFAULT_MAX_SCHEMA_NODES,
+    DEFAULT_MAX_SCHEMA_PATTERNS,
+    MAX_ERROR_PATHS,
+    MAX_MESSAGE_CHARS,
+    schema_nodes,
+    schema_patterns,
+    schema_validator,
+)
 
 __all__ = [
     "FormatCache",
@@ -80,13 +88,16 @@ def _path(parts: Any) -> str:
 class OutputFormat:
     """One request's ``response_format``, compiled: ``json_object`` or a ``json_schema``."""
 
-    __slots__ = ("_validator", "kind", "name", "schema")
+    __slots__ = ("_validator", "kind", "name", "nodes", "patterns", "schema")
 
     def __init__(self, kind: str, name: str | None, schema: Mapping[str, Any] | None) -> None:
         self.kind = kind
         self.name = name
         self.schema = schema
         self._validator: Any = None
+        # What compiling it cost, as FormatCache counts it against the request's caps.
+        self.patterns = 0
+        self.nodes = 0
         if schema is not None:
             try:
                 self._validator = schema_validator(schema)
@@ -180,7 +191,8 @@ def _schema(schema: Any) -> Mapping[str, Any]:
 
 class FormatCache:
     """Compiled response formats per distinct ``response_format`` JSON (an LRU); a format over
-    ``max_format_bytes`` of JSON is refused before anything is compiled."""
+    ``max_format_bytes`` of JSON, or over what ``compile`` leaves it of the request's regular
+    expressions and JSON nodes, is refused before anything is compiled."""
 
     def __init__(
         self,
@@ -197,8 +209,20 @@ class FormatCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def compile(self, body: Mapping[str, Any]) -> OutputFormat | None:
-        """The compiled format of a chat body; None when it asks for no JSON output."""
+    def compile(
+        self,
+        body: Mapping[str, Any],
+        *,
+        max_patterns: int = DEFAULT_MAX_SCHEMA_PATTERNS,
+        max_nodes: int = DEFAULT_MAX_SCHEMA_NODES,
+        tools_patterns: int = 0,
+        tools_nodes: int = 0,
+    ) -> OutputFormat | None:
+        """The compiled format of a chat body; None when it asks for no JSON output.
+
+        The caps are the request's (``validation.schema_patterns``, ``validation.schema_nodes``):
+        what the request's tools took (``tools_patterns``, ``tools_nodes``) counts against them.
+        """
         if body.get("response_format") is None:
             return None  # the common case costs one lookup
         value = output_format(body)
@@ -216,23 +240,40 @@ class FormatCache:
                 f"{self.max_format_bytes} are accepted",
                 param="response_format",
             )
+        nodes = schema_nodes(key)
+        _check_caps("JSON objects and arrays", nodes, tools_nodes, max_nodes, "--max-schema-nodes")
         found = self._entries.get(key)
         if found is not None:
             self._entries.move_to_end(key)
+            _check_caps(_PATTERNS, found.patterns, tools_patterns, max_patterns, _PATTERNS_FLAG)
             return found
         if value.get("type") == "json_object":
             compiled = OutputFormat("json_object", None, None)
         else:
             spec = value["json_schema"]
             name = spec.get("name")
-            schema = spec.get("schema")
-            compiled = OutputFormat(
-                "json_schema",
-                name if isinstance(name, str) else None,
-                _schema(schema),
-            )
+            schema = _schema(spec.get("schema"))
+            patterns = len(schema_patterns(schema)) if b'"pattern' in key else 0
+            _check_caps(_PATTERNS, patterns, tools_patterns, max_patterns, _PATTERNS_FLAG)
+            compiled = OutputFormat("json_schema", name if isinstance(name, str) else None, schema)
+            compiled.patterns, compiled.nodes = patterns, nodes
         if len(key) <= MAX_CACHED_SCHEMA_BYTES:
             self._entries[key] = compiled
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
         return compiled
+
+
+_PATTERNS = "distinct regular expressions (pattern, patternProperties)"
+_PATTERNS_FLAG = "--max-schema-patterns"
+
+
+def _check_caps(what: str, count: int, tools_count: int, cap: int, flag: str) -> None:
+    if count + tools_count <= cap:
+        return
+    tools = f" and the tools {tools_count}" if tools_count else ""
+    raise BadRequestError(
+        f"the response_format holds {count} {what}{tools}; at most {cap} are accepted per "
+        f"request ({flag})",
+        param="response_format",
+    )

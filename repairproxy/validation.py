@@ -33,6 +33,8 @@ from repairproxy.wire.openai import message_text
 __all__ = [
     "COMPILED_BYTES_PER_JSON_BYTE",
     "COMPILED_BYTES_PER_TOOL",
+    "DEFAULT_MAX_SCHEMA_NODES",
+    "DEFAULT_MAX_SCHEMA_PATTERNS",
     "DEFAULT_MAX_TOOLS",
     "DEFAULT_TOOLS_CACHE_BYTES",
     "CallRules",
@@ -43,6 +45,8 @@ __all__ = [
     "ToolsCache",
     "compiled_size",
     "find_call_in_text",
+    "schema_nodes",
+    "schema_patterns",
     "schema_validator",
     "text_calls_allowed",
 ]
@@ -221,7 +225,16 @@ _NO_RULES = CallRules()
 class CompiledTools:
     """The declared tools of one request, compiled once; checks calls and whole messages."""
 
-    __slots__ = ("_closest", "_normalized_names", "_schemas", "_validators", "name_set", "names")
+    __slots__ = (
+        "_closest",
+        "_normalized_names",
+        "_schemas",
+        "_validators",
+        "name_set",
+        "names",
+        "nodes",
+        "patterns",
+    )
 
     def __init__(
         self,
@@ -253,6 +266,9 @@ class CompiledTools:
         self._normalized_names = {_normalized(name): name for name in self.names}
         # Hallucinated names recur within a conversation: remember their closest match.
         self._closest: dict[str, str] = {}
+        # What compiling them cost, as ToolsCache counts it against the request's caps.
+        self.patterns = 0
+        self.nodes = 0
 
     def schema_for(self, name: str) -> Mapping[str, Any] | None:
         """The declared parameters schema of ``name`` (None when undeclared)."""
@@ -707,6 +723,15 @@ DEFAULT_MAX_TOOLS_BYTES = 256 * 1024
 PATTERN_OPTIONS = jsonschema_rs.FancyRegexOptions(
     backtrack_limit=10_000, size_limit=256 * 1024, dfa_size_limit=256 * 1024
 )
+# The bytes do not bound the compile. A pattern near that size limit (``(\w{100}){27}``, 14
+# bytes) takes ~1.5-3 ms to compile, where an everyday one takes ~0.05 ms: 256 KiB of them took
+# 8-20 s. And every JSON object costs ~1-4 us: 256 KiB of ``{}`` took ~100 ms. Hence two caps
+# per request (its tools and response_format together). At these, ``python -m benchmarks.limits``
+# measured the worst accepted request (16 such patterns beside 8,000 properties) at ~40 ms to
+# compile on the 2-core dev machine; real tool lists take ~35-50 bytes of JSON per node (the
+# retail tools: 1.7 KB, 35 nodes), so 8,192 admits any that fits the byte cap.
+DEFAULT_MAX_SCHEMA_PATTERNS = 16
+DEFAULT_MAX_SCHEMA_NODES = 8 * 1024
 
 
 def schema_validator(schema: Mapping[str, Any]) -> jsonschema_rs.Validator:
@@ -715,6 +740,34 @@ def schema_validator(schema: Mapping[str, Any]) -> jsonschema_rs.Validator:
     a URL, and with ``PATTERN_OPTIONS``, so matching a declared pattern is bounded (backtracking
     and program size). Raises what ``jsonschema_rs.validator_for`` raises for an invalid schema."""
     return jsonschema_rs.validator_for(dict(schema), offline=True, pattern_options=PATTERN_OPTIONS)
+
+
+def schema_nodes(key: bytes) -> int:
+    """The JSON objects and arrays in serialised JSON, counted by their opening brackets: those
+    inside strings count too, so it is an upper bound, and it costs no walk."""
+    return key.count(b"{") + key.count(b"[")
+
+
+def schema_patterns(schema: Any) -> set[str]:
+    """The distinct regular expressions compiling ``schema`` compiles (jsonschema-rs compiles one
+    pattern once per schema): every string under a ``pattern`` key and every key of a
+    ``patternProperties`` object, wherever it is, since a ``$ref`` can point anywhere (a pattern
+    under ``examples`` counts too: an upper bound)."""
+    found: set[str] = set()
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            pattern = node.get("pattern")
+            if isinstance(pattern, str):
+                found.add(pattern)
+            keyed = node.get("patternProperties")
+            if isinstance(keyed, dict):
+                found.update(key for key in keyed if isinstance(key, str))
+            stack.extend(value for value in node.values() if isinstance(value, dict | list))
+        elif isinstance(node, list):
+            stack.extend(value for value in node if isinstance(value, dict | list))
+    return found
 
 
 def compiled_size(key: bytes, tools: int) -> int:
@@ -727,7 +780,9 @@ class ToolsCache:
     bounded by entries and by the memory its compiled validators are estimated to take.
 
     A list estimated larger than the whole bound is compiled for its request and not kept. A
-    request declaring more than ``max_tools`` functions is refused before anything is compiled.
+    request declaring more than ``max_tools`` functions, more than ``max_tools_bytes`` of them,
+    or more regular expressions or JSON nodes than ``compile`` is allowed, is refused before
+    anything is compiled.
     """
 
     def __init__(
@@ -754,30 +809,59 @@ class ToolsCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def compile(self, body: Mapping[str, Any]) -> CompiledTools | None:
-        """The compiled tools of a request body; None when it declares no tools."""
+    def compile(
+        self,
+        body: Mapping[str, Any],
+        *,
+        max_patterns: int = DEFAULT_MAX_SCHEMA_PATTERNS,
+        max_nodes: int = DEFAULT_MAX_SCHEMA_NODES,
+    ) -> CompiledTools | None:
+        """The compiled tools of a request body; None when it declares no tools.
+
+        ``max_patterns`` caps the distinct regular expressions (counted per tool, since each
+        tool compiles on its own) and ``max_nodes`` the JSON objects and arrays of the tools
+        (see ``schema_nodes``); the compiled tools carry both counts, for the request's other
+        schema (``structured.FormatCache``) to be counted against what is left.
+        """
         tools, functions = body.get("tools"), body.get("functions")
         if tools is None and functions is None:
             return None
+        param = "tools" if isinstance(tools, list) and tools else "functions"
         declared_count = sum(len(v) for v in (tools, functions) if isinstance(v, list))
         if declared_count > self.max_tools:
             raise InvalidToolsError(
                 f"{declared_count} tools declared; at most {self.max_tools} are accepted",
-                param="tools" if isinstance(tools, list) and tools else "functions",
+                param=param,
             )
         key = self._key(body)
         if len(key) > self.max_tools_bytes:
             raise InvalidToolsError(
                 f"the tools declared take {len(key)} bytes of JSON; at most "
                 f"{self.max_tools_bytes} are accepted",
-                param="tools" if isinstance(tools, list) and tools else "functions",
+                param=param,
+            )
+        nodes = schema_nodes(key)
+        if nodes > max_nodes:
+            raise InvalidToolsError(
+                f"the tools declared hold {nodes} JSON objects and arrays; at most {max_nodes} "
+                "are accepted (--max-schema-nodes)",
+                param=param,
             )
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
+            _check_patterns(entry[0].patterns, max_patterns, param)
             return entry[0]
         declared = _declared_tools(body)
+        # Most tools declare no pattern: one scan of the key spares them the walk.
+        patterns = (
+            sum(len(schema_patterns(schema)) for _, schema in declared or ())
+            if b'"pattern' in key
+            else 0
+        )
+        _check_patterns(patterns, max_patterns, param)
         compiled = CompiledTools(declared or [], forbid_extra_arguments=self.forbid_extra_arguments)
+        compiled.patterns, compiled.nodes = patterns, nodes
         size = compiled_size(key, len(compiled.names))
         if size > self.max_bytes:
             return compiled  # kept for this request only
@@ -798,3 +882,12 @@ class ToolsCache:
             return orjson.dumps([body.get("tools"), body.get("functions")])
         except TypeError as exc:
             raise InvalidToolsError(f"tools are not JSON-serializable: {exc}") from exc
+
+
+def _check_patterns(patterns: int, max_patterns: int, param: str) -> None:
+    if patterns > max_patterns:
+        raise InvalidToolsError(
+            f"the tools declared hold {patterns} distinct regular expressions (pattern, "
+            f"patternProperties); at most {max_patterns} are accepted (--max-schema-patterns)",
+            param=param,
+        )

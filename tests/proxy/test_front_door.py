@@ -385,6 +385,75 @@ def test_10_tools_larger_than_the_cap_are_refused_before_compiling() -> None:
     assert statuses(data) == [400] and b"bytes of JSON" in data, data[-300:]
 
 
+def _patterns(count: int, first: int = 0) -> dict[str, object]:
+    return {f"p{i}": {"type": "string", "pattern": f"^x{i}$"} for i in range(first, count)}
+
+
+def test_10_the_patterns_of_every_tool_are_counted_before_compiling() -> None:
+    from repairproxy.errors import InvalidToolsError
+    from repairproxy.validation import ToolsCache
+
+    nested = {
+        "list": {"type": "array", "items": {"anyOf": [{"pattern": "^a$"}, {"pattern": "^b$"}]}},
+        "keyed": {"type": "object", "patternProperties": {"^c$": {"pattern": "^d$"}}},
+        "again": {"type": "string", "pattern": "^a$"},  # one tool compiles a regex once
+    }
+    # Each tool compiles on its own: the same four regexes in two tools are eight.
+    body = {"tools": [_tool("one", nested), _tool("two", nested)]}
+    assert ToolsCache().compile(body, max_patterns=8) is not None
+    cache = ToolsCache()
+    with pytest.raises(InvalidToolsError, match="8 distinct regular expressions") as caught:
+        cache.compile(body, max_patterns=7)
+    assert caught.value.param == "tools" and len(cache) == 0
+    # Refused before compiling: an invalid regex over the cap gets the cap's answer.
+    broken = {"tools": [_tool("bad", {**_patterns(8), "x": {"type": "string", "pattern": "("}})]}
+    with pytest.raises(InvalidToolsError, match="--max-schema-patterns"):
+        cache.compile(broken, max_patterns=8)
+
+
+def test_10_tools_over_the_pattern_cap_are_refused_and_never_reach_the_upstream() -> None:
+    tools = [_tool("a", _patterns(10)), _tool("b", _patterns(17, first=10))]
+    with ScriptedUpstream() as upstream:
+        settings = replace(BASE, upstream=upstream.base_url)
+        with serving(settings) as server, connect(server.port) as client:
+            send_all(client, _chat_with_tools(tools))
+            data, _ = read_until_close(client)
+        assert statuses(data) == [400], data[-300:]
+        assert b"17 distinct regular expressions" in data and b"at most 16" in data, data[-300:]
+        assert b"--max-schema-patterns" in data
+        assert upstream.requests == []
+
+
+def test_10_tools_at_the_pattern_cap_go_through() -> None:
+    tools = [_tool("a", _patterns(10)), _tool("b", _patterns(16, first=10))]
+    with ScriptedUpstream() as upstream:
+        upstream.push(completion(content="ok"))
+        settings = replace(BASE, upstream=upstream.base_url)
+        with serving(settings) as server, connect(server.port) as client:
+            send_all(client, _chat_with_tools(tools))
+            data, _ = read_until_close(client)
+        assert statuses(data) == [200], data[-300:]
+        assert len(upstream.requests) == 1
+
+
+def test_10_tools_over_the_node_cap_are_refused_and_never_reach_the_upstream() -> None:
+    wide = [_tool(f"t{i}", {"a": {"type": "string"}}) for i in range(20)]
+    with ScriptedUpstream() as upstream:
+        settings = replace(BASE, upstream=upstream.base_url, max_schema_nodes=100)
+        with serving(settings) as server, connect(server.port) as client:
+            send_all(client, _chat_with_tools(wide))
+            data, _ = read_until_close(client)
+        assert statuses(data) == [400], data[-300:]
+        assert b"JSON objects and arrays; at most 100" in data, data[-300:]
+        assert b"--max-schema-nodes" in data
+        assert upstream.requests == []
+        upstream.push(completion(content="ok"))
+        with serving(settings) as server, connect(server.port) as client:
+            send_all(client, _chat_with_tools(wide[:10]))  # 5 nodes a tool, and the list
+            data, _ = read_until_close(client)
+        assert statuses(data) == [200], data[-300:]
+
+
 def test_10_the_loop_lag_is_exported() -> None:
     with serving(BASE) as server:
         deadline = time.monotonic() + 10
