@@ -248,10 +248,16 @@ def harmony(scanner: Scanner, schemas: Schemas | None) -> list[NativeMatch]:
         return []
     final = _HARMONY_MESSAGE.match(text, last)
     if final is not None and final.group("channel") in ("final", None):
-        end_marker = text.find("<|end|>", final.end())
-        stop = end_marker if end_marker >= 0 else len(text)
+        # A final message ends with ``<|return|>`` (its stop token, when the server keeps it) or,
+        # in a transcript, ``<|end|>``; neither is prose.
+        ends = [
+            (found_at, marker)
+            for marker in ("<|end|>", "<|return|>")
+            if (found_at := text.find(marker, final.end())) >= 0
+        ]
+        stop, marker = min(ends) if ends else (len(text), "")
         kept.append((final.end(), stop))
-        last = stop + len("<|end|>") if end_marker >= 0 else stop
+        last = stop + len(marker)
     return [NativeMatch("openai_harmony", first, last, tuple(calls), tuple(kept))]
 
 
