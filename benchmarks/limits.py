@@ -8,9 +8,13 @@
   allocates outside Python's allocator, where tracemalloc cannot see it): the factor behind
   ``validation.COMPILED_BYTES_PER_JSON_BYTE``.
 * the worst accepted schemas at the default caps (bytes, tools, distinct regular expressions,
-  JSON nodes), one shape per dimension: what compiling them (through the caches, as a request
-  does) and checking an answer against them cost, for the tools and for a ``response_format``;
-  and one shape no cap bounds (``$ref`` fan-out, whose check doubles per level).
+  JSON nodes, the fan-out per value of an answer), one shape per dimension: what compiling them
+  (through the caches, as a request does: the fan-out walk included, and timed alone) and
+  checking an answer against them cost, for the tools and for a ``response_format``;
+* the ``$ref`` fan-outs at the fan-out cap (an ``allOf``, ``anyOf``, ``oneOf``,
+  ``if``/``then``/``else`` naming the next level twice, and one over a ``required`` list): the
+  deepest accepted, what checking a valid and an invalid answer costs, and what the level past
+  the cap would cost if it were compiled anyway.
 
 Run it on today's tree and on an older checkout to compare (``PYTHONPATH=/path/to/old``):
 
@@ -37,7 +41,15 @@ from repairproxy.settings import Settings
 from repairproxy.structured import FormatCache
 from repairproxy.types import RepairMode
 from repairproxy.upstream.client import UpstreamTimer, timed
-from repairproxy.validation import CompiledTools, ToolsCache, schema_nodes
+from repairproxy.validation import (
+    MAX_SCHEMA_FANOUT,
+    CompiledTools,
+    SchemaFanoutError,
+    ToolsCache,
+    schema_fanout,
+    schema_nodes,
+    schema_validator,
+)
 
 __all__ = ["main"]
 
@@ -144,6 +156,7 @@ class _Caps:
     tools: int
     patterns: int
     nodes: int
+    fanout: int = MAX_SCHEMA_FANOUT
 
     @classmethod
     def defaults(cls) -> _Caps:
@@ -167,7 +180,19 @@ _LONG_VALUE = ("a" * 99 + " ") * 30
 
 def _fits(document: Any, limit: int, caps: _Caps, wrap: Callable[[Any], Any]) -> bool:
     key = orjson.dumps(wrap(document))
-    return len(key) <= limit and schema_nodes(key) <= caps.nodes
+    return len(key) <= limit and schema_nodes(key) <= caps.nodes and _within_fanout(document, caps)
+
+
+def _within_fanout(schema: Any, caps: _Caps) -> bool:
+    try:
+        return schema_fanout(schema, caps.fanout) <= caps.fanout
+    except SchemaFanoutError:
+        return False
+
+
+# One object checks each of its properties once per value: past this many they are grouped in
+# objects of this many, so a shape grows to the node cap without passing the fan-out cap.
+_PER_OBJECT = MAX_SCHEMA_FANOUT // 2
 
 
 def _grow(make: Callable[[int], Any], fits: Callable[[Any], bool]) -> tuple[Any, int]:
@@ -191,7 +216,33 @@ def _properties(count: int, pattern: str | None, patterns: int) -> dict[str, Any
         if pattern is not None and i < patterns:
             spec["pattern"] = pattern.format(i)
         properties[f"p{i}"] = spec
+    return _grouped(properties)
+
+
+def _grouped(properties: dict[str, Any]) -> dict[str, Any]:
+    """An object of ``properties``, in objects of ``_PER_OBJECT`` when there are more."""
+    if len(properties) > _PER_OBJECT:
+        names = list(properties)
+        properties = {
+            f"g{start}": _grouped({n: properties[n] for n in names[start : start + _PER_OBJECT]})
+            for start in range(0, len(names), _PER_OBJECT)
+        }
     return {"type": "object", "properties": properties}
+
+
+def _answer_values(schema: Any) -> dict[str, Any]:
+    """Values for every property, nested as the groups are: a short string, 3,000 characters
+    where a pattern is to match, and for an anyOf, a value that matches no branch (every one is
+    tried, and the errors listed)."""
+    values: dict[str, Any] = {}
+    for name, spec in schema["properties"].items():
+        if "properties" in spec:
+            values[name] = _answer_values(spec)
+        elif "anyOf" in spec:
+            values[name] = -1
+        else:
+            values[name] = _LONG_VALUE if "pattern" in spec else "ab1"
+    return values
 
 
 def _shapes(caps: _Caps) -> list[tuple[str, Callable[[int], Any], Callable[[Any], Any]]]:
@@ -199,14 +250,9 @@ def _shapes(caps: _Caps) -> list[tuple[str, Callable[[int], Any], Callable[[Any]
     property a short string, or 3,000 characters where a pattern is to match)."""
 
     def answer(schema: Any) -> Any:
-        properties = schema["properties"]
-        values: dict[str, Any] = {
-            k: _LONG_VALUE if "pattern" in v else "ab1" for k, v in properties.items()
-        }
+        values = _answer_values(schema)
         if "patternProperties" in schema:
             values["a" * 2701] = _LONG_VALUE
-        if "anyOf" in properties.get("a", {}):
-            values["a"] = -1  # matches no branch: every one is tried, and the errors listed
         return values
 
     def patterned(template: str) -> Callable[[int], Any]:
@@ -219,15 +265,22 @@ def _shapes(caps: _Caps) -> list[tuple[str, Callable[[int], Any], Callable[[Any]
         return schema
 
     def any_of(branch: Callable[[int], Any]) -> Callable[[int], Any]:
+        # As many branches per anyOf as the fan-out cap lets one value be checked against.
+        _, per_value = _grow(
+            lambda n: {"anyOf": [branch(i) for i in range(n)]}, lambda d: _within_fanout(d, caps)
+        )
         return lambda n: {
             "type": "object",
-            "properties": {"a": {"anyOf": [branch(i) for i in range(n)]}},
+            "properties": {
+                f"a{start}": {"anyOf": [branch(i) for i in range(start, min(n, start + per_value))]}
+                for start in range(0, max(n, 1), per_value)
+            },
         }
 
     def refs(n: int) -> Any:
-        properties = {f"p{i}": {"$ref": f"#/$defs/d{i}"} for i in range(n)}
-        defs = {f"d{i}": {"type": "string"} for i in range(n)}
-        return {"type": "object", "properties": properties, "$defs": defs}
+        schema = _grouped({f"p{i}": {"$ref": f"#/$defs/d{i}"} for i in range(n)})
+        schema["$defs"] = {f"d{i}": {"type": "string"} for i in range(n)}
+        return schema
 
     return [
         ("typed properties", lambda n: _properties(n, None, 0), answer),
@@ -286,7 +339,8 @@ def _format_cost(body: dict[str, Any], content: str, caps: _Caps, repeat: int) -
     output = compile_()
     compile_ms = _best(compile_, repeat)
     validate_ms = _best(lambda: output.check(content), repeat)
-    return f"compile {compile_ms:7.1f} ms, check {validate_ms:7.1f} ms"
+    walk_ms = _best(lambda: schema_fanout(output.schema), repeat)
+    return f"compile {compile_ms:7.1f} ms (walk {walk_ms:4.1f}), check {validate_ms:7.1f} ms"
 
 
 def _call(name: str, arguments: Any) -> dict[str, Any]:
@@ -301,7 +355,7 @@ def worst_schemas(caps: _Caps, repeat: int = 3) -> None:
     print(
         f"worst accepted schemas at tools {caps.tools_bytes} B / {caps.tools} tools, "
         f"response_format {caps.format_bytes} B, {caps.patterns} regular expressions, "
-        f"{caps.nodes} JSON nodes (best of {repeat}):"
+        f"{caps.nodes} JSON nodes, {caps.fanout} checks per value (best of {repeat}):"
     )
     for label, make, answer_of in _shapes(caps):
         schema, count = _grow(
@@ -329,17 +383,98 @@ def worst_schemas(caps: _Caps, repeat: int = 3) -> None:
     message = {"role": "assistant", "content": None, "tool_calls": calls}
     tools = _tools_cost(body, message, caps, repeat)
     print(f"  {caps.tools} tools, one call each{'':13s} tools: {tools}")
-    # No cap bounds this one: each level's allOf checks the next level twice.
-    for levels in (12, 16, 20):
-        defs: dict[str, Any] = {
-            f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(levels)
-        }
-        defs[f"d{levels}"] = {"type": "integer"}
-        schema = {"$defs": defs, "$ref": "#/$defs/d0"}
-        fmt = _format_cost(_format_body(schema), "1", caps, 1)
-        print(
-            f"  $ref fan-out, {levels} levels (uncapped){'':6s} response_format: {fmt}", flush=True
+    fanouts(caps, repeat)
+
+
+def _chain(levels: int, level: Callable[[Any], Any], leaf: Any) -> dict[str, Any]:
+    """``levels`` definitions, each naming the next through ``level(ref)``, the last ``leaf``."""
+    defs = {f"d{i}": level({"$ref": f"#/$defs/d{i + 1}"}) for i in range(levels)}
+    defs[f"d{levels}"] = leaf
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+_INTEGER = {"type": "integer"}
+_STRING = {"type": "string"}
+# (label, a level naming the next (twice, or thrice), a valid answer, an invalid one)
+_FANOUTS: list[tuple[str, Callable[[Any], Any], str, str]] = [
+    ("allOf", lambda ref: {"allOf": [ref, ref]}, "1", '"x"'),
+    ("anyOf", lambda ref: {"anyOf": [ref, ref]}, "1", '"x"'),
+    ("oneOf", lambda ref: {"oneOf": [ref, {"allOf": [ref, _STRING]}]}, "1", '"x"'),
+    ("if/then/else", lambda ref: {"if": ref, "then": ref, "else": ref}, "1", '"x"'),
+    (
+        "anyOf + not",
+        lambda ref: {"anyOf": [ref, _STRING], "not": {"allOf": [ref, _STRING]}},
+        "1",
+        "1.5",
+    ),
+]
+
+
+def _deepest(make: Callable[[int], Any], caps: _Caps) -> int:
+    levels = 0
+    while _within_fanout(make(levels + 1), caps):
+        levels += 1
+    return levels
+
+
+def _check_ms(schema: Any, content: str, repeat: int) -> float:
+    """A check of ``content`` as ``OutputFormat.check`` runs it, with the schema compiled
+    without the caps (so a refused one can be measured too)."""
+    validator = schema_validator(schema)
+    value = orjson.loads(content)
+
+    def check() -> None:
+        if not validator.is_valid(value):
+            for _ in zip(range(8), validator.iter_errors(value), strict=False):
+                pass
+
+    return _best(check, repeat)
+
+
+def fanouts(caps: _Caps, repeat: int = 3) -> None:
+    """Print the deepest accepted ``$ref`` fan-out per shape: its bound, what compiling it (the
+    walk included) and checking a valid and an invalid answer cost; what refusing the next level
+    costs (the walk), and what four levels past the cap would have cost to check."""
+    print(f"$ref fan-outs at the fan-out cap ({caps.fanout} checks per value, best of {repeat}):")
+    rows: list[tuple[str, Callable[[int], Any], int, str, str]] = []
+    for label, level, good, bad in _FANOUTS:
+        make: Callable[[int], Any] = functools.partial(_chain, level=level, leaf=_INTEGER)
+        rows.append((label, make, _deepest(make, caps), good, bad))
+    # A fan-out over a list of names the value must hold: each check compares all of them.
+    names = [f"p{i}" for i in range(caps.fanout)]
+    doubling = _FANOUTS[0][1]
+    for levels in (0, 4):
+        leaf, count = _grow(
+            lambda n: {"type": "object", "required": names[:n]},
+            lambda leaf: _within_fanout(_chain(levels, doubling, leaf), caps),  # noqa: B023
         )
+        make = functools.partial(_chain, level=doubling, leaf=leaf)
+        good = orjson.dumps(dict.fromkeys(names[:count], 1)).decode()
+        rows.append((f"allOf over {count} required", make, levels, good, "{}"))
+    for label, make, levels, good, bad in rows:
+        schema = make(levels)
+        bound = schema_fanout(schema, caps.fanout)
+        body, past = _format_body(schema), _format_body(make(levels + 1))
+        compile_ms = _best(lambda: FormatCache().compile(body), repeat)  # noqa: B023
+        refused_ms = _best(lambda: _refused(past), repeat)  # noqa: B023
+        far = make(levels + 4)
+        print(
+            f"  {label:24s} {levels:2d} levels, bound {bound:4d}: compile {compile_ms:5.1f} ms, "
+            f"check valid {_check_ms(schema, good, repeat):5.2f} ms, "
+            f"invalid {_check_ms(schema, bad, repeat):6.2f} ms; {levels + 1} levels refused in "
+            f"{refused_ms:4.2f} ms; {levels + 4} levels, if compiled: valid "
+            f"{_check_ms(far, good, 1):6.2f} ms, invalid {_check_ms(far, bad, 1):7.1f} ms",
+            flush=True,
+        )
+
+
+def _refused(body: dict[str, Any]) -> None:
+    try:
+        FormatCache().compile(body)
+    except Exception as exc:  # the fan-out cap's 400
+        assert "schema fan-out limit" in str(exc), exc
+    else:
+        raise AssertionError("a fan-out past the cap was accepted")
 
 
 def main(argv: list[str] | None = None) -> None:

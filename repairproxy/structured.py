@@ -27,6 +27,10 @@ from repairproxy.validation import (
     DEFAULT_MAX_SCHEMA_PATTERNS,
     MAX_ERROR_PATHS,
     MAX_MESSAGE_CHARS,
+    MAX_SCHEMA_FANOUT,
+    SchemaFanoutError,
+    schema_fanout,
+    schema_fanout_from_bytes,
     schema_nodes,
     schema_patterns,
     schema_validator,
@@ -191,8 +195,9 @@ def _schema(schema: Any) -> Mapping[str, Any]:
 
 class FormatCache:
     """Compiled response formats per distinct ``response_format`` JSON (an LRU); a format over
-    ``max_format_bytes`` of JSON, or over what ``compile`` leaves it of the request's regular
-    expressions and JSON nodes, is refused before anything is compiled."""
+    ``max_format_bytes`` of JSON, over what ``compile`` leaves it of the request's regular
+    expressions and JSON nodes, or whose check of one value of the answer can take more than
+    ``MAX_SCHEMA_FANOUT``, is refused before anything is compiled."""
 
     def __init__(
         self,
@@ -255,6 +260,7 @@ class FormatCache:
             schema = _schema(spec.get("schema"))
             patterns = len(schema_patterns(schema)) if b'"pattern' in key else 0
             _check_caps(_PATTERNS, patterns, tools_patterns, max_patterns, _PATTERNS_FLAG)
+            _check_fanout(key, schema)
             compiled = OutputFormat("json_schema", name if isinstance(name, str) else None, schema)
             compiled.patterns, compiled.nodes = patterns, nodes
         if len(key) <= MAX_CACHED_SCHEMA_BYTES:
@@ -262,6 +268,19 @@ class FormatCache:
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
         return compiled
+
+
+def _check_fanout(key: bytes, schema: Mapping[str, Any]) -> None:
+    """Refuse a schema whose check of one value of the answer can take more than
+    ``MAX_SCHEMA_FANOUT`` (``validation.schema_fanout``), or has no bound."""
+    bound = schema_fanout_from_bytes(key)
+    if bound is not None and bound <= MAX_SCHEMA_FANOUT:
+        return
+    try:
+        schema_fanout(schema)
+    except SchemaFanoutError as exc:
+        message = exc.message("the response_format", "the answer", MAX_SCHEMA_FANOUT)
+        raise BadRequestError(message, param="response_format") from exc
 
 
 _PATTERNS = "distinct regular expressions (pattern, patternProperties)"

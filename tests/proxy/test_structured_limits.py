@@ -2,8 +2,10 @@
 compiles with the same regex limits, so a pattern too large to match cheaply is refused as an
 invalid schema, and one over ``--max-response-format-bytes`` of JSON gets 400 before anything is
 compiled; its regular expressions and JSON nodes count with the tools' against the request's
-``--max-schema-patterns`` and ``--max-schema-nodes``. Nothing is timed: the tests read refusals,
-error bodies, verdicts, counts and cache sizes.
+``--max-schema-patterns`` and ``--max-schema-nodes``. Every schema (each tool, the format) is held
+to ``MAX_SCHEMA_FANOUT``: the work of checking one value of an answer (``schema_fanout``), which a
+``$ref`` fan-out multiplies. Nothing is timed: the tests read refusals, error bodies, verdicts,
+bounds, counts and cache sizes.
 """
 
 from __future__ import annotations
@@ -16,13 +18,18 @@ import httpx
 import orjson
 import pytest
 
-from repairproxy.errors import BadRequestError
+from repairproxy.errors import BadRequestError, InvalidToolsError
 from repairproxy.settings import Settings
 from repairproxy.structured import MAX_CACHED_SCHEMA_BYTES, FormatCache, OutputChannel
 from repairproxy.types import RepairMode
 from repairproxy.validation import (
     DEFAULT_MAX_SCHEMA_NODES,
     DEFAULT_MAX_SCHEMA_PATTERNS,
+    MAX_SCHEMA_FANOUT,
+    SchemaFanoutError,
+    ToolsCache,
+    schema_fanout,
+    schema_fanout_from_bytes,
     schema_nodes,
     schema_patterns,
 )
@@ -306,4 +313,348 @@ def test_a_format_over_the_node_cap_gets_an_openai_400(upstream: ScriptedUpstrea
     error = answer.json()["error"]
     assert error["param"] == "response_format"
     assert "at most 100 are accepted per request (--max-schema-nodes)" in error["message"]
+    assert upstream.requests == []
+
+
+# -- the fan-out cap: the work of checking one value of an answer --------------------------------
+
+
+def _chain(levels: int, level: Any, leaf: Any = None) -> dict[str, Any]:
+    """``levels`` definitions, each naming the next through ``level(ref)``: a schema of a few
+    hundred bytes whose check of the value it checks multiplies per level."""
+    defs = {f"d{i}": level({"$ref": f"#/$defs/d{i + 1}"}) for i in range(levels)}
+    defs[f"d{levels}"] = leaf if leaf is not None else {"type": "integer"}
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+FAN_OUTS = {
+    "allOf": lambda ref: {"allOf": [ref, ref]},
+    "oneOf": lambda ref: {"oneOf": [ref, {"not": ref}]},
+    "if/then/else": lambda ref: {"if": ref, "then": ref, "else": ref},
+    "mixed": lambda ref: {"anyOf": [ref, {"type": "string"}], "not": {"allOf": [ref]}},
+}
+
+
+@pytest.mark.parametrize("shape", list(FAN_OUTS))
+def test_a_fan_out_over_the_limit_is_refused_before_compiling(shape: str) -> None:
+    # Thirty levels: a check of the answer ``1`` that doubles (triples) per level, in 1.5 KB.
+    schema = _chain(30, FAN_OUTS[shape], leaf={"type": UNCOMPILABLE})
+    with pytest.raises(SchemaFanoutError) as walked:
+        schema_fanout(schema)
+    assert walked.value.bound is not None and walked.value.bound > MAX_SCHEMA_FANOUT
+    cache = FormatCache()
+    with pytest.raises(BadRequestError, match="schema fan-out limit") as caught:
+        cache.compile({"response_format": _format(schema)})
+    assert caught.value.param == "response_format"  # the cap's 400, not the invalid schema's
+    assert f"at most {MAX_SCHEMA_FANOUT} are accepted per value" in str(caught.value)
+    assert "one value of the answer" in str(caught.value)
+    assert len(cache) == 0
+    tools = ToolsCache()
+    with pytest.raises(InvalidToolsError, match="schema fan-out limit") as refused:
+        tools.compile({"tools": [_tool("fan", schema)]})
+    assert refused.value.param == "tools" and refused.value.tool_name == "fan"
+    assert "tool 'fan' can check one value of its arguments" in str(refused.value)
+    assert len(tools) == 0
+
+
+def test_the_limit_and_one_past_it() -> None:
+    # Nine levels of an allOf naming the next twice: 2**9 checks of the integer, 511 of the
+    # levels, the root: 1,024 in all, the limit. One required name at the root is one more.
+    at_the_limit = _chain(9, FAN_OUTS["allOf"])
+    assert schema_fanout(at_the_limit) == MAX_SCHEMA_FANOUT == 1024
+    one_more = {**at_the_limit, "required": ["a"]}
+    with pytest.raises(SchemaFanoutError) as caught:
+        schema_fanout(one_more)
+    assert caught.value.bound == MAX_SCHEMA_FANOUT + 1
+    output = FormatCache().compile({"response_format": _format(at_the_limit)})
+    assert output is not None and output.check("1").ok
+    assert output.check('"x"').channel is OutputChannel.SCHEMA_VIOLATION
+    with pytest.raises(BadRequestError, match=f"at least {MAX_SCHEMA_FANOUT + 1} subschemas"):
+        FormatCache().compile({"response_format": _format(one_more)})
+    assert ToolsCache().compile({"tools": [_tool("t", at_the_limit)]}) is not None
+    with pytest.raises(InvalidToolsError, match="schema fan-out limit"):
+        ToolsCache().compile({"tools": [_tool("t", one_more)]})
+
+
+def test_names_and_values_a_schema_compares_count_too() -> None:
+    # One check of a value against a 1,023-value enum compares it with each: a fan-out over it
+    # multiplies that, so the values count, wherever the schema is.
+    assert schema_fanout({"enum": list(range(1022))}) == 1024  # itself, the list, its values
+    with pytest.raises(SchemaFanoutError):
+        schema_fanout({"enum": list(range(1023))})
+    doubled = {"$defs": {"e": {"enum": list(range(300))}}, "allOf": [{"$ref": "#/$defs/e"}] * 4}
+    with pytest.raises(SchemaFanoutError):
+        schema_fanout(doubled)
+    assert schema_fanout({**doubled, "allOf": [{"$ref": "#/$defs/e"}] * 3}) == 1 + 3 * 302
+    wide = {"type": "object", "required": ["a"] * 600, "properties": {"a": {}}}
+    assert schema_fanout(wide) == 1 + 600 + 1  # a name required, a property looked up
+
+
+@pytest.mark.parametrize(
+    "definition",
+    [
+        {"a": {"$ref": "#/$defs/a"}},
+        {"a": {"allOf": [{"$ref": "#/$defs/b"}]}, "b": {"not": {"$ref": "#/$defs/a"}}},
+        {"a": {"type": "object", "anyOf": [{"$ref": "#"}]}},
+        {"a": {"if": {"$ref": "#/$defs/a"}, "then": {}}},
+    ],
+    ids=["ref to itself", "allOf and not", "the root", "if"],
+)
+def test_a_cycle_that_never_leaves_one_value_is_refused(definition: dict[str, Any]) -> None:
+    schema = {"$defs": definition, "$ref": "#/$defs/a"}
+    with pytest.raises(SchemaFanoutError, match="cycle of references") as caught:
+        schema_fanout(schema)
+    assert caught.value.bound is None
+    with pytest.raises(BadRequestError, match="never leaves one value of the answer"):
+        FormatCache().compile({"response_format": _format(schema)})
+
+
+TREE = {
+    "$defs": {
+        "Node": {
+            "type": "object",
+            "properties": {
+                "value": {"type": "integer"},
+                "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}},
+                "next": {"anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}]},
+            },
+            "required": ["value"],
+            "additionalProperties": False,
+        }
+    },
+    "$ref": "#/$defs/Node",
+}
+# A JSON value of any depth: the object branch and the array branch recurse at different members.
+JSON_VALUE = {
+    "$defs": {
+        "v": {
+            "anyOf": [
+                {"type": ["string", "number", "boolean", "null"]},
+                {"type": "object", "additionalProperties": {"$ref": "#/$defs/v"}},
+                {"type": "array", "items": {"$ref": "#/$defs/v"}},
+            ]
+        }
+    },
+    "$ref": "#/$defs/v",
+}
+# OpenAI's structured-outputs example of a recursive UI schema (a root reference).
+UI = {
+    "type": "object",
+    "properties": {
+        "type": {"type": "string", "enum": ["div", "button", "header", "section", "field"]},
+        "label": {"type": "string"},
+        "children": {"type": "array", "items": {"$ref": "#"}},
+        "attributes": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "value": {"type": "string"}},
+                "required": ["name", "value"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    "required": ["type", "label", "children", "attributes"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("schema", [TREE, JSON_VALUE, UI], ids=["tree", "json value", "ui"])
+def test_a_recursion_through_members_is_bounded_and_accepted(schema: dict[str, Any]) -> None:
+    bound = schema_fanout(schema)
+    assert bound <= 32  # each level of the answer costs what the one above did
+    output = FormatCache().compile({"response_format": _format(schema)})
+    assert output is not None
+    deep: Any = {"value": 1} if schema is TREE else "leaf"
+    for level in range(100):  # a hundred levels of the answer, each checked as the one above
+        if schema is TREE:
+            deep = {"value": level, "children": [deep]} if level % 2 else {"value": 1, "next": deep}
+        elif schema is JSON_VALUE:
+            deep = {"a": [deep, 1]}
+        else:
+            deep = {"type": "div", "label": "x", "children": [deep], "attributes": []}
+    verdict = output.check(orjson.dumps(deep).decode())
+    if schema is UI:  # the innermost "leaf" is no UI node
+        assert verdict.channel is OutputChannel.SCHEMA_VIOLATION
+    else:
+        assert verdict.ok
+
+
+def test_a_recursion_reached_twice_for_one_member_is_refused() -> None:
+    # An expression tree whose two operators both name ``left``: oneOf checks every branch, so
+    # each level of ``left`` doubles the checks of the one below (2 s at 12 levels, 750 bytes,
+    # when collecting an invalid answer's errors).
+    def operator(name: str) -> dict[str, Any]:
+        expr = {"$ref": "#/$defs/Expr"}
+        return {"properties": {"op": {"const": name}, "left": expr, "right": expr}}
+
+    schema: dict[str, Any] = {
+        "$defs": {
+            "Expr": {"oneOf": [{"$ref": "#/$defs/Add"}, {"$ref": "#/$defs/Mul"}]},
+            "Add": operator("add"),
+            "Mul": operator("mul"),
+        },
+        "$ref": "#/$defs/Expr",
+    }
+    with pytest.raises(SchemaFanoutError, match="more times the deeper the value nests"):
+        schema_fanout(schema)
+    with pytest.raises(InvalidToolsError, match="tool 'calc' has a recursion"):
+        ToolsCache().compile({"tools": [_tool("calc", schema)]})
+    # Distinct members (``left``/``right`` in one operator, ``arg`` in another) are no fan-out.
+    negation = {"properties": {"op": {"const": "neg"}, "arg": {"$ref": "#/$defs/Expr"}}}
+    schema["$defs"]["Mul"] = negation
+    assert schema_fanout(schema) <= 32
+
+
+def test_pydantic_models_are_accepted() -> None:
+    pydantic = pytest.importorskip("pydantic")
+    from typing import Annotated, Literal
+
+    class Address(pydantic.BaseModel):  # type: ignore[name-defined,misc]
+        street: str
+        city: str
+        zip: str | None = None
+
+    class Person(pydantic.BaseModel):  # type: ignore[name-defined,misc]
+        name: str
+        home: Address
+        work: Address | None = None
+        friends: list[Person] = pydantic.Field(default_factory=list)
+
+    class Cat(pydantic.BaseModel):  # type: ignore[name-defined,misc]
+        kind: Literal["cat"]
+        meows: int
+
+    class Dog(pydantic.BaseModel):  # type: ignore[name-defined,misc]
+        kind: Literal["dog"]
+        barks: float
+
+    class Leaf(pydantic.BaseModel):  # type: ignore[name-defined,misc]
+        kind: Literal["leaf"]
+        field: str
+        value: str
+
+    class And(pydantic.BaseModel):  # type: ignore[name-defined,misc]
+        kind: Literal["and"]
+        all: list[Filter]
+
+    class Or(pydantic.BaseModel):  # type: ignore[name-defined,misc]
+        kind: Literal["or"]
+        any: list[Filter]
+
+    class Not(pydantic.BaseModel):  # type: ignore[name-defined,misc]
+        kind: Literal["not"]
+        inner: Filter
+
+    Pet = Annotated[Cat | Dog, pydantic.Field(discriminator="kind")]
+    Filter = Annotated[Leaf | And | Or | Not, pydantic.Field(discriminator="kind")]
+
+    class Search(pydantic.BaseModel):  # type: ignore[name-defined,misc]
+        owner: Person
+        pet: Pet
+        pets: list[Pet]
+        filter: Filter
+        limit: int = 10
+
+    for model in (Person, And, Or, Not, Search):
+        model.model_rebuild()
+    schema = Search.model_json_schema()
+    assert "$defs" in schema and "oneOf" in orjson.dumps(schema).decode()
+    assert schema_fanout(schema) <= 64
+    assert schema_fanout(Person.model_json_schema()) <= 64
+    output = FormatCache().compile({"response_format": _format(schema)})
+    assert output is not None
+    answer = {
+        "owner": {"name": "a", "home": {"street": "s", "city": "c"}, "friends": []},
+        "pet": {"kind": "cat", "meows": 3},
+        "pets": [{"kind": "dog", "barks": 1.5}],
+        "filter": {
+            "kind": "not",
+            "inner": {"kind": "and", "all": [{"kind": "leaf", "field": "f", "value": "v"}]},
+        },
+    }
+    assert output.check(orjson.dumps(answer).decode()).ok
+
+
+def test_the_tau2_tools_are_accepted() -> None:
+    retail = pytest.importorskip("evals.tau2.domains.retail.tools")
+    telecom = pytest.importorskip("evals.tau2.domains.telecom.agent_tools")
+    users = pytest.importorskip("evals.tau2.domains.telecom.user_tools")
+    for kit in (retail.RetailTools, telecom.TelecomTools, users.TelecomUserTools):
+        tools = kit.openai_tools()
+        compiled = ToolsCache(forbid_extra_arguments=True).compile({"tools": tools})
+        assert compiled is not None and compiled.fanout <= MAX_SCHEMA_FANOUT
+        for tool in tools:
+            assert schema_fanout(tool["function"]["parameters"]) <= 32
+
+
+def test_references_resolve_within_the_document_and_nowhere_else() -> None:
+    by_id = {
+        "$id": "https://example.com/root.json",
+        "$defs": {"a": {"$id": "a.json", "allOf": [{"$ref": "#/$defs/b"}] * 2, "$defs": {"b": {}}}},
+        "$ref": "a.json",
+    }
+    assert schema_fanout(by_id) == 1 + 1 + 2  # the root, a, b twice (a's own #/$defs)
+    anchored = {
+        "$defs": {"a": {"$anchor": "here", "type": "integer"}},
+        "allOf": [{"$ref": "#here"}] * 3,
+    }
+    assert schema_fanout(anchored) == 1 + 3
+    # A dynamic reference counts every subschema it may land on.
+    dynamic = {
+        "$dynamicAnchor": "node",
+        "$defs": {"other": {"$dynamicAnchor": "node", "type": "integer"}},
+        "properties": {"child": {"$dynamicRef": "#node"}},
+    }
+    assert schema_fanout(dynamic) >= 2
+    for outside in ("https://json-schema.org/draft/2020-12/schema", "other.json", "#/$defs/none"):
+        with pytest.raises(SchemaFanoutError, match="cannot follow"):
+            schema_fanout({"$ref": outside})
+    # The meta-schema compiles offline (jsonschema-rs bundles it); the walk cannot bound it.
+    meta = {
+        "type": "object",
+        "properties": {"s": {"$ref": "https://json-schema.org/draft/2020-12/schema"}},
+    }
+    with pytest.raises(BadRequestError, match="cannot follow within the schema"):
+        FormatCache().compile({"response_format": _format(meta)})
+
+
+def test_the_bound_read_off_the_json_is_one() -> None:
+    # Without a reference each subschema checks a value at most once: the JSON's values bound
+    # the walk's answer, so a small schema needs no walk.
+    for schema in (
+        _patterned(20),
+        {"anyOf": [{"const": i} for i in range(100)]},
+        {"type": "object", "required": ["a", "b"], "properties": {"a": {"enum": [1, [2, 3]]}}},
+        UI | {"properties": {}},
+    ):
+        key = orjson.dumps(schema)
+        bound = schema_fanout_from_bytes(key)
+        assert bound is not None and bound >= schema_fanout(schema)
+    assert schema_fanout_from_bytes(orjson.dumps(TREE)) is None
+    assert schema_fanout_from_bytes(orjson.dumps({"$dynamicRef": "#a"})) is None
+
+
+def test_a_fan_out_gets_an_openai_400_and_never_reaches_the_upstream(
+    upstream: ScriptedUpstream,
+) -> None:
+    schema = _chain(24, FAN_OUTS["allOf"])
+    with _proxy(upstream) as proxy:
+        as_format = _post(
+            proxy,
+            "/v1/chat/completions",
+            {"model": "m", "messages": ASK, "response_format": _format(schema)},
+        )
+        as_tool = _post(
+            proxy,
+            "/v1/chat/completions",
+            {"model": "m", "messages": ASK, "tools": [_tool("fan", schema)]},
+        )
+    for answer, param in ((as_format, "response_format"), (as_tool, "tools")):
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert error["param"] == param
+        assert f"at most {MAX_SCHEMA_FANOUT} are accepted per value" in error["message"]
+        assert "(schema fan-out limit)" in error["message"]
     assert upstream.requests == []
