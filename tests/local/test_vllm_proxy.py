@@ -6,8 +6,9 @@ text, which the hermes parser (it looks for ``<tool_call>`` tags) leaves in ``co
 ``tool_calls``; each test asks vLLM directly first and then the proxy, and asserts what the proxy
 did given what vLLM's parser did. With ``required`` or a named tool vLLM's guided decoding returns
 a structured call, which is what the proxy's constrained repair leans on. One server serves the
-module; marked ``vllm``: deselected by default (``make check``, ``make test`` and CI leave it out);
-``make test-vllm`` sets vLLM up and runs it (about 14 minutes on 2 cores, most of it the server's start).
+module; marked ``vllm``: deselected by default (``make check``, ``make test`` and CI leave it
+out); ``make test-vllm`` sets vLLM up and runs it (about 14 minutes on 2 cores, most of it the
+server's start).
 """
 
 from __future__ import annotations
