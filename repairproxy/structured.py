@@ -245,9 +245,10 @@ class FormatCache:
                 f"{self.max_format_bytes} are accepted",
                 param="response_format",
             )
-        nodes = schema_nodes(key)
-        _check_caps("JSON objects and arrays", nodes, tools_nodes, max_nodes, "--max-schema-nodes")
         found = self._entries.get(key)
+        # A cached format carries the counts its key gave: a hit counts nothing again.
+        nodes = found.nodes if found is not None else schema_nodes(key)
+        _check_caps("JSON objects and arrays", nodes, tools_nodes, max_nodes, "--max-schema-nodes")
         if found is not None:
             self._entries.move_to_end(key)
             _check_caps(_PATTERNS, found.patterns, tools_patterns, max_patterns, _PATTERNS_FLAG)
@@ -262,7 +263,8 @@ class FormatCache:
             _check_caps(_PATTERNS, patterns, tools_patterns, max_patterns, _PATTERNS_FLAG)
             _check_fanout(key, schema)
             compiled = OutputFormat("json_schema", name if isinstance(name, str) else None, schema)
-            compiled.patterns, compiled.nodes = patterns, nodes
+            compiled.patterns = patterns
+        compiled.nodes = nodes
         if len(key) <= MAX_CACHED_SCHEMA_BYTES:
             self._entries[key] = compiled
             while len(self._entries) > self.max_entries:

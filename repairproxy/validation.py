@@ -1611,14 +1611,15 @@ class ToolsCache:
                 f"{self.max_tools_bytes} are accepted",
                 param=param,
             )
-        nodes = schema_nodes(key)
+        entry = self._entries.get(key)
+        # A cached entry carries the counts its key gave: a hit counts nothing again.
+        nodes = entry[0].nodes if entry is not None else schema_nodes(key)
         if nodes > max_nodes:
             raise InvalidToolsError(
                 f"the tools declared hold {nodes} JSON objects and arrays; at most {max_nodes} "
                 "are accepted (--max-schema-nodes)",
                 param=param,
             )
-        entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
             _check_patterns(entry[0].patterns, max_patterns, param)
