@@ -88,6 +88,38 @@ def _loads(text: str) -> Any:
 
 
 _NOT_JSON: Any = object()
+_SPACE = frozenset(" \t\r\n")
+
+
+def _doubled(text: str) -> Any:
+    """The one object inside a doubled brace pair, ``{{"name": ..., "arguments": {...}}}``, else
+    ``_NOT_JSON``.
+
+    A chat template that writes its call example with Jinja-escaped braces (the Qwen2.5 GGUFs'
+    ``{{"name": <function-name>, ...}}``) shows the model a doubled pair, and the model copies
+    it: the object inside is its call. One pair only, around one object, nothing else inside.
+    """
+    stripped = text.strip()
+    if len(stripped) < 4 or stripped[0] != "{" or stripped[-1] != "}":
+        return _NOT_JSON
+    # The pair's inner braces are checked before anything is copied: most text that fails to
+    # parse as JSON is prose in braces, not a doubled call.
+    first = 1
+    while stripped[first] in _SPACE:
+        first += 1
+    last = len(stripped) - 2
+    while last > first and stripped[last] in _SPACE:
+        last -= 1
+    if stripped[first] != "{" or stripped[last] != "}" or last == first:
+        return _NOT_JSON
+    value = _loads(stripped[first : last + 1])
+    return value if isinstance(value, dict) else _NOT_JSON
+
+
+def _loads_call(text: str) -> Any:
+    """``_loads``, or the object a doubled brace pair wraps (``_doubled``)."""
+    value = _loads(text)
+    return _doubled(text) if value is _NOT_JSON else value
 
 
 def _arguments_of(raw: Any) -> Any:
@@ -199,7 +231,7 @@ def _bare_json_calls(text: str, begin: int, stop: int) -> Iterable[TextCall]:
     start = first.start()
     end = start + len(text[start:stop].rstrip())
     if text[end - 1] in "}]":
-        value = _loads(text[start:end])
+        value = _loads_call(text[start:end])
         calls = calls_in_value(value) if value is not _NOT_JSON else None
         if calls is not None:
             source = text[start:end]
@@ -216,7 +248,7 @@ def _bare_json_calls(text: str, begin: int, stop: int) -> Iterable[TextCall]:
             return
         scans += 1
         end = ends[start]
-        value = _loads(text[start:end])
+        value = _loads_call(text[start:end])
         if value is _NOT_JSON:
             continue
         calls = calls_in_value(value)
@@ -275,7 +307,7 @@ def _tagged_calls(text: str) -> list[TextCall]:
         if "<function=" in body:
             calls.extend(_xml_calls(body, start, end, source))
             continue
-        value = _loads(body)
+        value = _loads_call(body)
         found = calls_in_value(value) if value is not _NOT_JSON else None
         if found is not None:
             calls.extend(TextCall(n, a, start, end, Shape.TAGGED, source) for n, a in found)
@@ -291,7 +323,7 @@ def _tagged_calls(text: str) -> list[TextCall]:
 def _fenced_calls(text: str, begin: int, stop: int) -> list[TextCall]:
     calls: list[TextCall] = []
     for match in _FENCED.finditer(text, begin, stop):
-        value = _loads(match.group(2).strip())
+        value = _loads_call(match.group(2).strip())
         found = calls_in_value(value) if value is not _NOT_JSON else None
         if found is None:
             continue

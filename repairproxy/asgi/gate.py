@@ -651,6 +651,9 @@ def call_opening(text: str, *, words: bool = True, tool_names: Iterable[str] = (
     if first in "{[":
         if not rest:
             return None
+        if first == "{" and rest[0] == "{":  # a doubled pair a template taught: ``{{"name"``
+            inner = rest[1:].lstrip()
+            return inner[0] == '"' if inner else None
         return rest[0] == ('"' if first == "{" else "{")  # an object's key; a list of calls
     if stripped.startswith("```"):
         language, newline, body = stripped[3:].partition("\n")

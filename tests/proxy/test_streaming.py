@@ -122,6 +122,11 @@ def test_data_event_is_one_sse_event() -> None:
         ('{"na', True),
         ('{ "name"', True),
         ("{not json", False),
+        ("{{", True),  # a doubled pair a template taught
+        ('{{"name"', True),
+        ('{ {"na', True),
+        ("{{name}}", False),
+        ("{{ name }}", False),
         ("[", True),
         ('[{"name"', True),
         ("[see the docs](http://x)", False),

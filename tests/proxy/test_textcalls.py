@@ -16,6 +16,7 @@ from repairproxy.textcalls import (
     json_value_end,
     promote_calls,
 )
+from repairproxy.validation import Channel, ToolsCache
 from repairproxy.wire.openai import message_text
 
 # (case id, text, [(name, arguments, shape)] expected in order)
@@ -114,6 +115,30 @@ SHAPES: list[tuple[str, str, list[tuple[str | None, Any, Shape]]]] = [
         '{"name": "f", "arguments": "{oops"}',
         [("f", "{oops", Shape.JSON)],
     ),
+    # A template's Jinja-escaped example (``{{"name": <function-name>, ...}}``, in the Qwen2.5
+    # GGUFs' chat template) teaches the model a doubled brace pair around its call.
+    (
+        "doubled braces (a template's escaped example)",
+        '{{"name": "get_weather", "arguments": {"city": "Paris"}}}',
+        [("get_weather", {"city": "Paris"}, Shape.JSON)],
+    ),
+    (
+        "doubled braces inside tool_call tags",
+        '<tool_call>\n{{"name": "f", "arguments": {"a": 1}}}\n</tool_call>',
+        [("f", {"a": 1}, Shape.TAGGED)],
+    ),
+    (
+        "doubled braces, spaced, in a fence",
+        '```json\n{ {"name": "f", "arguments": {}} }\n```',
+        [("f", {}, Shape.FENCED)],
+    ),
+    (
+        "doubled braces after prose",
+        'Checking. {{"name": "f", "arguments": {"a": 1}}}',
+        [("f", {"a": 1}, Shape.JSON)],
+    ),
+    ("doubled braces around data", '{{"retries": 3}}', []),
+    ("template placeholders", "Write {{name}} and {{ arguments }} in the template.", []),
     # Prose that merely holds JSON, or brackets, is never a call.
     ("plain prose", "Your order shipped yesterday.", []),
     ("json config, no arguments key", 'Config: {"retries": 3, "name": "x"}', []),
@@ -263,3 +288,28 @@ def test_a_native_reading_types_what_the_generic_one_left_as_text() -> None:
 def test_a_bare_call_line_needs_a_declared_tool() -> None:
     assert find_text_calls('get_weather(city="Paris")') == ()
     assert find_text_calls('send_email(to="bob")', WEATHER) == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "promoted"),
+    [
+        ('{{"name": "f", "arguments": {"a": 1}}}', ["f"]),
+        ('<tool_call>\n{{"name": "f", "arguments": {}}}\n</tool_call>', ["f"]),
+        # Only one pair is unwrapped, around one object: what is left is an object glued to
+        # stray braces, which the reading leaves as text.
+        ('{{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}}', []),
+        ('{{{"name": "f", "arguments": {}}}}', []),
+        ('The template shows {{"name": "f", "arguments": {}}} as an example.', []),
+    ],
+)
+def test_a_doubled_brace_pair_is_read_as_the_call_it_wraps(text: str, promoted: list[str]) -> None:
+    tools: list[dict[str, Any]] = []
+    request = {"messages": [{"role": "user", "content": "go"}], "tools": tools}
+    for n in ("f", "g"):
+        tools.append(
+            {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+        )
+    compiled = ToolsCache().compile(request)
+    assert compiled is not None
+    verdicts = compiled.check_message({"role": "assistant", "content": text}).calls
+    assert [v.name for v in verdicts if v.inner is Channel.VALID] == promoted
