@@ -16,8 +16,10 @@ latency is noisy on shared cores, CPU time much less so.
 ``--redis`` starts a ``redis-server``, measures the proxy twice in one interleaved run (the
 in-process episode store, and ``--episode-store redis://``), every request with an episode header
 (the common request: a valid answer, no new tool error), prints the CPU ratio (the median of each
-repetition's same-run ratio) and the Redis commands each request sent (counted with MONITOR:
-commands that the store's scripts run inside Redis are not round trips and are shown apart).
+repetition's same-run ratio) and the Redis round trips and commands each request sent (counted
+with MONITOR: calls sent together are one ``MULTI`` / ``EXEC`` block, one round trip; commands
+that the store's scripts run inside Redis are not round trips and are shown apart). The Responses
+and thread stores' round trips are counted in ``tests/proxy/test_redis_round_trips.py``.
 
 ``--floor`` splits the proxy's CPU per request into the floor any proxy process pays (a uvloop
 relay: the loop and four socket calls), the HTTP layers (the proxy on a route it relays without
@@ -250,8 +252,8 @@ async def _count_redis_commands(
             await target.round(args.cpu_concurrency, requests, record=False)
             sent = monitor.settle()
             scripted = dict(monitor.scripted)
+            round_trips = monitor.round_trips - sent.get("scan", 0)  # the gauge's, not per request
             requests_sent = max(1, requests // args.cpu_concurrency) * args.cpu_concurrency
-            total = sum(sent.values())
             named = ", ".join(f"{name} {count / requests_sent:.2f}" for name, count in sent.items())
             inside = ", ".join(f"{k} {v / requests_sent:.2f}" for k, v in sorted(scripted.items()))
             with urllib.request.urlopen(f"http://127.0.0.1:{target.port}/metrics") as reply:
@@ -265,9 +267,10 @@ async def _count_redis_commands(
                 f"{target.name:>12}: store calls failed or skipped over the whole run: {errors:.0f}"
             )
             print(
-                f"{target.name:>12}: {total / requests_sent:.2f} Redis commands (round trips) per "
-                f"request ({named}; inside its scripts: {inside}; {requests_sent} requests at "
-                f"concurrency {args.cpu_concurrency}, one episode header)"
+                f"{target.name:>12}: {round_trips / requests_sent:.2f} Redis round trips per "
+                f"request (commands: {named}; inside its scripts: {inside}; {requests_sent} "
+                f"requests at concurrency {args.cpu_concurrency}, one episode header; concurrent "
+                "requests' reads share a round trip)"
             )
 
 

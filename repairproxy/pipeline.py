@@ -471,6 +471,8 @@ class ChatPipeline:
         charged or forwarded, naming nothing of whoever received it."""
         if not isinstance(previous_response_id, str):
             return None
+        if self.settings.episode_header in headers and not self.settings.api_keys:
+            return None  # the header names the episode: the link would be read for nothing
         tenant = self.episodes.tenant_of(headers)
         link = await self.episodes.chains.lookup(_response_key(tenant, previous_response_id))
         if link is None and self.settings.api_keys:

@@ -1,8 +1,10 @@
 """A ``redis-server`` for a benchmark, and the commands its clients send, counted with MONITOR.
 
 A command a Lua script runs shows in MONITOR's stream as coming from ``lua``; the rest are what
-clients sent, one round trip each (the proxy pipelines nothing). ``CommandMonitor`` counts those
-per command name, so a figure can say how many round trips a request cost.
+clients sent. The proxy sends a command alone (one round trip) or several at once as one
+``MULTI`` ... ``EXEC`` block (one round trip: ``episodes.redis_store.ScriptBatch``).
+``CommandMonitor`` counts the commands per name and the round trips (a command outside a block,
+or a block), so a figure can say how many round trips a request cost.
 
     with redis_process() as port, CommandMonitor(port) as monitor:
         ...  # requests
@@ -66,6 +68,8 @@ class CommandMonitor:
         self.port = port
         self.sent: Counter[str] = Counter()  # client commands, lower-case names
         self.scripted: Counter[str] = Counter()  # commands run inside scripts
+        self.round_trips = 0  # commands sent alone, and MULTI ... EXEC blocks
+        self._in_block: set[bytes] = set()  # the connections inside MULTI now
         self._marks: set[bytes] = set()
         self._lock = threading.Lock()
         self._sock = socket.create_connection(("127.0.0.1", port), timeout=None)
@@ -89,6 +93,13 @@ class CommandMonitor:
                     self.scripted[name] += 1
                 else:
                     self.sent[name] += 1
+                    if name == "multi":
+                        self._in_block.add(source)
+                        self.round_trips += 1
+                    elif name in ("exec", "discard"):
+                        self._in_block.discard(source)
+                    elif source not in self._in_block:
+                        self.round_trips += 1
 
     def settle(self, timeout: float = 10.0) -> Counter[str]:
         """The client commands seen since the last ``reset``, once MONITOR has caught up."""
@@ -107,6 +118,7 @@ class CommandMonitor:
         with self._lock:
             self.sent.clear()
             self.scripted.clear()
+            self.round_trips = 0
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

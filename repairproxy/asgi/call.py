@@ -9,9 +9,10 @@ facts of the request go into ``ex.record`` and nowhere else (``asgi/exchange.py`
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -25,6 +26,8 @@ from repairproxy.upstream.client import Upstream, UpstreamReply, response_header
 from repairproxy.wire.openai import ChatCompletion
 
 __all__ = ["PipelineCall", "Relay", "answer_of"]
+
+T = TypeVar("T")
 
 # What a route does with an upstream event stream: (chunks, responder, the upstream's headers).
 Relay = Callable[[AsyncIterator[bytes], Responder, HeaderList], Awaitable[None]]
@@ -90,6 +93,34 @@ class PipelineCall:
     async def settle(self) -> None:
         """After the upstream call, however it ended: the episode's one write to a shared store."""
         await self.pipeline.settle(self._admitted, self.ex.record)
+
+    # -- a shared store: one round trip before the upstream call, one after ---------------------
+
+    async def _with_episode(self, lookup: Awaitable[T]) -> tuple[T, EpisodeRef | None]:
+        """``lookup`` (the route's own store: a stored response, a thread) and, on a shared
+        store with an episode header, that episode read ahead (``ErrorBudget.read_ahead``) at
+        the same time: one round trip before the upstream call instead of two."""
+        budget = self.pipeline.episodes
+        if budget.shared is None or budget.episode_header not in self.headers:
+            return await lookup, None
+        return await asyncio.gather(lookup, budget.read_ahead(self.headers))
+
+    async def _together(self, *writes: Awaitable[Any]) -> None:
+        """The writes after the upstream call: at once on a shared store (one round trip: the
+        stores of one client share a batch), one after another in the process. Each runs
+        however another ends; the first failure is raised after them."""
+        if self.pipeline.episodes.shared is None:
+            failures: list[BaseException] = []
+            for write in writes:
+                try:
+                    await write
+                except Exception as exc:
+                    failures.append(exc)
+        else:
+            done = await asyncio.gather(*writes, return_exceptions=True)
+            failures = [result for result in done if isinstance(result, BaseException)]
+        if failures:
+            raise failures[0]
 
     # -- the verdict ------------------------------------------------------------------------------
 

@@ -191,7 +191,7 @@ class MessagesCall(PipelineCall):
             raise BadRequestError("'messages' is required", param="messages")
         if not self.native:  # what a chat-only upstream cannot do: refused or named
             self.ex.dropped = chat_only_fields("messages", body)
-        stored_episode = await self._open_thread(body)
+        ahead, stored_episode = await self._open_thread(body)
         if self.thread is not None:
             raw = orjson.dumps(body)  # the whole turn, without ``thread``
         self.body = body
@@ -200,7 +200,10 @@ class MessagesCall(PipelineCall):
         chat.pop("stream", None)  # re-asks and translated requests are answered whole
 
         async def linked() -> EpisodeRef | None:
-            """The episode of the answer a thread continues (no header sent)."""
+            """The header's episode read with the thread, else the episode of the answer a
+            thread continues (no header sent)."""
+            if ahead is not None:
+                return ahead
             if stored_episode and pipeline.settings.episode_header not in self.headers:
                 return EpisodeRef(stored_episode, explicit=False, new=False, tenant=self.tenant)
             return None
@@ -221,14 +224,15 @@ class MessagesCall(PipelineCall):
                 request.forward_raw = orjson.dumps(request.body)
         return request
 
-    async def _open_thread(self, body: dict[str, Any]) -> str | None:
+    async def _open_thread(self, body: dict[str, Any]) -> tuple[EpisodeRef | None, str | None]:
         """A threaded request made whole (threads.py): ``thread`` taken out, the stored history,
         ``system`` and ``tools`` put in, tool changes applied, the threads beta dropped from
-        what goes upstream. The episode id of the answer it continues, if any."""
+        what goes upstream. The header's episode when it was read with the thread (one round
+        trip to a shared store), and the episode id of the answer it continues, if any."""
         if self.threads is None or "thread" not in body:
-            return None
+            return None, None
         self.tenant = self.pipeline.episodes.tenant_of(self.headers)
-        turn = await self.threads.open(self.tenant, body)
+        turn, ahead = await self._with_episode(self.threads.open(self.tenant, body))
         assert turn is not None  # "thread" is in body
         self.thread = turn
         # Kept as the client would have sent it whole (tool changes in place, the tools it
@@ -247,19 +251,24 @@ class MessagesCall(PipelineCall):
                 value = kept
             headers.append((name, value))
         self.out_headers = headers
-        return turn.previous.episode_id if turn.previous is not None else None
+        return ahead, turn.previous.episode_id if turn.previous is not None else None
 
-    async def finish_thread(self, delivered: bool) -> None:
-        """After the answer left: keep it as the thread's latest message (when it was one)."""
+    async def finish(self, delivered: bool) -> None:
+        """After the answer left, however it ended: the episode's write and, for a delivered
+        threaded answer, the thread's latest message, together (one round trip to a shared
+        store); the thread is closed."""
         turn, threads = self.thread, self.threads
         if turn is None or threads is None:
+            await self.settle()
             return
         try:
+            writes = [self.settle()]
             final = self._final
             if delivered and final is not None and final.get("type", "message") == "message":
                 request = self.request
                 episode = request.episode.id if request is not None and request.episode else None
-                await threads.record(self.tenant, turn, self._thread_whole, final, episode)
+                writes.append(threads.record(self.tenant, turn, self._thread_whole, final, episode))
+            await self._together(*writes)
         finally:
             threads.close(turn)
 

@@ -163,7 +163,10 @@ class ResponsesCall(PipelineCall):
         self.body = body
         self.tenant = tenant = pipeline.episodes.tenant_of(self.headers)
         previous = body.get("previous_response_id")
-        stored = await self.store.get(tenant, previous) if isinstance(previous, str) else None
+        stored: StoredResponse | None = None
+        ahead: EpisodeRef | None = None  # the header's episode, read with the stored turn
+        if isinstance(previous, str):
+            stored, ahead = await self._with_episode(self.store.get(tenant, previous))
         new_items = input_items(body.get("input"))
         view, upstream_body = body, body
         if stored is not None:
@@ -181,6 +184,8 @@ class ResponsesCall(PipelineCall):
 
         async def linked() -> EpisodeRef | None:
             """The episode the stored turn or ``previous_response_id`` continues, if any."""
+            if ahead is not None:
+                return ahead
             if stored is None:
                 return await pipeline.episode_of_response(self.headers, previous)
             if stored.episode_id and pipeline.settings.episode_header not in self.headers:
@@ -289,17 +294,22 @@ class ResponsesCall(PipelineCall):
         response_id = final.get("id")
         if not isinstance(response_id, str):
             return
-        await self.pipeline.remember_response(self.request, response_id)
-        if self.body.get("store") is False:
-            return
-        model = self.body.get("model")
-        record = StoredResponse(
-            self.conversation,
-            dict(final),
-            self.ex.record.episode_id,
-            model if isinstance(model, str) else None,
-        )
-        await self.store.put(self.tenant, response_id, record)
+        # The link, the record and the episode's write (the answer is judged: nothing more will
+        # change it) in one round trip to a shared store; the route's settle then has nothing to do.
+        writes = [
+            self.pipeline.remember_response(self.request, response_id),
+            self.pipeline.settle(self.request, self.ex.record),
+        ]
+        if self.body.get("store") is not False:
+            model = self.body.get("model")
+            record = StoredResponse(
+                self.conversation,
+                dict(final),
+                self.ex.record.episode_id,
+                model if isinstance(model, str) else None,
+            )
+            writes.append(self.store.put(self.tenant, response_id, record))
+        await self._together(*writes)
 
     # -- buffered ---------------------------------------------------------------------------------
 

@@ -272,10 +272,7 @@ class Proxy:
             )
             delivered = 200 <= responder.status < 300
         finally:
-            try:
-                await call.settle()
-            finally:
-                await call.finish_thread(delivered)
+            await call.finish(delivered)
 
     async def _stored_response(
         self, scope: Scope, receive: Receive, responder: Responder, ex: Exchange

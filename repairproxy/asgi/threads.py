@@ -198,12 +198,11 @@ class MessageThreads:
         extra = {name: sent.get(name) for name in ("system", "tools") if sent.get(name) is not None}
         model = sent.get("model") if isinstance(sent.get("model"), str) else None
         record = StoredResponse(messages, {"id": answer_id, "output": []}, episode_id, model, extra)
-        await self.store.put(tenant, answer_id, record)
-        if turn.previous is not None and turn.previous_id is not None:
-            done = turn.previous
-            marked = {**done.extra, "continued": True}
-            await self.store.put(
-                tenant,
-                turn.previous_id,
-                StoredResponse(done.input, done.response, done.episode_id, done.model, marked),
-            )
+        if turn.previous is None or turn.previous_id is None:
+            await self.store.put(tenant, answer_id, record)
+            return
+        done = turn.previous
+        marked = {**done.extra, "continued": True}
+        previous = StoredResponse(done.input, done.response, done.episode_id, done.model, marked)
+        # Both in one round trip to a shared store (with the caller's episode write, if any).
+        await self.store.put_many(tenant, [(answer_id, record), (turn.previous_id, previous)])

@@ -312,7 +312,7 @@ class SharedEpisodeStore(EpisodeStore, Protocol):
     lost race ``mutate`` runs again on what the winner wrote). The counting rules stay in the
     mutations (Python); the store only compares and sets."""
 
-    async def read(self, episode_id: str) -> Reading: ...
+    async def read(self, episode_id: str, *, claim: bool = True) -> Reading: ...
 
     async def write(
         self, episode_id: str, reading: Reading, mutate: Callable[[EpisodeState], T]
@@ -513,6 +513,22 @@ class ErrorBudget:
             conversation=keys,
             warn_missing_header=warn,
             tenant=tenant,
+        )
+
+    async def read_ahead(self, headers: Mapping[str, str]) -> EpisodeRef | None:
+        """The header's episode read from a shared store without claiming it, so that a route
+        reads it in the same round trip as its own store's lookup (before the body is known to
+        be valid: nothing is claimed for a request refused later). None: no header, no shared
+        store, or an episode not seen before (``resolve_episode`` claims it then)."""
+        explicit = _header(headers, self.episode_header)
+        if explicit is None or self.shared is None:
+            return None
+        tenant = self.tenant_of(headers)
+        reading = await self.shared.read(scoped(tenant, explicit), claim=False)
+        if reading.absent:
+            return None
+        return EpisodeRef(
+            explicit, explicit=True, new=False, tenant=tenant, txn=Transaction.of(reading)
         )
 
     async def remember_answer(

@@ -158,10 +158,10 @@ class GuardedEpisodeStore:
         # Unknown, not absent: an episode is not counted as started again while Redis is away.
         return EpisodeState() if isinstance(state, _Failed) else state
 
-    async def read(self, episode_id: str) -> Reading:
+    async def read(self, episode_id: str, *, claim: bool = True) -> Reading:
         """The shared store's reading; an unknown one (blank, never written back) when away."""
         inner = cast(SharedEpisodeStore, self.inner)
-        reading = await self.health.attempt("get", lambda: inner.read(episode_id))
+        reading = await self.health.attempt("get", lambda: inner.read(episode_id, claim=claim))
         return Reading(EpisodeState(), unknown=True) if isinstance(reading, _Failed) else reading
 
     async def write(

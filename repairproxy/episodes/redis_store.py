@@ -20,6 +20,11 @@ did (``read`` before the upstream call: the claim and the state in one script;
 ``write`` after it: one compare-and-set of everything the request and its answer changed, which
 ``ErrorBudget`` computed in Python, replayed on the winner's state after a lost race).
 
+The stores of one client share a ``ScriptBatch``: the calls a request makes of several stores at
+once (a Responses or thread route's stored turn and the header's episode before the upstream call;
+the new record, its link and the episode's write after it) go in one round trip, and so do the
+reads of requests that arrive together.
+
 A conversation link is ``<prefix>ch:<digest hex>`` = ``<0|1>:<episode id>`` (1: ambiguous), set by
 one script so that two replicas linking one digest to two episodes both see it ambiguous.
 """
@@ -37,7 +42,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 
 from repairproxy.episodes.budget import EpisodeState, Reading
 from repairproxy.episodes.chaining import ChainLink
@@ -47,6 +52,7 @@ __all__ = [
     "MAX_ATTEMPTS",
     "RedisChainIndex",
     "RedisEpisodeStore",
+    "ScriptBatch",
     "StoreConflictError",
     "StoreDataError",
     "decode_state",
@@ -203,46 +209,55 @@ def _split(value: bytes | str | None) -> tuple[bytes, bytes | None]:
     return version, rest.partition(b":")[2]
 
 
-class _Batched:
-    """One script's calls from one turn of the event loop, sent as one pipeline: one write and
-    one read of the socket for every request that read its episode in that turn (16 concurrent
-    requests share a round trip instead of paying one each). Alone, a call goes as it is."""
+class ScriptBatch:
+    """The script calls on one client made in one turn of the event loop, sent together: one
+    write and one read of the socket. A request that needs several stores at once (its record,
+    its episode, its link) issues their calls concurrently and pays one round trip; concurrent
+    requests share one too. Alone, a call goes as it is (one ``EVALSHA``); together, the calls go
+    as one ``MULTI`` / ``EXEC`` (atomic, and one visible round trip in ``MONITOR``). The stores of
+    one client share one batch (``open_stores``)."""
 
-    def __init__(self, client: Redis, script: Any) -> None:
+    def __init__(self, client: Redis) -> None:
         self.client = client
-        self.script = script
-        self._waiting: list[tuple[list[Any], asyncio.Future[Any]]] = []
+        self._waiting: list[tuple[Any, list[Any], asyncio.Future[Any]]] = []
 
-    async def __call__(self, *, keys: list[str], args: list[Any]) -> Any:
+    async def __call__(self, script: Any, *, keys: list[Any], args: list[Any]) -> Any:
+        return await self.submit(script, keys=keys, args=args)
+
+    def submit(self, script: Any, *, keys: list[Any], args: list[Any]) -> asyncio.Future[Any]:
+        """Queue the call now (several from one caller go in one batch); its reply later."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._waiting.append(([*keys, *args], future))
+        self._waiting.append((script, [len(keys), *keys, *args], future))
         if len(self._waiting) == 1:
             loop.call_soon(self._flush, loop)
-        return await future
+        return future
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         batch, self._waiting = self._waiting, []
         loop.create_task(self._send(batch))
 
-    async def _send(self, batch: list[tuple[list[Any], asyncio.Future[Any]]]) -> None:
+    async def _send(self, batch: list[tuple[Any, list[Any], asyncio.Future[Any]]]) -> None:
         try:
             # The callers' own timeouts (the guard's) do not reach this task: a Redis that never
             # answers must not keep it, and its connection, for ever.
             async with asyncio.timeout(BATCH_TIMEOUT):
                 if len(batch) == 1:
-                    words = batch[0][0]
-                    results: list[Any] = [await self.script(keys=words[:1], args=words[1:])]
+                    script, words, _ = batch[0]
+                    count = words[0]
+                    results: list[Any] = [
+                        await script(keys=words[1 : count + 1], args=words[count + 1 :])
+                    ]
                 else:
-                    results = await self._pipelined([words for words, _ in batch])
+                    results = await self._together([(s, w) for s, w, _ in batch])
         except BaseException as exc:  # every caller hears it (the guard counts it)
-            for _, future in batch:
+            for _, _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
             return
-        for (_, future), result in zip(batch, results, strict=True):
+        for (_, _, future), result in zip(batch, results, strict=True):
             if future.done():
                 continue  # the caller gave up (its timeout)
             if isinstance(result, Exception):
@@ -250,16 +265,21 @@ class _Batched:
             else:
                 future.set_result(result)
 
-    async def _pipelined(self, calls: list[list[Any]]) -> list[Any]:
-        for _ in range(2):
-            pipe = self.client.pipeline(transaction=False)
-            for words in calls:
-                pipe.evalsha(self.script.sha, 1, *words)
-            results = await pipe.execute(raise_on_error=False)
-            if not any(isinstance(r, NoScriptError) for r in results):
-                return list(results)
-            await self.client.script_load(self.script.script)  # Redis restarted: load it again
-        return list(results)
+    async def _together(self, calls: list[tuple[Any, list[Any]]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=True)
+        for script, words in calls:
+            pipe.evalsha(script.sha, *words)
+        results = list(await pipe.execute(raise_on_error=False))
+        missing = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
+        if missing:  # Redis restarted: load the scripts again and run those calls alone
+            for index in missing:
+                script, words = calls[index]
+                await self.client.script_load(script.script)
+                try:
+                    results[index] = await self.client.evalsha(script.sha, *words)
+                except RedisError as exc:
+                    results[index] = exc
+        return results
 
 
 class RedisEpisodeStore:
@@ -272,8 +292,10 @@ class RedisEpisodeStore:
         *,
         prefix: str = DEFAULT_PREFIX,
         max_attempts: int = MAX_ATTEMPTS,
+        batch: ScriptBatch | None = None,
     ) -> None:
         self.client = client
+        self.batch = batch if batch is not None else ScriptBatch(client)
         self.idle_ttl_seconds = idle_ttl_seconds
         self.prefix = prefix
         self.max_attempts = max_attempts
@@ -281,7 +303,7 @@ class RedisEpisodeStore:
         self._cas = client.register_script(_CAS)
         self._claim = client.register_script(_CLAIM)
         self._read = client.register_script(_READ)
-        self._read_or_claim = _Batched(client, client.register_script(_READ_OR_CLAIM))
+        self._read_or_claim = client.register_script(_READ_OR_CLAIM)
         self._empty = b"0::" + encode_state(EpisodeState())
         self.conflicts = 0  # compare-and-set attempts lost (for tests and benchmarks)
 
@@ -291,7 +313,7 @@ class RedisEpisodeStore:
     async def update(self, episode_id: str, mutate: Callable[[EpisodeState], T]) -> T:
         key = self.key(episode_id)
         for attempt in range(self.max_attempts):
-            read = await self._read(keys=[key])
+            read = await self.batch(self._read, keys=[key], args=[])
             value, ttl_left = (read[0], int(read[1])) if read else (None, 0)
             version, body = _split(value)
             number, state = _load(version, body) if body is not None else (0, EpisodeState())
@@ -305,7 +327,7 @@ class RedisEpisodeStore:
                 return result
             token = secrets.token_hex(6).encode()
             value = b"%d:%s:%s" % (number + 1, token, encoded)
-            if await self._cas(keys=[key], args=[version, value, self._ttl_ms, token]):
+            if await self.batch(self._cas, keys=[key], args=[version, value, self._ttl_ms, token]):
                 return result
             self.conflicts += 1
             # Someone else wrote first: read again after a short jittered pause.
@@ -314,11 +336,16 @@ class RedisEpisodeStore:
             f"episode {episode_id}: {self.max_attempts} concurrent updates won over this one"
         )
 
-    async def read(self, episode_id: str) -> Reading:
+    async def read(self, episode_id: str, *, claim: bool = True) -> Reading:
         """The episode as a request finds it before its upstream call (one round trip; claims
-        an absent one, pushes the idle TTL back). ``write`` later sets against it."""
+        an absent one unless ``claim`` is false, pushes the idle TTL back). ``write`` later sets
+        against it."""
         key = self.key(episode_id)
-        read = await self._read_or_claim(keys=[key], args=[self._empty, self._ttl_ms])
+        if claim:
+            args = [self._empty, self._ttl_ms]
+            read = await self.batch(self._read_or_claim, keys=[key], args=args)
+        else:
+            read = await self.batch(self._read, keys=[key], args=[])
         if not read:
             return Reading(EpisodeState(), (b"0", None), absent=True)
         version, body = _split(read[0])
@@ -348,11 +375,11 @@ class RedisEpisodeStore:
                 return result
             token = secrets.token_hex(6).encode()
             value = b"%d:%s:%s" % (number + 1, token, encoded)
-            if await self._cas(keys=[key], args=[version, value, self._ttl_ms, token]):
+            if await self.batch(self._cas, keys=[key], args=[version, value, self._ttl_ms, token]):
                 return result
             self.conflicts += 1
             await asyncio.sleep(random.uniform(0, 0.0005 * min(attempt + 1, 10)))
-            read = await self._read(keys=[key])
+            read = await self.batch(self._read, keys=[key], args=[])
             version, body = _split(read[0] if read else None)
             base = _load(version, body)[1] if body is not None else EpisodeState()
         raise StoreConflictError(
@@ -383,9 +410,15 @@ class RedisChainIndex:
     """``ChainIndex`` on Redis: one key per answered history, expiring with the idle TTL."""
 
     def __init__(
-        self, client: Redis, idle_ttl_seconds: float = 3600.0, *, prefix: str = DEFAULT_PREFIX
+        self,
+        client: Redis,
+        idle_ttl_seconds: float = 3600.0,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        batch: ScriptBatch | None = None,
     ) -> None:
         self.client = client
+        self.batch = batch if batch is not None else ScriptBatch(client)
         self.idle_ttl_seconds = idle_ttl_seconds
         self.prefix = prefix
         self._ttl_ms = max(int(idle_ttl_seconds * 1000), 1)
@@ -395,7 +428,7 @@ class RedisChainIndex:
         return f"{self.prefix}ch:{digest.hex()}"
 
     async def link(self, key: bytes, episode_id: str) -> None:
-        await self._link(keys=[self.key(key)], args=[episode_id, self._ttl_ms])
+        await self.batch(self._link, keys=[self.key(key)], args=[episode_id, self._ttl_ms])
 
     async def lookup(self, key: bytes) -> ChainLink | None:
         value = await self.client.getex(self.key(key), px=self._ttl_ms)

@@ -18,9 +18,10 @@ turn's id is unknown, never a 500).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     from repairproxy.episodes.guard import StoreHealth
+    from repairproxy.episodes.redis_store import ScriptBatch
 
 __all__ = [
     "GuardedResponsesStore",
@@ -102,6 +104,10 @@ class ResponsesStore(Protocol):
     """Where delivered responses live, by tenant ("" without client keys) and response id."""
 
     async def put(self, tenant: str, response_id: str, record: StoredResponse) -> None: ...
+
+    async def put_many(
+        self, tenant: str, records: Sequence[tuple[str, StoredResponse]]
+    ) -> None: ...  # in one round trip where that counts
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None: ...
 
@@ -180,6 +186,10 @@ class MemoryResponsesStore:
             self._evict((tenant, next(iter(self._by_tenant[tenant]))))
         while self.bytes > self.max_bytes:
             self._evict(next(iter(self._records)))
+
+    async def put_many(self, tenant: str, records: Sequence[tuple[str, StoredResponse]]) -> None:
+        for response_id, record in records:
+            await self.put(tenant, response_id, record)
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
         key = (tenant, response_id)
@@ -311,8 +321,14 @@ class RedisResponsesStore:
         max_record_bytes: int,
         tenant_quota: int | None = None,
         prefix: str = "repairproxy:",
+        batch: ScriptBatch | None = None,
     ) -> None:
+        from repairproxy.episodes.redis_store import ScriptBatch
+
         self.client = client
+        # Shared with the episode store on the same client: a request's record and its episode
+        # go to Redis in one round trip when it asks for both at once.
+        self.batch = batch if batch is not None else ScriptBatch(client)
         self.ttl_ms = max(int(ttl * 1000), 1)
         self.max_record_bytes = max_record_bytes
         self.tenant_quota = max_record_bytes if tenant_quota is None else tenant_quota
@@ -335,17 +351,25 @@ class RedisResponsesStore:
         return int(await self._total(keys=keys, args=[records, self.ttl_ms]))
 
     async def put(self, tenant: str, response_id: str, record: StoredResponse) -> None:
-        raw = encode_record(record)
-        size = _accounted_size(tenant, response_id, raw)
+        await self.put_many(tenant, [(response_id, record)])
+
+    async def put_many(self, tenant: str, records: Sequence[tuple[str, StoredResponse]]) -> None:
+        """Every record in one batch (one round trip), each put by its own script call."""
         quota = min(self.max_record_bytes, self.tenant_quota)
-        keys, records = self._keys(tenant)
-        ident = response_id.encode("utf-8", "surrogatepass")
-        await self._put(keys=keys, args=[records, ident, raw, size, self.ttl_ms, quota])
+        keys, prefix = self._keys(tenant)
+        calls = []
+        for response_id, record in records:
+            raw = encode_record(record)
+            size = _accounted_size(tenant, response_id, raw)
+            ident = response_id.encode("utf-8", "surrogatepass")
+            args = [prefix, ident, raw, size, self.ttl_ms, quota]
+            calls.append(self.batch.submit(self._put, keys=keys, args=args))
+        await asyncio.gather(*calls)
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
         keys, records = self._keys(tenant)
         ident = response_id.encode("utf-8", "surrogatepass")
-        raw = await self._get(keys=keys, args=[records, ident, self.ttl_ms])
+        raw = await self.batch(self._get, keys=keys, args=[records, ident, self.ttl_ms])
         return decode_record(raw) if isinstance(raw, bytes) else None
 
     async def delete(self, tenant: str, response_id: str) -> bool:
@@ -365,6 +389,9 @@ class GuardedResponsesStore:
         await self.health.attempt(
             "response_put", lambda: self.inner.put(tenant, response_id, record)
         )
+
+    async def put_many(self, tenant: str, records: Sequence[tuple[str, StoredResponse]]) -> None:
+        await self.health.attempt("response_put", lambda: self.inner.put_many(tenant, records))
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
         from repairproxy.episodes.guard import FAILED

@@ -174,7 +174,12 @@ def open_stores(
             f"--episode-store must be memory or a redis://, rediss:// or unix:// URL, not {spec!r}"
         )
     from repairproxy.episodes.guard import GuardedChainIndex, GuardedEpisodeStore, StoreHealth
-    from repairproxy.episodes.redis_store import RedisChainIndex, RedisEpisodeStore, redis_client
+    from repairproxy.episodes.redis_store import (
+        RedisChainIndex,
+        RedisEpisodeStore,
+        ScriptBatch,
+        redis_client,
+    )
     from repairproxy.episodes.responses_store import GuardedResponsesStore, RedisResponsesStore
 
     client = redis_client(spec, max_connections=max(settings.max_connections, 16), guarded=True)
@@ -185,9 +190,13 @@ def open_stores(
     )
     ttl = settings.episode_idle_ttl
     keys = len(settings.api_keys)
+    # One batch for every store on the client: what a request asks of several stores at once
+    # (its stored record and its episode; the new record, its link and the episode's write) is
+    # one round trip.
+    batch = ScriptBatch(client)
     return Stores(
-        GuardedEpisodeStore(RedisEpisodeStore(client, ttl), health),
-        GuardedChainIndex(RedisChainIndex(client, ttl), health),
+        GuardedEpisodeStore(RedisEpisodeStore(client, ttl, batch=batch), health),
+        GuardedChainIndex(RedisChainIndex(client, ttl, batch=batch), health),
         health,
         client=client,
         log=log,
@@ -197,6 +206,7 @@ def open_stores(
                 ttl,
                 max_record_bytes=settings.max_responses_memory,
                 tenant_quota=settings.max_responses_memory // keys if keys > 1 else None,
+                batch=batch,
             ),
             health,
         ),
@@ -207,6 +217,7 @@ def open_stores(
                 max_record_bytes=settings.max_responses_memory,
                 tenant_quota=settings.max_responses_memory // keys if keys > 1 else None,
                 prefix="repairproxy:threads:",
+                batch=batch,
             ),
             health,
         ),
