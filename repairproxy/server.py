@@ -16,6 +16,16 @@ is held forever (with the fd limit at 128, 150 such sockets starve ``/healthz``)
 - **connections**: beyond ``--max-client-connections`` open connections, a new one is answered
   ``503`` at once and closed, before it can hold a file descriptor for long.
 
+Framing is read as h11 reads it wherever llhttp is stricter and h11's reading is unambiguous
+(``tests/proxy/test_server_differential.py`` compares the two on generated streams): a bare LF
+ends a line, Transfer-Encoding wins over a Content-Length beside it (the connection then closes
+after the answer, RFC 9112 6.1), and a head llhttp refuses for an obs-fold, repeated identical
+Content-Length values or a bare LF after the request line is rewritten (``normalise_head``) and
+parsed again by a fresh parser, from where it starts (``head_start`` replays what was fed since
+the last message boundary, kept up to the head cap: behind a larger body in the same read, such
+a head is refused 400 as llhttp refuses it). The proxy re-frames every body upstream and never
+forwards a head's bytes, so reading these as h11 does smuggles nothing.
+
 For CPU rather than limits, the request and its answer run through ``_Cycle``, uvicorn's
 ``RequestResponseCycle`` written lean (same bytes, errors and states for the same messages):
 the scope built in one step, no ``asyncio.Event`` per request, the request body handed over
@@ -40,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
@@ -65,7 +76,14 @@ from repairproxy.coalesce import CoalescingTransport
 from repairproxy.settings import Settings
 from repairproxy.types import HeaderList
 
-__all__ = ["LimitedProtocol", "RefusalCounter", "fit_descriptors", "server_options"]
+__all__ = [
+    "LimitedProtocol",
+    "RefusalCounter",
+    "fit_descriptors",
+    "head_start",
+    "normalise_head",
+    "server_options",
+]
 
 
 class RefusalCounter(Protocol):
@@ -145,6 +163,95 @@ def _find_settings(app: Any) -> tuple[Settings, Any]:
     return Settings(upstream="-"), None  # a foreign app: the defaults
 
 
+def _lenient(parser: httptools.HttpRequestParser) -> httptools.HttpRequestParser:
+    """The leniencies this server parses with. uvicorn's: bytes after a ``connection: close``
+    request are not an error (its answer goes out first). Ours, each where h11 does the same
+    and the proxy's re-framing upstream keeps it unambiguous: a bare LF ends a line (RFC 9112
+    2.2 lets a recipient accept it), and Transfer-Encoding wins over a Content-Length beside it
+    (RFC 9112 6.3; the connection then closes after the answer, 6.1: ``_must_close``)."""
+    parser.set_dangerous_leniencies(
+        lenient_data_after_close=True,
+        lenient_optional_cr_before_lf=True,
+        lenient_chunked_length=True,
+    )
+    return parser
+
+
+_BLANK_LINE = re.compile(b"\n\r?\n")  # where a head ends, as h11 finds it (_receivebuffer)
+_FOLD = (b" ", b"\t")
+
+
+def normalise_head(head: bytes) -> bytes | None:
+    """A request head as h11 reads it, written as CRLF lines llhttp parses strictly: lines end at
+    LF (a CR before it dropped), an obs-fold line joins the line before with one space (RFC 9112
+    5.2), and repeated identical Content-Length values, as fields or a list, are one field (RFC
+    9110 8.6). None where h11 refuses it: a fold before the first field, Content-Length values
+    that differ. ``head`` ends with its blank line; anything else is left for llhttp to judge."""
+    lines = head.split(b"\n")[:-2]
+    lines = [line[:-1] if line[-1:] == b"\r" else line for line in lines]
+    fields: list[bytes] = []
+    for line in lines[1:]:
+        if line[:1] in _FOLD:
+            if not fields:
+                return None  # h11: "continuation line at start of headers"
+            fields[-1] += b" " + line.lstrip(b" \t")
+        else:
+            fields.append(line)
+    seen: bytes | None = None
+    kept = [lines[0]]
+    for field in fields:
+        name, colon, value = field.partition(b":")
+        if colon and name.lower() == b"content-length":
+            lengths = {length.strip() for length in value.split(b",")}
+            if len(lengths) != 1:
+                return None
+            (length,) = lengths
+            if seen is None:
+                seen = length
+                kept.append(b"content-length: " + length)
+            elif length != seen:
+                return None
+            continue
+        kept.append(field)
+    return b"\r\n".join(kept) + b"\r\n\r\n"
+
+
+class _Starts:
+    """Where each message begins, for ``head_start``'s line-by-line replay."""
+
+    def __init__(self) -> None:
+        self.at = 0  # the line being fed begins here
+        self.body = 0  # body bytes llhttp handed over from this line
+        self.begun: int | None = None
+
+    def on_message_begin(self) -> None:
+        self.begun = self.at + self.body
+
+    def on_body(self, body: bytes) -> None:
+        self.body += len(body)
+
+
+def head_start(stream: bytes) -> int | None:
+    """Where in ``stream`` (which starts at a message boundary and ends where llhttp stopped
+    with an error in a head) that head begins. A fresh parser is fed one line at a time: a head
+    and a chunked body end at a line's end, and a Content-Length body's end is its bytes, so
+    each message begins at a line's start or after the body bytes in that line. Runs only when
+    llhttp refuses a head; None if the replay does not end in the same refusal."""
+    starts = _Starts()
+    parser = _lenient(httptools.HttpRequestParser(starts))
+    at, size = 0, len(stream)
+    while at < size:
+        end = stream.find(b"\n", at)
+        end = size if end < 0 else end + 1
+        starts.at, starts.body = at, 0
+        try:
+            parser.feed_data(stream[at:end])
+        except httptools.HttpParserError:
+            return starts.begun
+        at = end
+    return None
+
+
 class _Stop(Exception):
     """Raised in a parser callback to stop parsing the rest of a read (a refused request)."""
 
@@ -170,9 +277,7 @@ class LimitedProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         settings, self._owner = _find_settings(self.app)
-        # A bare LF ends a line, as in h11 (RFC 9112 2.2 lets a recipient accept it): requests
-        # are re-framed upstream, so what a lone LF delimits here is what the upstream sees.
-        self.parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
+        _lenient(self.parser)
         self._max_header_bytes = settings.max_header_bytes
         self._header_timeout = settings.header_timeout
         self._body_timeout = settings.body_timeout
@@ -203,6 +308,13 @@ class LimitedProtocol(HttpToolsProtocol):
         self._write_timer: asyncio.TimerHandle | None = None
         self._idle_since: float | None = None  # loop time of the last answer while idle
         self._current: _Cycle | None = None  # the cycle running (self.cycle: the last parsed)
+        self._must_close = False  # the request being parsed has Content-Length and chunked
+        # The pieces fed since the last message boundary at a piece's end (at most the head cap
+        # of bytes; None past it): what a head llhttp refuses is re-read from (_renormalise).
+        self._replay: list[bytes] | None = []
+        self._replay_bytes = 0
+        self._raw_head: bytes | None = None  # a refused head's bytes until its blank line comes
+        self._normalised = False  # the head being parsed was rewritten: no second rewrite
 
     # -- refusals ---------------------------------------------------------------------------------
 
@@ -373,6 +485,9 @@ class LimitedProtocol(HttpToolsProtocol):
         self._idle_since = None  # bytes came: busy until the next answer completes
         if self._refusing or self.parser is None:
             return
+        if self._raw_head is not None:
+            self._collect_head(data)
+            return
         if self._stash or self._stalled():
             self._stash = self._stash[self._stash_at :] + data
             self._stash_at = 0
@@ -422,10 +537,26 @@ class LimitedProtocol(HttpToolsProtocol):
                     self._unsupported_upgrade_warning()
                 return
             except httptools.HttpParserError:
-                if not self._refusing:
-                    self.logger.warning("Invalid HTTP request received.")
-                    self._refuse("bad_request", _BAD_REQUEST)
-                return
+                if self._refusing:
+                    return
+                again = self._renormalise(piece, data[pos:]) if self._in_headers else None
+                if again is None:
+                    if not self._refusing and self._raw_head is None:
+                        self.logger.warning("Invalid HTTP request received.")
+                        self._refuse("bad_request", _BAD_REQUEST)
+                    return
+                data, pos, size = again, 0, len(again)  # the rewritten head, then the rest
+                continue
+            replay = self._replay
+            if self._in_headers and not self._header_bytes:  # a message boundary: nothing to keep
+                if replay is None or replay:
+                    self._replay, self._replay_bytes = [], 0
+            elif replay is not None:
+                self._replay_bytes += step
+                if self._replay_bytes > self._max_header_bytes:
+                    self._replay = None
+                else:
+                    replay.append(piece)
             if self._in_headers:
                 if in_headers and not self._began:
                     self._header_bytes += step
@@ -451,6 +582,51 @@ class LimitedProtocol(HttpToolsProtocol):
                 if self._overhead >= self._max_header_bytes:
                     self._refuse("header_bytes", _TOO_LARGE)
                     return
+
+    def _renormalise(self, piece: bytes, rest: bytes) -> bytes | None:
+        """llhttp refused the head being parsed (in ``piece``; ``rest``: what follows, unfed).
+        Read it as h11 reads it (``normalise_head``): a bare LF after the request line, obs-fold
+        and repeated identical Content-Length values, which llhttp has no leniency for, become
+        one unambiguous CRLF head for a fresh parser. Returns what to feed from the head on, or
+        None: refused (set here), or the head's end has yet to come (``_collect_head``)."""
+        replay = self._replay
+        if replay is None or self._normalised:
+            return None  # the head's start is not known, or llhttp refused our own rewrite
+        stream = b"".join([*replay, piece])
+        start = head_start(stream)
+        if start is None:
+            return None
+        self._replay, self._replay_bytes = [], 0
+        return self._rewrite(stream[start:] + rest)
+
+    def _rewrite(self, raw: bytes) -> bytes | None:
+        end = _BLANK_LINE.search(raw)
+        if end is None:
+            if len(raw) >= self._max_header_bytes:
+                self._refuse("header_bytes", _TOO_LARGE)
+            else:  # the rest of the head is still to come
+                self._raw_head = raw
+                self.flow.resume_reading()
+                self._arm_header_timer()
+            return None
+        self._raw_head = None
+        head = normalise_head(raw[: end.end()])
+        if head is None or len(head) >= self._max_header_bytes:
+            self.logger.warning("Invalid HTTP request received.")
+            self._refuse("bad_request", _BAD_REQUEST)
+            return None
+        self.parser = _lenient(httptools.HttpRequestParser(self))  # llhttp's errors are final
+        self._normalised = True
+        self._in_headers, self._header_bytes = True, 0
+        return head + raw[end.end() :]
+
+    def _collect_head(self, data: bytes) -> None:
+        """More of a head that is being rewritten (``_rewrite``): fed once it is whole."""
+        raw = cast(bytes, self._raw_head) + data
+        self._raw_head = None
+        again = self._rewrite(raw)
+        if again is not None:
+            self._feed(again)
 
     def _feed_stash(self) -> None:
         """The queue drained: feed what waits, then read again."""
@@ -488,7 +664,7 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def _check_head(self, method: str) -> tuple[str, bytes] | None:
         """A refusal for a head llhttp accepted but this server does not serve."""
-        length = 0
+        length = -1
         codings: list[bytes] = []
         for name, value in self.headers:
             if name == b"transfer-encoding":
@@ -497,6 +673,8 @@ class LimitedProtocol(HttpToolsProtocol):
                 length = int(value) if value.strip().isdigit() else 1
             elif name == b"expect" and value.lower() != b"100-continue":
                 return "expectation_failed", _EXPECTATION
+        self._must_close = bool(codings) and length >= 0
+        length = max(length, 0)
         self._expects_body = bool(codings or length)
         if codings:
             if codings != [b"chunked"]:
@@ -510,6 +688,7 @@ class LimitedProtocol(HttpToolsProtocol):
         if self._refusing:
             raise _Stop
         self._in_headers = False
+        self._normalised = False
         if self._header_timer is not None:
             self._disarm_header_timer()
         parser = self.parser
@@ -561,7 +740,11 @@ class LimitedProtocol(HttpToolsProtocol):
         cycle = _Cycle(
             self,
             scope,
-            keep_alive=http_version != "1.0" and parser.should_keep_alive(),
+            # RFC 9112 6.1: after a request with both Transfer-Encoding and Content-Length (the
+            # former wins) the server MUST close the connection once it has answered.
+            keep_alive=http_version != "1.0"
+            and parser.should_keep_alive()
+            and not self._must_close,
             expect_100_continue=self.expect_100_continue,
         )
         scope["extensions"] = {
