@@ -12,9 +12,15 @@ four times it, interleaved, repeated; it prints the median of the repeats' same-
   tool results counted, the answer linked) on a conversation of M and 4M messages resent whole,
   the turn before it already seen (the digest cache warm, as in a running agent);
 * ``textcalls/...``: ``read_text_calls`` on answers of B and 4B bytes with fences (one left open
-  at the end; code fences holding calls).
+  at the end; code fences holding calls);
+* ``taint``: the promotion taint index (``textcall_taint.QuotedCalls``) built over a conversation
+  of T and 4T turns (tool results holding JSON, calls and JSON escaped in JSON strings; user turns
+  with fenced calls), then asked about one call;
+* ``resent/responses``: the proxy's CPU per ``/v1/responses`` request from a client that resends
+  the whole chain as ``input`` each turn (no ``previous_response_id``) of C and 4C turns (a call
+  and its result each), a short streamed answer.
 
-    python -m benchmarks.growth [--deltas 1500] [--messages 10000] [--repeats 5]
+    python -m benchmarks.growth [--deltas 1500] [--messages 10000] [--turns 1000] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -100,6 +106,48 @@ def _ratio_line(name: str, size: str, small: list[float], large: list[float], un
         f"{statistics.median(large):10.1f} {unit:8} {ratio:5.2f}x "
         f"(repeats {min(ratios):.2f}-{max(ratios):.2f}) {verdict}"
     )
+
+
+def _resent_chain(turns: int) -> dict[str, Any]:
+    """A Responses request resending ``turns`` calls and their results whole, then a question."""
+    items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": _USER["content"]}]
+    for turn in range(turns):
+        call_id = f"call_{turn:08d}"
+        arguments = orjson.dumps({"order_id": f"#W{turn}"}).decode()
+        items.append(
+            {
+                "type": "function_call",
+                "call_id": call_id,
+                "name": _TOOL["name"],
+                "arguments": arguments,
+            }
+        )
+        output = orjson.dumps({"order_id": f"#W{turn}", "status": "delivered"}).decode()
+        items.append({"type": "function_call_output", "call_id": call_id, "output": output})
+    items.append({"type": "message", "role": "user", "content": "And the next one?"})
+    return {**_BODIES["responses"][1], "input": items}
+
+
+async def _resent_chains(args: argparse.Namespace, proxy_port: int, pid: int) -> str:
+    """CPU per request for a resent chain of C and 4C turns (a short answer: 10 deltas)."""
+    sizes = (args.turns, args.turns * 4)
+    payloads = {n: _request(proxy_port, b"/v1/responses", _resent_chain(n), 10) for n in sizes}
+    for n in sizes:  # warm-up
+        await Target(f"resent/{n}", proxy_port, payloads[n]).round(1, 3, record=False)
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    for repeat in range(args.repeats):
+        for n in sizes if repeat % 2 == 0 else sizes[::-1]:
+            before = _cpu_seconds(pid)
+            fresh = Target(f"resent/{n}", proxy_port, payloads[n])
+            await fresh.round(1, args.resent_requests, record=False)
+            samples[n].append((_cpu_seconds(pid) - before) / args.resent_requests * 1e6)
+    size = f"{sizes[0]} -> {sizes[1]} turns"
+    return _ratio_line("resent/responses", size, samples[sizes[0]], samples[sizes[1]], "us")
+
+
+async def _served(args: argparse.Namespace, proxy_port: int, pid: int) -> list[str]:
+    """The curves measured through the proxy process."""
+    return [*await _streams(args, proxy_port, pid), await _resent_chains(args, proxy_port, pid)]
 
 
 async def _streams(args: argparse.Namespace, proxy_port: int, pid: int) -> list[str]:
@@ -196,6 +244,37 @@ def _textcalls(shape: str) -> Callable[[int], Callable[[], Any]]:
     return make
 
 
+def _taint_index(turns: int) -> Callable[[], Any]:
+    """Build the taint index over ``turns`` turns and ask it about one call (not quoted)."""
+    from repairproxy.textcall_shapes import find_text_calls
+    from repairproxy.textcall_taint import QuotedCalls
+
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You look up orders."}]
+    for turn in range(turns):
+        call = {"name": "get_order_details", "arguments": {"order_id": f"#W{turn}"}}
+        quoted = orjson.dumps(call).decode()
+        page = {"order": f"#W{turn}", "note": quoted, "items": [{"sku": turn, "qty": 1}]}
+        user = f"Please check this:\n```json\n{quoted}\n```\nthanks"
+        call_id = f"call_{turn:08d}"
+        function = {"name": call["name"], "arguments": orjson.dumps(call["arguments"]).decode()}
+        messages += [
+            {"role": "user", "content": user},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+            },
+            {"role": "tool", "tool_call_id": call_id, "content": orjson.dumps(page).decode()},
+        ]
+    source = '{"name": "cancel_order", "arguments": {"order_id": "#W1"}}'
+
+    def run() -> bool:
+        index = QuotedCalls(messages, find_text_calls)
+        return index.holds("cancel_order", {"order_id": "#W1"}, source)
+
+    return run
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=f"{QUESTION}\n\n{__doc__}", formatter_class=argparse.RawDescriptionHelpFormatter
@@ -204,6 +283,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stream-requests", type=int, default=5, help="per repeat and size")
     parser.add_argument("--messages", type=int, default=10_000, help="the short history")
     parser.add_argument("--fences", type=int, default=100, help="fenced blocks, short answer")
+    parser.add_argument("--turns", type=int, default=1000, help="the short resent Responses chain")
+    parser.add_argument("--resent-requests", type=int, default=10, help="per repeat and size")
+    parser.add_argument("--taint-turns", type=int, default=500, help="the short taint index")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     print(
@@ -229,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         wait_port(upstream_port)
         wait_port(proxy_port)
-        for line in uvloop.run(_streams(args, proxy_port, proxy.pid)):
+        for line in uvloop.run(_served(args, proxy_port, proxy.pid)):
             print(line, flush=True)
     finally:
         for process in (proxy, upstream):
@@ -241,6 +323,8 @@ def main(argv: list[str] | None = None) -> None:
         size = f"{args.fences} -> {args.fences * 4} blocks"
         line = _in_process(f"textcalls/{shape[:12]}", size, _textcalls(shape), args.fences, 3)
         print(f"{line}   [{shape}]", flush=True)
+    size = f"{args.taint_turns} -> {args.taint_turns * 4} turns"
+    print(_in_process("taint", size, _taint_index, args.taint_turns, args.repeats), flush=True)
 
 
 if __name__ == "__main__":
