@@ -473,9 +473,11 @@ class LimitedProtocol(HttpToolsProtocol):
             self._write_timer = None
 
     def _write_timed_out(self) -> None:
-        """The client stopped reading: what we hold for it is dropped with the connection."""
+        """The client stopped reading: what we hold for it is dropped with the connection. A
+        closing connection too: a whole answer handed over before ``close`` waits in the
+        buffer for a reader that may never come."""
         self._write_timer = None
-        if self.flow.write_paused and not self.transport.is_closing():
+        if self.flow.write_paused:
             self._count("write_timeout")
             self.transport.abort()
 
