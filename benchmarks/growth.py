@@ -325,6 +325,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{line}   [{shape}]", flush=True)
     size = f"{args.taint_turns} -> {args.taint_turns * 4} turns"
     print(_in_process("taint", size, _taint_index, args.taint_turns, args.repeats), flush=True)
+    one, five, fifteen = os.getloadavg()
+    print(f"load average at the end: {one:.2f}, {five:.2f}, {fifteen:.2f} (1, 5, 15 min)")
 
 
 if __name__ == "__main__":
