@@ -2,6 +2,43 @@
 against the real server or pool on loopback. Nothing is timed: the tests count answers,
 statuses, closes, queue lengths, bytes fed to the parser and the refusal counter (the
 deadlines are set short so the tests end soon; every read has a generous bound).
+
+On the parent: this file (with ``tests/support/raw_http.py``) run in a worktree of d113a65, the
+commit the hostile review ran on, with ``repairproxy`` imported from the worktree: 26 of 28 fail.
+"name" marks a failure only because a flag or name the fix added does not exist there.
+
+== ======================================================== ====================================
+#  test                                                     on d113a65
+== ======================================================== ====================================
+1  pipelining client queues at most the cap                 name: ``max_pipelined_requests``
+2  keyless client answered before its body is closed        fails: 401 without ``connection: close``
+2  body that stops coming gets 408                          name: ``body_timeout``
+2  slow body that makes progress is not cut                 name: ``body_timeout``
+3  trailers capped before the app                           fails: no answer at all, not 431
+3  chunk extension capped before the app                    fails: no answer at all, not 431
+4  GET with a body refused, never upstream                  fails: 200, the body forwarded
+4  the pool never sends a GET body                          fails: the pool connects to send it
+5  stray bytes never reach the next request                 fails: the next client got ``stray!``
+5  bytes after the answer in the same read close            passes (held on the parent already)
+6  bad pipelined request answered after earlier (400)       fails: the 400 written first
+6  bad pipelined request answered after earlier (431)       fails: the 431 written first
+7  many small pipelined heads in one read all pass          fails: 431 and no 200
+8  refused 100-continue closes, sends no continue           fails: 401 left the connection open
+8  unknown expectation gets 417                             fails: 502 (passed on to the upstream)
+9  upstream status 600 is a 502                             fails: an empty reply
+9  8 MiB upstream header is a 502                           fails: 200 with the header relayed
+9  content-encoding dropped from a rewritten body           fails: ``content-encoding`` relayed
+9  transfer coding other than chunked gets 501              fails: 502 (accepted, forwarded)
+11 connection caps clamped to the descriptor limit          name: ``fit_descriptors``
+11 soft descriptor limit raised to the hard one             name: ``fit_descriptors``
+10 pattern too costly to compile is refused                 fails: answered from upstream, no 400
+10 tools larger than the cap refused before compiling       name: ``max_tools_bytes``
+10 patterns of every tool counted before compiling          name: ``compile(max_patterns=)``
+10 tools over the pattern cap never reach the upstream      fails: forwarded upstream, no 400
+10 tools at the pattern cap go through                      passes (the positive control)
+10 tools over the node cap never reach the upstream         name: ``max_schema_nodes``
+10 the loop lag is exported                                 fails: no loop-lag sample
+== ======================================================== ====================================
 """
 
 from __future__ import annotations
