@@ -121,7 +121,7 @@ def _vllm(args: argparse.Namespace) -> int:
     if args.action == "setup":
         return 0
     command = setup.server_command(args.host, args.port, max_model_len=args.max_model_len)
-    print(f"starting: {' '.join(command)} (ready in 2-3 min on 2 cores)", file=sys.stderr)
+    print(f"starting: {' '.join(command)} (ready in about a minute on 2 cores)", file=sys.stderr)
     os.execve(command[0], command, {**os.environ, **SERVER_ENV})
 
 
