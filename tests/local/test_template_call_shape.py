@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 import jinja2
 import pytest
@@ -22,21 +21,11 @@ from repairproxy.asgi.gate import could_open_call
 from repairproxy.local import ARMS, resolve_cache_dir
 from repairproxy.validation import Channel, ToolsCache
 from tests.local.model_fixtures import requires_model
+from tests.local.test_vllm_proxy import WEATHER
 
 pytestmark = [pytest.mark.model, requires_model]
 
-TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+TOOL = WEATHER  # get_weather(city), as the vLLM tests declare it
 
 
 def _gguf_template() -> str:
