@@ -16,27 +16,11 @@ is held forever (with the fd limit at 128, 150 such sockets starve ``/healthz``)
 - **connections**: beyond ``--max-client-connections`` open connections, a new one is answered
   ``503`` at once and closed, before it can hold a file descriptor for long.
 
-Framing is read as h11 reads it wherever llhttp is stricter and h11's reading is unambiguous
-(``tests/proxy/test_server_differential.py`` compares the two on generated streams): a bare LF
-ends a line, Transfer-Encoding wins over a Content-Length beside it (the connection then closes
-after the answer, RFC 9112 6.1), and a head llhttp refuses for an obs-fold, repeated identical
-Content-Length values or a bare LF after the request line is rewritten (``normalise_head``) and
-parsed again by a fresh parser, from where it starts (``head_start`` replays what was fed since
-the last message boundary, kept up to the head cap: behind a larger body in the same read, such
-a head is refused 400 as llhttp refuses it). The proxy re-frames every body upstream and never
-forwards a head's bytes, so reading these as h11 does smuggles nothing.
-
-For CPU rather than limits, the request and its answer run through ``_Cycle``, uvicorn's
-``RequestResponseCycle`` written lean (same bytes, errors and states for the same messages):
-the scope built in one step, no ``asyncio.Event`` per request, the request body handed over
-without copies, a response's header names checked in one byte deletion and its values in
-another (uvicorn: two regular-expression searches per header), and the status line and headers
-held until the body's first write, so an answer costs one ``send`` system call, not two; while
-other requests are in flight, that ``send`` waits for the end of the loop iteration and leaves
-with the other connections' (``coalesce.py``). The app may skip the ASGI message dicts:
-``scope["extensions"]`` holds the cycle as an ``asgi.responder.ResponseWriter``
-(``RESPONSE_EXTENSION``; a whole answer is one call, one write) and the disconnect callback
-(``DISCONNECT_EXTENSION``).
+Heads are read as h11 reads them wherever llhttp is stricter and h11's reading is unambiguous
+(``server_framing.py``); the request and its answer run through ``_Cycle``, uvicorn's
+``RequestResponseCycle`` written lean (``server_cycle.py``). The refusals' bytes are in
+``server_refusals.py``, and the descriptor limit is fitted at start-up in ``server_limits.py``.
+This module holds the protocol and ``server_options``, and re-exports the names the rest imports.
 
 Idle keep-alive connections close after ``--keep-alive-timeout`` (uvicorn's timer, armed once
 per connection rather than once per request). Each refusal
@@ -49,32 +33,37 @@ to the same header cap (h11 answers such a request 400, not 431).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import re
 from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, cast
+from typing import Any, cast
 from urllib.parse import unquote
 
 import httptools
-import orjson
 from uvicorn.protocols.http.flow_control import (
     HIGH_WATER_LIMIT,
     FlowControl,
     service_unavailable,
 )
-from uvicorn.protocols.http.httptools_impl import (
-    HEADER_RE,
-    HEADER_VALUE_RE,
-    STATUS_LINE,
-    HttpToolsProtocol,
-)
-from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from repairproxy.asgi.responder import DISCONNECT_EXTENSION, RESPONSE_EXTENSION
 from repairproxy.coalesce import CoalescingTransport
+from repairproxy.server_cycle import _Cycle
+from repairproxy.server_cycle import bad_header_name as bad_header_name
+from repairproxy.server_cycle import bad_header_value as bad_header_value
+from repairproxy.server_framing import _BLANK_LINE, _lenient, head_start, normalise_head
+from repairproxy.server_limits import fit_descriptors
+from repairproxy.server_refusals import (
+    _BAD_REQUEST,
+    _BODY_REFUSED,
+    _BODY_TIMEOUT,
+    _BUSY,
+    _EXPECTATION,
+    _NOT_IMPLEMENTED,
+    _TIMEOUT,
+    _TOO_LARGE,
+    RefusalCounter,
+)
 from repairproxy.settings import Settings
-from repairproxy.types import HeaderList
 
 __all__ = [
     "LimitedProtocol",
@@ -84,71 +73,6 @@ __all__ = [
     "normalise_head",
     "server_options",
 ]
-
-
-class RefusalCounter(Protocol):
-    """What the protocol reports refusals to (``Metrics.connection_refused``)."""
-
-    def connection_refused(self, reason: str) -> None: ...
-
-
-def _refusal(status: bytes, kind: str, code: str, message: str) -> bytes:
-    """A refusal written before any route is known, as a JSON error both API families read: the
-    OpenAI shape (``error.message``, ``type``, ``code``) and Anthropic's (``"type": "error"``,
-    ``error.type``, ``error.message``) in one body."""
-    error = {"type": kind, "message": message, "code": code, "param": None}
-    body = orjson.dumps({"type": "error", "error": error})
-    return (
-        b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
-        b"content-length: " + str(len(body)).encode("ascii") + b"\r\nconnection: close\r\n\r\n"
-    ) + body
-
-
-_TOO_LARGE = _refusal(
-    b"431 Request Header Fields Too Large",
-    "invalid_request_error",
-    "request_header_fields_too_large",
-    "request line and headers too large",
-)
-_TIMEOUT = _refusal(
-    b"408 Request Timeout",
-    "invalid_request_error",
-    "request_timeout",
-    "request headers not received in time",
-)
-_BAD_REQUEST = _refusal(
-    b"400 Bad Request", "invalid_request_error", "invalid_http_request", "invalid HTTP request"
-)
-_BODY_REFUSED = _refusal(
-    b"400 Bad Request",
-    "invalid_request_error",
-    "body_not_allowed",
-    "a GET or HEAD request may not carry a body",
-)
-_BODY_TIMEOUT = _refusal(
-    b"408 Request Timeout",
-    "invalid_request_error",
-    "request_timeout",
-    "request body not received in time",
-)
-_EXPECTATION = _refusal(
-    b"417 Expectation Failed",
-    "invalid_request_error",
-    "expectation_failed",
-    "only Expect: 100-continue is supported",
-)
-_NOT_IMPLEMENTED = _refusal(
-    b"501 Not Implemented",
-    "invalid_request_error",
-    "unsupported_transfer_coding",
-    "only Transfer-Encoding: chunked is supported",
-)
-_BUSY = _refusal(
-    b"503 Service Unavailable",
-    "overloaded_error",
-    "too_many_connections",
-    "too many open connections",
-)
 
 
 def _find_settings(app: Any) -> tuple[Settings, Any]:
@@ -161,95 +85,6 @@ def _find_settings(app: Any) -> tuple[Settings, Any]:
         if app is None:
             break
     return Settings(upstream="-"), None  # a foreign app: the defaults
-
-
-def _lenient(parser: httptools.HttpRequestParser) -> httptools.HttpRequestParser:
-    """The leniencies this server parses with. uvicorn's: bytes after a ``connection: close``
-    request are not an error (its answer goes out first). Ours, each where h11 does the same
-    and the proxy's re-framing upstream keeps it unambiguous: a bare LF ends a line (RFC 9112
-    2.2 lets a recipient accept it), and Transfer-Encoding wins over a Content-Length beside it
-    (RFC 9112 6.3; the connection then closes after the answer, 6.1: ``_must_close``)."""
-    parser.set_dangerous_leniencies(
-        lenient_data_after_close=True,
-        lenient_optional_cr_before_lf=True,
-        lenient_chunked_length=True,
-    )
-    return parser
-
-
-_BLANK_LINE = re.compile(b"\n\r?\n")  # where a head ends, as h11 finds it (_receivebuffer)
-_FOLD = (b" ", b"\t")
-
-
-def normalise_head(head: bytes) -> bytes | None:
-    """A request head as h11 reads it, written as CRLF lines llhttp parses strictly: lines end at
-    LF (a CR before it dropped), an obs-fold line joins the line before with one space (RFC 9112
-    5.2), and repeated identical Content-Length values, as fields or a list, are one field (RFC
-    9110 8.6). None where h11 refuses it: a fold before the first field, Content-Length values
-    that differ. ``head`` ends with its blank line; anything else is left for llhttp to judge."""
-    lines = head.split(b"\n")[:-2]
-    lines = [line[:-1] if line[-1:] == b"\r" else line for line in lines]
-    fields: list[bytes] = []
-    for line in lines[1:]:
-        if line[:1] in _FOLD:
-            if not fields:
-                return None  # h11: "continuation line at start of headers"
-            fields[-1] += b" " + line.lstrip(b" \t")
-        else:
-            fields.append(line)
-    seen: bytes | None = None
-    kept = [lines[0]]
-    for field in fields:
-        name, colon, value = field.partition(b":")
-        if colon and name.lower() == b"content-length":
-            lengths = {length.strip() for length in value.split(b",")}
-            if len(lengths) != 1:
-                return None
-            (length,) = lengths
-            if seen is None:
-                seen = length
-                kept.append(b"content-length: " + length)
-            elif length != seen:
-                return None
-            continue
-        kept.append(field)
-    return b"\r\n".join(kept) + b"\r\n\r\n"
-
-
-class _Starts:
-    """Where each message begins, for ``head_start``'s line-by-line replay."""
-
-    def __init__(self) -> None:
-        self.at = 0  # the line being fed begins here
-        self.body = 0  # body bytes llhttp handed over from this line
-        self.begun: int | None = None
-
-    def on_message_begin(self) -> None:
-        self.begun = self.at + self.body
-
-    def on_body(self, body: bytes) -> None:
-        self.body += len(body)
-
-
-def head_start(stream: bytes) -> int | None:
-    """Where in ``stream`` (which starts at a message boundary and ends where llhttp stopped
-    with an error in a head) that head begins. A fresh parser is fed one line at a time: a head
-    and a chunked body end at a line's end, and a Content-Length body's end is its bytes, so
-    each message begins at a line's start or after the body bytes in that line. Runs only when
-    llhttp refuses a head; None if the replay does not end in the same refusal."""
-    starts = _Starts()
-    parser = _lenient(httptools.HttpRequestParser(starts))
-    at, size = 0, len(stream)
-    while at < size:
-        end = stream.find(b"\n", at)
-        end = size if end < 0 else end + 1
-        starts.at, starts.body = at, 0
-        try:
-            parser.feed_data(stream[at:end])
-        except httptools.HttpParserError:
-            return starts.begun
-        at = end
-    return None
 
 
 class _Stop(Exception):
@@ -840,430 +675,6 @@ class LimitedProtocol(HttpToolsProtocol):
         self._in_headers = True  # the next bytes on this connection start the next request
         self._header_bytes = 0
         self._chunked = False
-
-
-# uvicorn's checks of response header names and values (``HEADER_RE``, ``HEADER_VALUE_RE``) as
-# byte deletions: what is left after deleting every byte the regular expression does not match is
-# what it would have found. One table lookup a byte, where the regex's character-set loop took
-# ~25 instructions a byte over the ~500 bytes of a verdict's header names (tests/proxy/
-# test_server_cycle.py compares both on every byte value).
-_HEADER_NAME_OK = bytes(b for b in range(256) if not HEADER_RE.match(bytes([b])))
-_HEADER_VALUE_OK = bytes(b for b in range(256) if not HEADER_VALUE_RE.match(bytes([b])))
-
-
-def bad_header_name(names: bytes) -> bool:
-    """Whether ``names`` holds a byte ``HEADER_RE`` matches (a control or a separator)."""
-    return bool(names.translate(None, _HEADER_NAME_OK))
-
-
-def bad_header_value(values: bytes) -> bool:
-    """Whether ``values`` holds a byte ``HEADER_VALUE_RE`` matches (a control but tab)."""
-    return bool(values.translate(None, _HEADER_VALUE_OK))
-
-
-# The response headers that decide the framing (uvicorn's send reads these three).
-_FRAMING = frozenset({b"content-length", b"transfer-encoding", b"connection"})
-
-
-def _content_length(value: bytes) -> int:
-    return int(value.decode())
-
-
-class _Cycle:
-    """One request and its answer on a connection: uvicorn 0.54's ``RequestResponseCycle``
-    rewritten lean, the same bytes, errors and connection states for the same ASGI messages
-    (``tests/proxy/test_server_cycle.py`` compares both).
-
-    What differs is cost. The request body is handed over without copies; ``receive`` waits on
-    a future only when nothing has arrived (no ``asyncio.Event`` per request); a response's
-    header names are checked in one byte deletion and its values in another (uvicorn: two
-    regular-expression searches per header); and the status line and headers are held until the
-    first body bytes, so an answer leaves in one ``send`` system call: a stream whose first
-    chunk is not ready yet gets its head at the end of the loop iteration.
-
-    Besides ``send``/``receive`` it offers two extensions in ``scope["extensions"]``:
-    ``asgi.responder.DISCONNECT_EXTENSION`` (a callback when the client leaves before the
-    answer is complete, so the app needs no task waiting in ``receive()``) and
-    ``asgi.responder.RESPONSE_EXTENSION`` (the cycle itself, an ``asgi.responder.ResponseWriter``:
-    the answer written without an ASGI message dict per write, and a whole answer in one
-    call)."""
-
-    __slots__ = (
-        "_finished",
-        "_held",
-        "_loop",
-        "_on_disconnect",
-        "_protocol",
-        "_waiter",
-        "chunked_encoding",
-        "disconnected",
-        "expected_content_length",
-        "flow",
-        "keep_alive",
-        "more_body",
-        "queued",
-        "ready",
-        "received",
-        "received_bytes",
-        "response_complete",
-        "response_started",
-        "scope",
-        "taken",
-        "transport",
-        "waiting_for_100_continue",
-    )
-
-    def __init__(
-        self,
-        protocol: HttpToolsProtocol,
-        scope: dict[str, Any],
-        *,
-        keep_alive: bool,
-        expect_100_continue: bool,
-    ) -> None:
-        self._protocol = protocol
-        self.scope = scope
-        self.transport = protocol.transport
-        self.flow = protocol.flow
-        self._loop = protocol.loop
-        self.keep_alive = keep_alive
-        self.waiting_for_100_continue = expect_100_continue
-        self.disconnected = False
-        self.queued = False  # waits in the pipeline behind an earlier request's answer
-        self.taken = False  # the app asked for the body (receive)
-        self.response_started = False
-        self.response_complete = False
-        self.chunked_encoding: bool | None = None
-        self.expected_content_length = 0
-        self.received: list[bytes] = []  # request body chunks not yet handed to the app
-        self.received_bytes = 0
-        self.more_body = True
-        self.ready = False  # something for receive() to return (uvicorn's message_event)
-        self._waiter: asyncio.Future[None] | None = None
-        self._held: bytes | None = None  # the response head, until the body's first write
-        self._on_disconnect: Callable[[], None] | None = None
-        self._finished = False
-
-    # -- the app ----------------------------------------------------------------------------------
-
-    async def run_asgi(self, app: Any) -> None:
-        logger = self._protocol.logger
-        try:
-            result = await app(self.scope, self.receive, self.send)
-        except BaseException as exc:
-            logger.error("Exception in ASGI application\n", exc_info=exc)
-            if not self.response_started:
-                await self.send_500_response()
-            else:
-                self._close()
-        else:
-            if result is not None:
-                logger.error("ASGI callable should return None, but returned '%s'.", result)
-                self._close()
-            elif not self.response_started and not self.disconnected:
-                logger.error("ASGI callable returned without starting response.")
-                await self.send_500_response()
-            elif not self.response_complete and not self.disconnected:
-                logger.error("ASGI callable returned without completing response.")
-                self._close()
-        finally:
-            self._finished = True
-            # The scope's extensions hold this cycle (and a method bound to it), and the cycle
-            # holds the scope: a reference cycle per request that only the collector frees,
-            # in pauses of milliseconds with 16 requests waiting. Broken here, the request's
-            # objects go when the last reference does.
-            extensions = self.scope.get("extensions")
-            if extensions is not None:
-                extensions.clear()
-
-    async def send_500_response(self) -> None:
-        await self.send(
-            {
-                "type": "http.response.start",
-                "status": 500,
-                "headers": [
-                    (b"content-type", b"text/plain; charset=utf-8"),
-                    (b"content-length", b"21"),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await self.send(
-            {"type": "http.response.body", "body": b"Internal Server Error", "more_body": False}
-        )
-
-    # -- ASGI -------------------------------------------------------------------------------------
-
-    async def receive(self) -> dict[str, Any]:
-        self.taken = True
-        if self.waiting_for_100_continue and not self.transport.is_closing():
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            self.waiting_for_100_continue = False
-        if not self.disconnected and not self.response_complete:
-            self.flow.resume_reading()
-            if not self.ready:
-                waiter = self._waiter = self._loop.create_future()
-                try:
-                    await waiter
-                finally:
-                    self._waiter = None
-            self.ready = False
-        if self.disconnected or self.response_complete:
-            return {"type": "http.disconnect"}
-        received = self.received
-        body = received[0] if len(received) == 1 else b"".join(received)
-        self.received = []
-        self.received_bytes = 0
-        return {"type": "http.request", "body": body, "more_body": self.more_body}
-
-    async def send(self, message: Any) -> None:
-        if self.flow.write_paused and not self.disconnected:
-            await self.flow.drain()
-        if self.disconnected:
-            return
-        kind = message["type"]
-        if not self.response_started:
-            if kind != "http.response.start":
-                raise RuntimeError(
-                    f"Expected ASGI message 'http.response.start', but got '{kind}'."
-                )
-            self._hold(self._head(message["status"], message.get("headers", [])))
-        elif not self.response_complete:
-            if kind != "http.response.body":
-                raise RuntimeError(f"Expected ASGI message 'http.response.body', but got '{kind}'.")
-            self._body(message.get("body", b""), message.get("more_body", False))
-        else:
-            raise RuntimeError(
-                f"Unexpected ASGI message '{kind}' sent, after response already completed."
-            )
-
-    # -- RESPONSE_EXTENSION: the same writes without message dicts --------------------------------
-
-    def blocked(self) -> Awaitable[None] | None:
-        """What to await before writing (the client reads slower than we write), or None."""
-        if self.flow.write_paused and not self.disconnected:
-            return self.flow.drain()
-        return None
-
-    def start(self, status: int, headers: HeaderList) -> None:
-        if self.disconnected:
-            return
-        if self.response_started:
-            raise RuntimeError(
-                "Expected ASGI message 'http.response.body', but got 'http.response.start'."
-            )
-        self._hold(self._head(status, headers))
-
-    def body(self, chunk: bytes, more: bool) -> None:
-        if self.disconnected:
-            return
-        if not self.response_started:
-            raise RuntimeError(
-                "Expected ASGI message 'http.response.start', but got 'http.response.body'."
-            )
-        if self.response_complete:
-            raise RuntimeError(
-                "Unexpected ASGI message 'http.response.body' sent, after response already "
-                "completed."
-            )
-        self._body(chunk, more)
-
-    def whole(self, status: int, headers: HeaderList, content: bytes) -> None:
-        """``start`` then ``body(content, more=False)``: one write, nothing held."""
-        if self.disconnected:
-            return
-        if self.response_started:
-            raise RuntimeError(
-                "Expected ASGI message 'http.response.body', but got 'http.response.start'."
-            )
-        self._held = self._head(status, headers)
-        try:
-            self._body(content, False)
-        except RuntimeError:  # the head goes out as send's would (a body it refused: not)
-            self._release()
-            raise
-
-    # -- DISCONNECT_EXTENSION ---------------------------------------------------------------------
-
-    def watch_disconnect(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback`` once if the client goes away before the response is complete;
-        returns the function that stops watching."""
-        if self.disconnected:  # gone already: what receive() would answer at once
-            callback()
-            return _nothing
-        # A task waiting in receive() resumes reading (a pipelined request may have paused it),
-        # so the connection's end is seen: do the same.
-        self.flow.resume_reading()
-        self._on_disconnect = callback
-        return self._stop_watching
-
-    def _stop_watching(self) -> None:
-        self._on_disconnect = None
-
-    def disconnect_seen(self) -> None:
-        callback, self._on_disconnect = self._on_disconnect, None
-        if callback is not None:
-            callback()
-
-    # -- the protocol's side ----------------------------------------------------------------------
-
-    def wake(self) -> None:
-        """Something for ``receive`` came (body, its end, the answer's end, a disconnect)."""
-        self.ready = True
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    # -- writing ----------------------------------------------------------------------------------
-
-    def _head(self, status_code: int, headers: Any) -> bytes:
-        """The status line and headers (checked as uvicorn checks them); the framing decided."""
-        self.response_started = True
-        self.waiting_for_100_continue = False
-        if self.more_body:
-            # An answer before the whole body was read (401, 413, a refused 100-continue): the
-            # connection closes rather than read a body nobody wants (whose bytes, were the
-            # client to skip it, would be read as its next request).
-            self.keep_alive = False
-        protocol = self._protocol
-        default_headers = protocol.server_state.default_headers
-        if default_headers or type(headers) is not list:  # read more than once below
-            headers = default_headers + list(headers)
-        if protocol.access_log:
-            scope = self.scope
-            protocol.access_logger.info(
-                '%s - "%s %s HTTP/%s" %d',
-                get_client_addr(scope),  # type: ignore[arg-type]
-                scope["method"],
-                get_path_with_query_string(scope),  # type: ignore[arg-type]
-                scope["http_version"],
-                status_code,
-            )
-        names = b"".join([name for name, _ in headers])
-        if bad_header_name(names):
-            raise RuntimeError("Invalid HTTP header name.")
-        if bad_header_value(b"".join([value for _, value in headers])):
-            raise RuntimeError("Invalid HTTP header value.")
-        if not names.islower():  # uvicorn writes every name in lower case
-            headers = [(name.lower(), value) for name, value in headers]
-        content = [STATUS_LINE[status_code]]
-        has_connection_close = False
-        for name, value in [header for header in headers if header[0] in _FRAMING]:
-            if name == b"content-length" and self.chunked_encoding is None:
-                self.expected_content_length = _content_length(value)
-                self.chunked_encoding = False
-            elif name == b"transfer-encoding" and value.lower() == b"chunked":
-                self.expected_content_length = 0
-                self.chunked_encoding = True
-            elif name == b"connection":
-                connection = [token.lower().strip() for token in value.split(b",")]
-                if b"close" in connection:
-                    self.keep_alive = False
-                    has_connection_close = True
-        if headers:
-            content.append(b"\r\n".join([b": ".join(header) for header in headers]))
-            content.append(b"\r\n")
-        if not self.keep_alive and not has_connection_close:
-            content.append(b"connection: close\r\n")
-        if (
-            self.chunked_encoding is None
-            and self.scope["method"] != "HEAD"
-            and status_code not in (204, 304)
-        ):
-            self.chunked_encoding = True  # neither content-length nor transfer-encoding given
-            content.append(b"transfer-encoding: chunked\r\n")
-        content.append(b"\r\n")
-        return b"".join(content)
-
-    def _hold(self, head: bytes) -> None:
-        self._held = head
-        self._loop.call_soon(self._release)
-
-    def _release(self) -> None:
-        held, self._held = self._held, None
-        if held and not self.transport.is_closing():
-            self.transport.write(held)
-
-    def _body(self, body: bytes, more_body: bool) -> None:
-        if self.scope["method"] == "HEAD":
-            self.expected_content_length = 0
-            data = b""
-        elif self.chunked_encoding:
-            if body:
-                data = b"%x\r\n%b\r\n0\r\n\r\n" if not more_body else b"%x\r\n%b\r\n"
-                data = data % (len(body), body)
-            else:
-                data = b"" if more_body else b"0\r\n\r\n"
-        else:
-            num_bytes = len(body)
-            if num_bytes > self.expected_content_length:
-                raise RuntimeError("Response content longer than Content-Length")
-            self.expected_content_length -= num_bytes
-            data = body
-        held = self._held
-        if held is not None:
-            self._held = None
-            data = held + data
-        if data:
-            self.transport.write(data)
-        if not more_body:
-            if self.expected_content_length != 0:
-                raise RuntimeError("Response content shorter than Content-Length")
-            self.response_complete = True
-            self.wake()
-            if not self.keep_alive:
-                self.transport.close()
-            if not self._finished:
-                self._protocol.on_response_complete()
-
-    def _close(self) -> None:
-        self._release()
-        self.transport.close()
-
-
-def _nothing() -> None:
-    pass
-
-
-_RESERVED_DESCRIPTORS = 64  # listening sockets, the loop's own, logs, model files, a metrics port
-
-
-def fit_descriptors(
-    settings: Settings, limits: tuple[int, int] | None = None
-) -> tuple[Settings, str | None]:
-    """Raise the soft descriptor limit to the hard one, then clamp the client connection cap
-    (and, if even that cannot fit, the upstream pool) to what the limit holds beside the pools.
-    Returns the settings to serve with and the warning to print (None: they fit as given).
-    ``limits``: (soft, hard) to plan for, instead of the process's own (which are raised)."""
-    if limits is None:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != hard and (hard == resource.RLIM_INFINITY or soft < hard):
-            target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-            try:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-                soft = target
-            except (ValueError, OSError):
-                pass
-    else:
-        soft, hard = limits
-        soft = hard
-    store = settings.episode_store or ""
-    redis = max(settings.max_connections, 16) if store.startswith(("redis", "rediss")) else 0
-    room = soft - _RESERVED_DESCRIPTORS - redis
-    clients, pool = settings.max_client_connections, settings.max_connections
-    if clients + pool <= room:
-        return settings, None
-    if pool > room // 3:  # each share at least a third of what there is
-        pool = max(1, room // 3)
-    clients = max(1, room - pool)
-    fitted = dataclasses.replace(settings, max_client_connections=clients, max_connections=pool)
-    return fitted, (
-        f"repairproxy: the descriptor limit is {soft}: --max-client-connections "
-        f"{settings.max_client_connections} -> {clients}, --max-connections "
-        f"{settings.max_connections} -> {pool} (raise the hard limit, ulimit -Hn, to keep them)"
-    )
 
 
 def server_options(settings: Settings) -> dict[str, Any]:
