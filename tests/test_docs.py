@@ -145,6 +145,13 @@ _OTHER_PROGRAMS = frozenset({"--strict", "--enable-optimizations", "--with-lto",
 _HISTORY = frozenset({"docs/measurements.md"})
 
 
+def _vllm_server_flags() -> set[str]:
+    """The flags of the vLLM server command the CPU launcher writes (``server_command``)."""
+    from repairproxy.local.vllm_cpu import server_command
+
+    return {word for word in server_command("python", "model", "host", 1) if word.startswith("--")}
+
+
 def test_every_flag_in_prose_is_a_setting_or_its_commands() -> None:
     """A flag written on a page is a ``repairproxy serve`` setting, or a flag of a command the
     same page runs (``python -m evals.screen ... --points``: that module's --help)."""
@@ -160,6 +167,8 @@ def test_every_flag_in_prose_is_a_setting_or_its_commands() -> None:
             continue
         modules = set(_MODULE.findall(text))
         allowed: set[str] = set()
+        if "vllm.entrypoints.openai.api_server" in text:  # a recorded vLLM server command
+            allowed |= _vllm_server_flags()
         for module in sorted(modules):
             allowed |= _module_flags(module)
         for flag in sorted(flags - allowed):
