@@ -1,8 +1,9 @@
-"""Precision arms: make the weights a grid compares (INT4-AWQ, FP8, GGUF) and check them served.
+"""Precision arms: make the weights a grid compares (INT4-AWQ, FP8, INT8 W8A8, GGUF) and check
+them served.
 
-``python -m evals.arms make SOURCE --method awq|fp8|gguf-requant --out DIR`` runs one back-end
-and records what it did in ``DIR/arm.json``; ``python -m evals.arms check DIR --upstream URL``
-smoke-tests the arm behind a server. A grid names the arm by its folder (``arm = DIR``), which
+``python -m evals.arms make SOURCE --method awq|fp8|w8a8|gguf-requant --out DIR`` runs one
+back-end and records what it did in ``DIR/arm.json``; ``python -m evals.arms check DIR --upstream
+URL`` smoke-tests the arm behind a server. A grid names the arm by its folder (``arm = DIR``), which
 ``load_arm`` reads.
 The heavy back-ends (llm-compressor, AutoAWQ) are optional extras, imported only when used.
 """

@@ -1,4 +1,4 @@
-"""``python -m evals.arms make SOURCE --method awq|fp8|gguf-requant --out DIR``, and
+"""``python -m evals.arms make SOURCE --method awq|fp8|w8a8|gguf-requant --out DIR``, and
 ``python -m evals.arms check DIR --upstream URL``.
 
 Exit status: 0 done; 1 the check failed a step; 2 the arm cannot be made or read as asked (the
@@ -77,10 +77,18 @@ def _parser() -> argparse.ArgumentParser:
     make = sub.add_parser("make", help="make one precision arm and its arm.json")
     make.add_argument(
         "source",
-        help="awq/fp8: a checkpoint folder (or hub id with --revision); "
+        help="awq/fp8/w8a8: a checkpoint folder (or hub id with --revision); "
         "gguf-requant: q4_k_m (the embedded model) or its GGUF file",
     )
-    make.add_argument("--method", required=True, choices=["awq", "fp8", "gguf-requant"])
+    make.add_argument(
+        "--method",
+        required=True,
+        choices=["awq", "fp8", "w8a8", "gguf-requant"],
+        help="awq: INT4 AWQ (llm-compressor or AutoAWQ, calibrated); fp8: FP8 (llm-compressor, "
+        "or vLLM's on-the-fly flag); w8a8: INT8 weights per channel and dynamic per-token INT8 "
+        "activations (llm-compressor, no calibration: the integer scheme vLLM for CPU serves); "
+        "gguf-requant: llama.cpp re-quantization of the embedded GGUF",
+    )
     make.add_argument("--out", type=Path, required=True, help="the arm folder")
     make.add_argument("--name", default=None, help="the arm's name (default: the folder's)")
     make.add_argument("--force", action="store_true", help="remake an arm already in --out")

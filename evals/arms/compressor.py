@@ -1,10 +1,14 @@
-"""INT4-AWQ and FP8 checkpoints with llm-compressor's ``oneshot`` (the path vLLM documents).
+"""INT4-AWQ, INT8 W8A8 and FP8 checkpoints with llm-compressor's ``oneshot`` (the path vLLM
+documents).
 
 AWQ: ``AWQModifier`` (activation-aware scales from the calibration text) followed by a
 ``QuantizationModifier`` with one explicit W4 group scheme (group size and zero point as asked,
 ``lm_head`` kept), saved as compressed-tensors ``pack-quantized``. FP8: the ``FP8_DYNAMIC`` scheme
 (per-channel weight scales, dynamic per-token activation scales; no calibration) or ``FP8``
 (per-tensor static activation scales from the calibration text), saved ``float-quantized``.
+W8A8: the ``W8A8`` scheme (int8 weights with symmetric per-channel scales, rounded to nearest;
+int8 activations with dynamic per-token scales; no calibration), saved ``int-quantized``: the
+integer format vLLM's CPU build has kernels for, where its FP8 operators have none.
 vLLM reads either checkpoint as it is (``quant_method: compressed-tensors`` in config.json).
 """
 
@@ -30,7 +34,15 @@ from evals.arms.backend import (
 from evals.arms.calibration import CalibrationSet, calibration_data_dir, load_calibration
 from evals.arms.record import ArmError
 
-__all__ = ["awq_recipe", "fp8_recipe", "make_awq", "make_fp8", "oneshot_arguments"]
+__all__ = [
+    "awq_recipe",
+    "fp8_recipe",
+    "make_awq",
+    "make_fp8",
+    "make_w8a8",
+    "oneshot_arguments",
+    "w8a8_recipe",
+]
 
 EXTRA = "quantize"
 CHECKPOINT = "checkpoint"  # the quantized model's folder inside the arm folder
@@ -71,6 +83,17 @@ def fp8_recipe(options: MakeOptions) -> list[Any]:
     return [
         checked_call(
             QuantizationModifier, targets=["Linear"], scheme=scheme, ignore=list(options.ignore)
+        )
+    ]
+
+
+def w8a8_recipe(options: MakeOptions) -> list[Any]:
+    """``W8A8``: int8 per-channel weights (round to nearest), dynamic per-token int8 activations."""
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    return [
+        checked_call(
+            QuantizationModifier, targets=["Linear"], scheme="W8A8", ignore=list(options.ignore)
         )
     ]
 
@@ -209,6 +232,17 @@ def make_fp8(options: MakeOptions, folder: Path) -> Made:
         "activations": "float8, per-tensor static scales"
         if static
         else "float8, dynamic per-token scales",
+        **made.settings,
+    }
+    return dataclasses.replace(made, settings=settings)
+
+
+def make_w8a8(options: MakeOptions, folder: Path) -> Made:
+    made = _run(options, folder, "w8a8", w8a8_recipe, calibrate=False)
+    settings = {
+        "scheme": "W8A8",
+        "weights": "int8, per-channel symmetric static scales (round to nearest, no calibration)",
+        "activations": "int8, dynamic per-token symmetric scales",
         **made.settings,
     }
     return dataclasses.replace(made, settings=settings)

@@ -67,13 +67,24 @@ def _fp8_on_the_fly(options: MakeOptions, folder: Path) -> Made:
     )
 
 
+def _w8a8(options: MakeOptions, folder: Path) -> Made:
+    from evals.arms.compressor import make_w8a8
+
+    return make_w8a8(options, folder)
+
+
 def _gguf(options: MakeOptions, folder: Path) -> Made:
     from evals.arms.gguf import make_gguf_requant
 
     return make_gguf_requant(options, folder)
 
 
-BACKENDS: Mapping[str, Backend] = {"awq": _awq, "fp8": _fp8, "gguf-requant": _gguf}
+BACKENDS: Mapping[str, Backend] = {
+    "awq": _awq,
+    "fp8": _fp8,
+    "w8a8": _w8a8,
+    "gguf-requant": _gguf,
+}
 
 
 def _prepare(folder: Path, force: bool) -> None:

@@ -8,6 +8,7 @@ project's git commit.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -41,8 +42,8 @@ __all__ = [
 
 ARM_FILE = "arm.json"
 SCHEMA_VERSION = 1
-Method = Literal["awq", "fp8", "gguf-requant"]
-METHODS: tuple[Method, ...] = ("awq", "fp8", "gguf-requant")
+Method = Literal["awq", "fp8", "w8a8", "gguf-requant"]
+METHODS: tuple[Method, ...] = ("awq", "fp8", "w8a8", "gguf-requant")
 # What the arm is: a quantized checkpoint folder, a GGUF file, or a flag a server applies on load.
 Form = Literal["checkpoint", "gguf", "serving-flag"]
 
@@ -219,8 +220,13 @@ class ArmRecord:
         tool_call_parser: str = "hermes",
         extra_args: tuple[str, ...] = (),
         port: int | None = None,
+        vllm: VllmLaunch | None = None,
     ) -> Launch:
-        """How the grid starts a server for this arm (vLLM for checkpoints, llama.cpp for GGUF)."""
+        """How the grid starts a server for this arm (vLLM for checkpoints, llama.cpp for GGUF).
+
+        ``vllm``: the grid's own vLLM launch (device, context length, timeouts) to serve a vLLM
+        arm with; the record still decides the weights, their quantization and its extra args.
+        """
         engine = self.serve.get("engine")
         if engine == "embedded":
             cache = self.serve.get("cache_dir")
@@ -237,14 +243,17 @@ class ArmRecord:
             if self.form == "checkpoint" and self.folder is not None:
                 model = str((self.folder / model).resolve())
             quantization = self.serve.get("quantization")
-            return VllmLaunch(
+            base = vllm or VllmLaunch(model=model, tool_call_parser=tool_call_parser, port=port)
+            return dataclasses.replace(
+                base,
                 model=model,
                 quantization=str(quantization) if quantization else None,
-                dtype=self.serve.get("dtype"),
-                tool_call_parser=tool_call_parser,
-                served_model_name=served_model_name,
-                port=port,
-                extra_args=tuple(self.serve.get("extra_args", ())) + tuple(extra_args),
+                dtype=self.serve.get("dtype") or base.dtype,
+                served_model_name=served_model_name or base.served_model_name,
+                port=port if port is not None else base.port,
+                extra_args=tuple(self.serve.get("extra_args", ()))
+                + tuple(extra_args)
+                + base.extra_args,
             )
         raise ArmError(f"{self.folder}/{ARM_FILE}: serve.engine {engine!r} is not vllm or embedded")
 

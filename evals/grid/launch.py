@@ -204,7 +204,8 @@ class ArmEndpoint:
             from evals.arms import ArmError, load_arm
 
             try:
-                launch = load_arm(arm.arm_dir).launch(served_model_name=arm.model)
+                served_by = launch if isinstance(launch, VllmLaunch) else None
+                launch = load_arm(arm.arm_dir).launch(served_model_name=arm.model, vllm=served_by)
             except ArmError as exc:
                 raise LaunchError(f"arms.{arm.name}: {exc}") from exc
         if len(arm.upstreams) > 1 and arm.proxy is not None:

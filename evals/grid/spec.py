@@ -24,9 +24,11 @@ runs every listed repair mode over the same tasks and trials.
 Keys. Top level: ``name``, ``tau2_data``, ``concurrency``, ``llm_seed``; ``[proxy] args`` (flags of
 every proxy started); ``[judge]`` (``model``, ``base_url``, ``api_key_env``: scores NL assertions).
 ``[arms.NAME]``: exactly one of ``upstream = URL``, ``launch = "vllm"|"vllm-cpu"|"embedded"``,
-``arm = DIR`` (reserved); ``model`` (the id the agent sends), ``description``, ``reference`` (the
-arm this one is compared against), ``proxy = URL`` (use a running proxy), ``proxy_args``,
-``temperature``, ``max_tokens``, ``api_key_env``; for vLLM ``quantization``, ``dtype``,
+``arm = DIR`` (a folder made by ``python -m evals.arms make``; with ``launch = "vllm-cpu"`` or
+``"vllm"`` its checkpoint is served with that launch's keys); ``model`` (the id the agent sends),
+``description``, ``reference`` (the arm this one is compared against), ``proxy = URL`` (use a
+running proxy), ``proxy_args``, ``temperature``, ``max_tokens``, ``api_key_env``; for vLLM
+``quantization``, ``dtype``,
 ``tool_call_parser``, ``served_model_name``, ``executable``, ``host``, ``port``, ``extra_args``,
 ``ready_timeout_s``, ``max_model_len``; embedded: ``embedded_arm``, ``threads``, ``n_ctx``.
 ``[users.NAME]``: ``kind = "llm"`` with ``model``, ``base_url``, ``temperature``, ``api_key_env``
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import hashlib
 import itertools
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -87,8 +90,8 @@ class ArmSpec:
 
     ``upstreams``: one URL, or several servers of the same model (one proxy each; the arm's
     episodes are spread over them by ``evals.grid.upstream_pool``). ``arm_dir`` is the made
-    precision arm's folder (``arm.json``), reserved for the arms issue; the runner refuses it until
-    that lands.
+    precision arm's folder (``arm.json``, from ``python -m evals.arms make``); with it, ``launch``
+    is absent (the record's own launch) or the vLLM launch its checkpoint is served with.
     """
 
     name: str
@@ -114,6 +117,11 @@ class ArmSpec:
             where = {"launch": "embedded", "embedded_arm": self.launch.arm}
         else:
             where = {"upstreams": list(self.upstreams)}
+        if self.arm_dir is not None:
+            where["arm_dir"] = str(self.arm_dir)
+            record = self.arm_dir / "arm.json"
+            if record.is_file():  # which made weights: arm.json names them by sha256
+                where["arm_json_sha256"] = hashlib.sha256(record.read_bytes()).hexdigest()
         return {
             "name": self.name,
             "model": self.model,
@@ -301,24 +309,36 @@ def _parse_arm(name: str, table: Mapping[str, Any], base: Path) -> ArmSpec:
     upstreams = _strings(table.get("upstream"), f"{where}.upstream")
     launch_kind = _typed(table, "launch", str, where)
     arm_dir = _typed(table, "arm", str, where)
-    ways = [bool(upstreams), launch_kind is not None, arm_dir is not None]
+    arm_path = base / Path(arm_dir).expanduser() if arm_dir else None
+    # A made arm may say how vLLM serves its checkpoint here: launch = "vllm-cpu" (the vLLM keys
+    # then apply; arm.json still names the weights and their quantization).
+    served_arm = arm_path is not None and launch_kind in ("vllm", "vllm-cpu")
+    ways = [bool(upstreams), launch_kind is not None and not served_arm, arm_path is not None]
     if sum(ways) != 1:
-        raise GridError(f"{where}: give exactly one of upstream = URL, launch = ..., arm = DIR")
+        raise GridError(
+            f"{where}: give exactly one of upstream = URL, launch = ..., arm = DIR "
+            "(arm = DIR takes launch = 'vllm' or 'vllm-cpu' only)"
+        )
     launch: Launch | None = None
     model = _typed(table, "model", str, where)
     port = _typed(table, "port", int, where)
     host = _typed(table, "host", str, where) or "127.0.0.1"
     if launch_kind in ("vllm", "vllm-cpu"):
         cpu = launch_kind == "vllm-cpu"
-        if not model and not cpu:
-            raise GridError(f"{where}: launch = 'vllm' needs model = the checkpoint to serve")
+        if not model and (not cpu or served_arm):
+            needs = "the model id to send" if served_arm else "the checkpoint to serve"
+            raise GridError(f"{where}: launch = {launch_kind!r} needs model = {needs}")
         served = _typed(table, "served_model_name", str, where)
+        if served_arm:  # model is the id sent; the checkpoint comes from arm.json when it starts
+            served, checkpoint = served or model, str(arm_path)
+        else:
+            checkpoint = model or ""
         if cpu and not model and not served:
             from repairproxy.local.vllm_cpu import SERVED_MODEL_NAME
 
             served = SERVED_MODEL_NAME
         launch = VllmLaunch(
-            model=model or "",
+            model=checkpoint,
             device="cpu" if cpu else "gpu",
             max_model_len=_typed(table, "max_model_len", int, where),
             quantization=_typed(table, "quantization", str, where),
@@ -361,7 +381,7 @@ def _parse_arm(name: str, table: Mapping[str, Any], base: Path) -> ArmSpec:
         proxy=_typed(table, "proxy", str, where),
         proxy_args=_strings(table.get("proxy_args"), f"{where}.proxy_args"),
         reference=_typed(table, "reference", str, where),
-        arm_dir=(base / arm_dir) if arm_dir else None,
+        arm_dir=arm_path,
         temperature=float(temperature or 0.0),
         max_tokens=_typed(table, "max_tokens", int, where),
         api_key_env=_typed(table, "api_key_env", str, where),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,7 @@ def test_a_local_source_folder_is_identified_by_its_file_hashes(tmp_path: Path) 
     [
         (["--method", "awq"], "repairproxy[quantize]"),
         (["--method", "fp8"], "repairproxy[quantize]"),
+        (["--method", "w8a8"], "repairproxy[quantize]"),
         (["--method", "awq", "--awq-library", "autoawq"], "repairproxy[quantize-autoawq]"),
     ],
 )
@@ -193,13 +195,101 @@ def test_check_call_refuses_keywords_the_installed_function_does_not_declare() -
 def test_llm_compressor_calls_bind_to_the_installed_signatures() -> None:
     from llmcompressor import oneshot
 
-    from evals.arms.compressor import awq_recipe, fp8_recipe, oneshot_arguments
+    from evals.arms.compressor import awq_recipe, fp8_recipe, oneshot_arguments, w8a8_recipe
 
     options = MakeOptions("x", "awq", Path("x"))
-    for recipe in (awq_recipe(options), fp8_recipe(options)):
+    for recipe in (awq_recipe(options), fp8_recipe(options), w8a8_recipe(options)):
         check_call(oneshot, oneshot_arguments(object(), object(), recipe, None, 256))
     scheme = awq_recipe(options)[1].config_groups["group_0"].weights
     assert (scheme.num_bits, scheme.group_size, scheme.symmetric) == (4, 128, False)
+    assert w8a8_recipe(options)[0].scheme == "W8A8"
+
+
+class _FakeQuantizationModifier:
+    """llm-compressor's ``QuantizationModifier`` as far as the recipes use it (its keywords)."""
+
+    def __init__(
+        self,
+        *,
+        targets: Any = None,
+        scheme: Any = None,
+        ignore: Any = None,
+        config_groups: Any = None,
+    ) -> None:
+        self.targets, self.scheme, self.ignore = targets, scheme, ignore
+
+
+def test_the_w8a8_recipe_is_one_data_free_int8_scheme_keeping_lm_head(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At the seam, without llm-compressor: the recipe's modifier and what ``oneshot`` gets."""
+    import types
+
+    from evals.arms.compressor import oneshot_arguments, w8a8_recipe
+
+    quantization = types.ModuleType("llmcompressor.modifiers.quantization")
+    monkeypatch.setattr(
+        quantization, "QuantizationModifier", _FakeQuantizationModifier, raising=False
+    )
+    for name in ("llmcompressor", "llmcompressor.modifiers"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, quantization.__name__, quantization)
+    (modifier,) = w8a8_recipe(MakeOptions("x", "w8a8", Path("x")))
+    assert isinstance(modifier, _FakeQuantizationModifier)
+    assert (modifier.targets, modifier.scheme, modifier.ignore) == (["Linear"], "W8A8", ["lm_head"])
+    model, tokenizer = object(), object()
+    arguments = oneshot_arguments(model, tokenizer, [modifier], None, 512)
+    # No calibration text: no dataset, so oneshot rounds the weights to nearest without data.
+    assert arguments == {"model": model, "recipe": [modifier], "processor": tokenizer}
+
+
+def test_make_w8a8_records_a_checkpoint_vllm_for_cpu_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI to arm.json with llm-compressor's run replaced (what it saves is faked)."""
+    from evals.arms import compressor
+    from evals.arms.backend import Made
+
+    calls: list[tuple[str, Any, bool, str]] = []
+
+    def run(
+        options: MakeOptions, folder: Path, method: str, recipe_of: Any, calibrate: bool
+    ) -> Made:
+        calls.append((method, recipe_of, calibrate, options.device))
+        (folder / "checkpoint").mkdir()
+        (folder / "checkpoint" / "model.safetensors").write_bytes(b"int8 weights")
+        return Made(
+            form="checkpoint",
+            library={"name": "llmcompressor", "version": "0.14.0.1"},
+            source={"model": options.source},
+            settings={"recipe": [{"modifier": "QuantizationModifier", "scheme": "W8A8"}]},
+            serve={"engine": "vllm", "model": "checkpoint", "quantization": None},
+            artifact="checkpoint",
+        )
+
+    monkeypatch.setattr(compressor, "_run", run)
+    out = tmp_path / "w8a8"
+    argv = ["make", str(tmp_path), "--method", "w8a8", "--device", "cpu", "--out", str(out)]
+    assert main(argv) == 0
+    assert calls == [("w8a8", compressor.w8a8_recipe, False, "cpu")]
+    assert "made w8a8: w8a8 (checkpoint, llmcompressor 0.14.0.1)" in capsys.readouterr().out
+    record = load_arm(out)
+    assert record.method == "w8a8" and record.calibration is None
+    assert record.settings["scheme"] == "W8A8"
+    assert record.settings["weights"].startswith("int8, per-channel symmetric")
+    assert record.settings["activations"] == "int8, dynamic per-token symmetric scales"
+    assert record.settings["recipe"] == [{"modifier": "QuantizationModifier", "scheme": "W8A8"}]
+    assert record.artifact is not None
+    assert record.artifact["sha256"] and record.artifact["size_bytes"] == len(b"int8 weights")
+    # The grid's vLLM-for-CPU launch serves the arm's checkpoint, as is (no --quantization).
+    grid_launch = VllmLaunch(model=str(out), device="cpu", max_model_len=16384, port=5)
+    launch = record.launch(served_model_name="w8a8", vllm=grid_launch)
+    assert isinstance(launch, VllmLaunch) and launch.device == "cpu"
+    assert launch.model == str(out.resolve() / "checkpoint") and launch.quantization is None
+    command = launch.command(5)
+    assert command[command.index("--max-model-len") + 1] == "16384"
+    assert command[command.index("--served-model-name") + 1] == "w8a8"
+    assert "--quantization" not in command
 
 
 def test_calibration_text_is_local_seeded_and_recorded(tau2_data_dir: Path) -> None:

@@ -198,6 +198,26 @@ def test_a_judge_and_domain_options() -> None:
 def test_an_arm_may_name_a_made_arm_folder() -> None:
     grid = _grid('[arms.x]\narm = "arms/int4"\nmodel = "m"\n[[cell]]\ndomain = "retail"\n')
     assert grid.arms["x"].arm_dir == Path("/grids/arms/int4")
+    assert grid.arms["x"].launch is None  # arm.json says how to serve it
+    assert grid.arms["x"].describe()["arm_dir"] == "/grids/arms/int4"
+
+
+def test_a_made_arm_served_by_vllm_for_cpu_takes_the_grids_vllm_keys() -> None:
+    cell = '[[cell]]\ndomain = "retail"\n'
+    grid = _grid(
+        '[arms.w]\narm = "~/arms/w8a8"\nlaunch = "vllm-cpu"\nmodel = "w8a8"\n'
+        "max_model_len = 16384\nready_timeout_s = 900\n" + cell
+    )
+    arm = grid.arms["w"]
+    assert arm.arm_dir == Path("~/arms/w8a8").expanduser()
+    assert isinstance(arm.launch, VllmLaunch) and arm.launch.device == "cpu"
+    assert (arm.model, arm.launch.served_model_name) == ("w8a8", "w8a8")
+    assert arm.launch.max_model_len == 16384 and arm.launch.ready_timeout_s == 900
+    assert arm.launch.model == str(arm.arm_dir)  # until arm.json names the checkpoint
+    with pytest.raises(GridError, match="needs model = the model id to send"):
+        _grid('[arms.w]\narm = "a"\nlaunch = "vllm-cpu"\n' + cell)
+    with pytest.raises(GridError, match="arm = DIR takes launch = 'vllm' or 'vllm-cpu' only"):
+        _grid('[arms.w]\narm = "a"\nlaunch = "embedded"\nembedded_arm = "q4_k_m"\n' + cell)
 
 
 def test_the_paper_grid(tau2_data_dir: Path) -> None:

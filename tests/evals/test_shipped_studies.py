@@ -15,26 +15,29 @@ from evals.analyze import main
 STUDIES = Path(__file__).resolve().parents[2] / "studies"
 
 
-def _arguments(reference: str, other: str, title: str) -> list[str]:
-    """The README's command for a two-arm study: both arms' cells, each arm off vs reflexive,
-    then the arms against each other in each mode."""
-    cells = (reference, other)
+def _arguments(reference: str, *others: str, title: str) -> list[str]:
+    """The README's command for a study of arms against one reference: every arm's cells, each
+    arm off vs reflexive, then the reference against each other arm in each mode."""
+    cells = (reference, *others)
+    modes = ("off", "reflexive")
     return [
-        *(f"{cell}/{mode}/results.json" for cell in cells for mode in ("off", "reflexive")),
-        *("--pair", f"{reference}/off", f"{reference}/reflexive"),
-        *("--pair", f"{other}/off", f"{other}/reflexive"),
-        *("--pair", f"{reference}/off", f"{other}/off"),
-        *("--pair", f"{reference}/reflexive", f"{other}/reflexive"),
+        *(f"{cell}/{mode}/results.json" for cell in cells for mode in modes),
+        *(a for cell in cells for a in ("--pair", f"{cell}/off", f"{cell}/reflexive")),
+        *(a for o in others for m in modes for a in ("--pair", f"{reference}/{m}", f"{o}/{m}")),
         *("--title", title),
     ]
 
 
-ARGUMENTS = _arguments("retail-q4-scripted-k10", "retail-q3-scripted-k10", "repair ablation: cpu")
+ARGUMENTS = _arguments(
+    "retail-q4-scripted-k10", "retail-q3-scripted-k10", title="repair ablation: cpu"
+)
 STUDY_ARGUMENTS = {
     "cpu-grid": ARGUMENTS,
     "cpu-grid-probe": ARGUMENTS,
     "cpu-vllm": _arguments(
-        "retail-vllm-bf16-scripted-k10", "retail-q4-scripted-k10", "repair ablation: cpu-vllm"
+        "retail-vllm-bf16-scripted-k10",
+        "retail-q4-scripted-k10",
+        title="repair ablation: cpu-vllm",
     ),
 }
 
