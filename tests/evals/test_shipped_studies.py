@@ -37,6 +37,7 @@ STUDY_ARGUMENTS = {
     "cpu-vllm": _arguments(
         "retail-vllm-bf16-scripted-k10",
         "retail-q4-scripted-k10",
+        "retail-vllm-w8a8-scripted-k10",
         title="repair ablation: cpu-vllm",
     ),
 }
