@@ -724,6 +724,9 @@ def encode_arguments(arguments: Any) -> str | None:
         return None
 
 
+_STRAY_CLOSERS = "}] \t\r\n"
+
+
 def promote_calls(
     message: Mapping[str, Any],
     calls: Sequence[TextCall],
@@ -733,7 +736,8 @@ def promote_calls(
     """A copy of ``message`` where ``calls`` (found in its text) are real ``tool_calls`` entries.
 
     Their text is cut out of the content, the prose around them kept (content None when nothing
-    is left); existing structured calls stay first. The input is never mutated.
+    is left, or only closing brackets the call left behind); existing structured calls stay
+    first. The input is never mutated.
     """
     promoted = dict(message)
     entries = list(message.get("tool_calls") or ())
@@ -758,6 +762,7 @@ def promote_calls(
     if not cut:
         return promoted
     rest = _without_spans(message_text(message), cut)
-    promoted["content"] = rest or None
+    # A bracket the model wrote one too many after its call (``{...}}}``) is not prose.
+    promoted["content"] = None if not rest.strip(_STRAY_CLOSERS) else rest
     promoted["tool_calls"] = entries
     return promoted

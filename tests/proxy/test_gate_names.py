@@ -186,8 +186,27 @@ def _weather_tool(name: str, parameter: str) -> dict[str, Any]:
             {"city": "Tokyo"},
         ),
         ('add_two_strings{"a": "3"}', ("add_two_strings", "a"), None, {"a": "3"}),
+        (
+            '{{"name": "get_weather", "arguments": {"city": "Paris"}}}',
+            ("get_weather", "city"),
+            None,
+            {"city": "Paris"},
+        ),
+        (
+            '{"name": "get_weather", "arguments": {"city": "Paris"}}}',
+            ("get_weather", "city"),
+            None,
+            {"city": "Paris"},
+        ),
     ],
-    ids=["granite pythonic", "pythonic after prose", "kimi stripped", "mistral stripped"],
+    ids=[
+        "granite pythonic",
+        "pythonic after prose",
+        "kimi stripped",
+        "mistral stripped",
+        "doubled braces",
+        "one brace too many",
+    ],
 )
 async def test_a_streamed_markerless_call_reaches_the_client_as_the_buffered_one(
     content: str, tool: tuple[str, str], prose: str | None, arguments: dict[str, Any]

@@ -313,3 +313,14 @@ def test_a_doubled_brace_pair_is_read_as_the_call_it_wraps(text: str, promoted: 
     assert compiled is not None
     verdicts = compiled.check_message({"role": "assistant", "content": text}).calls
     assert [v.name for v in verdicts if v.inner is Channel.VALID] == promoted
+
+
+def test_a_closing_bracket_left_after_a_promoted_call_is_not_kept_as_prose() -> None:
+    # Seen through vLLM with an INT8 W8A8 arm: the call closed with one brace too many.
+    text = '{"name": "get_weather", "arguments": {"city": "Paris"}}}'
+    [call] = find_text_calls(text)
+    promoted = promote_calls({"role": "assistant", "content": text}, [call])
+    assert promoted["content"] is None
+    assert [c["function"]["name"] for c in promoted["tool_calls"]] == ["get_weather"]
+    kept = promote_calls({"role": "assistant", "content": text + " Done."}, [call])
+    assert kept["content"] == "} Done."
