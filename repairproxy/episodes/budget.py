@@ -32,22 +32,24 @@ are scoped to the tenant and the model. Without client keys there is one tenant,
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
-import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-import orjson
-
-from repairproxy.credentials import presented_key
 from repairproxy.episodes.chaining import (
     CanonicalCache,
     ChainIndex,
     ConversationKeys,
     MemoryChainIndex,
     conversation_keys,
+)
+from repairproxy.episodes.keys import (
+    TenantKeys,
+    bounded,
+    episode_id_for,
+    header_episode_id,
+    scoped,
 )
 from repairproxy.episodes.tool_errors import (
     DEFAULT_ENV_ERROR_TABLE,
@@ -91,8 +93,6 @@ SILENT_CHANNELS = frozenset(
     }
 )
 
-# Client-chosen episode ids longer than this are hashed: ids live in memory and in log lines.
-MAX_EPISODE_ID_CHARS = 128
 # Client-chosen tool_call ids longer than this are hashed before they are kept.
 MAX_CALL_ID_CHARS = 64
 # Per episode: result keys remembered (oldest dropped first beyond this; far above any budget).
@@ -110,51 +110,6 @@ NO_HEADER_WARNING = (
     "chaining (identical concurrent runs cannot be told apart until their histories differ); "
     "send the header for exact per-episode budgets and for --on-budget-exhausted reject"
 )
-
-
-def _bounded(value: str, limit: int, prefix: str) -> str:
-    if len(value) <= limit:
-        return value
-    return (
-        prefix + hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-    )
-
-
-def _header(headers: Mapping[str, str], name: str) -> str | None:
-    value = headers.get(name)
-    if value is None:
-        wanted = name.lower()
-        value = next((v for k, v in headers.items() if k.lower() == wanted), None)
-    if value:
-        value = value.strip()
-    return _bounded(value, MAX_EPISODE_ID_CHARS, "h-") if value else None
-
-
-def episode_id_for(
-    headers: Mapping[str, str], body: Mapping[str, Any], header_name: str = "x-episode-id"
-) -> str:
-    """Deprecated (until the pipeline calls ``ErrorBudget.resolve_episode``): the header, else a
-    fingerprint of (model, system prompt, first user message), which merges every run of a task.
-    """
-    explicit = _header(headers, header_name)
-    if explicit is not None:
-        return explicit
-    system: Any = None
-    first_user: Any = None
-    for message in body.get("messages") or ():
-        if not isinstance(message, Mapping):
-            continue
-        role = message.get("role")
-        if system is None and role in ("system", "developer"):
-            system = message.get("content")
-        elif role == "user":
-            first_user = message.get("content")
-            break
-    try:
-        opening = orjson.dumps([body.get("model"), system, first_user], option=orjson.OPT_SORT_KEYS)
-    except TypeError:
-        opening = repr((body.get("model"), system, first_user)).encode()
-    return "fp-" + hashlib.blake2b(opening, digest_size=12).hexdigest()
 
 
 @dataclass(slots=True)  # per request; frozen=True would cost an object.__setattr__ a field
@@ -180,31 +135,6 @@ class EpisodeRef:
     def key(self) -> str:
         """Where the store keeps this episode: the id, under its tenant."""
         return scoped(self.tenant, self.id)
-
-
-def scoped(tenant: str, name: str) -> str:
-    """A store key for ``name`` that no other tenant can reach."""
-    return f"{tenant}/{name}" if tenant else name
-
-
-class TenantKeys:
-    """Tenant ids from client keys: ``t-`` + HMAC-SHA256(secret, key), truncated.
-
-    The key is ``credentials.presented_key``'s: whichever accepted header carried it
-    (``Authorization: Bearer`` first, then ``x-api-key``), one key is one tenant.
-
-    The secret must be the same on every replica so one client is one tenant everywhere;
-    ``generated`` says it was made up for this process only.
-    """
-
-    def __init__(self, secret: str | None) -> None:
-        self.generated = not secret
-        self._secret = (secret or secrets.token_hex(32)).encode()
-
-    def tenant_of(self, headers: Mapping[str, str]) -> str:
-        token = presented_key(headers)  # exactly the key authentication accepted
-        digest = hmac.new(self._secret, token.encode("utf-8", "surrogatepass"), hashlib.sha256)
-        return "t-" + digest.hexdigest()[:24]
 
 
 @dataclass(slots=True)  # per request; frozen=True would cost an object.__setattr__ a field
@@ -367,7 +297,7 @@ def _call_key(call_id: Any) -> str:
     """The kept form of a client-chosen tool_call id; ``""`` for results without one."""
     if not isinstance(call_id, str) or not call_id:
         return ""
-    return _bounded(call_id, MAX_CALL_ID_CHARS, "h:")
+    return bounded(call_id, MAX_CALL_ID_CHARS, "h:")
 
 
 _ID_BYTES = 8  # a chained episode's id: "c-" + 16 hex digits
@@ -463,7 +393,7 @@ class ErrorBudget:
     ) -> EpisodeRef:
         """The episode a request belongs to: its header, else the conversation it continues."""
         tenant = self.tenant_of(headers)
-        explicit = _header(headers, self.episode_header)
+        explicit = header_episode_id(headers, self.episode_header)
         if explicit is not None:
             if self.shared is not None:  # the claim is the read the request is counted on
                 reading = await self.shared.read(scoped(tenant, explicit))
@@ -520,7 +450,7 @@ class ErrorBudget:
         reads it in the same round trip as its own store's lookup (before the body is known to
         be valid: nothing is claimed for a request refused later). None: no header, no shared
         store, or an episode not seen before (``resolve_episode`` claims it then)."""
-        explicit = _header(headers, self.episode_header)
+        explicit = header_episode_id(headers, self.episode_header)
         if explicit is None or self.shared is None:
             return None
         tenant = self.tenant_of(headers)
